@@ -1,0 +1,46 @@
+"""The `kvgate` command: one subcommand per module, imported only when chosen."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# subcommand → (module, help). Each module offers add_arguments(parser) and run(args) -> int.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "up": ("kvgate.up.command", "run the whole stack on this machine"),
+    "check-config": ("kvgate.config.command", "validate a kvgate YAML file"),
+    "envoy-config": ("control_plane.resources.command", "render a static Envoy bootstrap"),
+    "ext-proc": ("ext_proc.command", "run the ext_proc routing service"),
+    "emulate": ("emulator.command", "run an emulated vLLM fleet with a shared DDR KV pool"),
+}
+
+
+def build_parser(chosen: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate", description=__doc__)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == chosen:
+            importlib.import_module(module).add_arguments(command_parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(chosen if chosen in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
