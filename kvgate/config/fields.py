@@ -1,0 +1,170 @@
+"""Strict readers for YAML values: each records a Problem at its path instead of raising."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from kvgate.config.errors import PathPart, Problem
+from kvgate.config.model import HostPort
+
+T = TypeVar("T")
+Path = tuple[PathPart, ...]
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_HEADER_NAME = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
+
+
+class Fields:
+    """Collects problems while reading; callers check `problems` once at the end."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+
+    def error(self, path: Path, message: str) -> None:
+        self.problems.append(Problem(path, message))
+
+    def mapping(self, value: Any, path: Path, allowed: tuple[str, ...]) -> dict[str, Any]:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            self.error(path, f"must be a mapping, got {_kind(value)}")
+            return {}
+        for key in value:
+            if key not in allowed:
+                self.error(
+                    (*path, str(key)),
+                    f"unknown key (allowed here: {', '.join(allowed)})",
+                )
+        return {k: v for k, v in value.items() if k in allowed}
+
+    def sequence(self, value: Any, path: Path) -> list[Any]:
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.error(path, f"must be a list, got {_kind(value)}")
+            return []
+        return value
+
+    def optional(
+        self, raw: dict[str, Any], key: str, path: Path, read: Callable[[Any, Path], T], default: T
+    ) -> T:
+        if key not in raw or raw[key] is None:
+            return default
+        result = read(raw[key], (*path, key))
+        return default if result is None else result
+
+    def string(self, value: Any, path: Path) -> str | None:
+        if not isinstance(value, str) or not value:
+            self.error(path, f"must be a non-empty string, got {_kind(value)}")
+            return None
+        return value
+
+    def integer(self, value: Any, path: Path, low: int, high: int) -> int | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.error(path, f"must be an integer, got {_kind(value)}")
+            return None
+        if not low <= value <= high:
+            self.error(path, f"must be {low}..{high}, got {value}")
+            return None
+        return value
+
+    def number(self, value: Any, path: Path, low: float, high: float) -> float | None:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            self.error(path, f"must be a number, got {_kind(value)}")
+            return None
+        if not low <= value <= high:
+            self.error(path, f"must be between {low} and {high}, got {value}")
+            return None
+        return float(value)
+
+    def duration(self, value: Any, path: Path, low: float, high: float) -> float | None:
+        """Accepts `250ms`, `2s`, `1h30m`, or a plain number of seconds."""
+        seconds: float | None = None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            seconds = float(value)
+        elif isinstance(value, str):
+            parts = _DURATION.findall(value)
+            if parts and "".join(n + u for n, u in parts) == value:
+                seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
+        if seconds is None:
+            self.error(path, f"must be a duration like 500ms, 2s, 5m or 1h, got {value!r}")
+            return None
+        if not low <= seconds <= high:
+            self.error(path, f"must be between {_fmt(low)} and {_fmt(high)}, got {value!r}")
+            return None
+        return seconds
+
+    def ip(self, value: Any, path: Path) -> str | None:
+        text = self.string(value, path)
+        if text is None:
+            return None
+        try:
+            return str(ipaddress.ip_address(text.strip("[]")))
+        except ValueError:
+            self.error(path, f"must be an IP address (Envoy does not resolve names here), got {text!r}")
+            return None
+
+    def port(self, value: Any, path: Path) -> int | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            self.error(path, f"port must be an integer, got {_kind(value)}")
+            return None
+        if not 1 <= value <= 65535:
+            self.error(path, f"port must be 1..65535, got {value}")
+            return None
+        return value
+
+    def host_port(self, value: Any, path: Path, *, require_ip: bool) -> HostPort | None:
+        """Reads `host:port` or `[v6]:port`; `require_ip` for addresses Envoy must use verbatim."""
+        text = self.string(value, path)
+        if text is None:
+            return None
+        text = re.sub(r"^[a-z]+://", "", text).rstrip("/")
+        host, sep, port_text = text.rpartition(":")
+        if not sep or not host or not port_text.isdigit():
+            self.error(path, f"must be host:port, got {value!r}")
+            return None
+        port = int(port_text)
+        if not 1 <= port <= 65535:
+            self.error(path, f"port must be 1..65535, got {port}")
+            return None
+        host = host.strip("[]")
+        if require_ip:
+            try:
+                host = str(ipaddress.ip_address(host))
+            except ValueError:
+                self.error(
+                    path, f"must be an IP address and port (Envoy does not resolve names here), "
+                    f"got {value!r}"
+                )
+                return None
+        return HostPort(host, port)
+
+    def header_name(self, value: Any, path: Path) -> str | None:
+        text = self.string(value, path)
+        if text is None:
+            return None
+        name = text.lower()
+        if not _HEADER_NAME.fullmatch(name):
+            self.error(path, f"not a valid HTTP header name: {text!r}")
+            return None
+        return name
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"boolean {value}"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds:g}s"
