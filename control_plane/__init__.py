@@ -1,0 +1,1 @@
+"""kvgate's control plane: Envoy resources from config, served over xDS."""

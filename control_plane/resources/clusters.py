@@ -1,0 +1,139 @@
+"""Clusters: one per pool (override_host with a ring_hash fallback) and one for ext_proc."""
+
+from __future__ import annotations
+
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
+from envoy.config.core.v3 import config_source_pb2, health_check_pb2, protocol_pb2
+from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2
+from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
+from envoy.type.metadata.v3 import metadata_pb2
+from envoy.type.v3 import percent_pb2
+from kvgate.config.model import ExtProc, Pool
+
+from control_plane.resources import protos
+from control_plane.resources.endpoints import load_assignment, static_hosts
+from control_plane.resources.names import (
+    DESTINATION_KEY,
+    EXT_PROC_CLUSTER,
+    LB_NAMESPACE,
+    RING_MAX_SIZE,
+    RING_MIN_SIZE,
+    pool_cluster_name,
+)
+
+# Envoy honours an override even to a DRAINING or UNHEALTHY host; only these may be overridden to.
+OVERRIDABLE = (health_check_pb2.HEALTHY, health_check_pb2.UNKNOWN)
+# Long-context streams at peak: default circuit breakers (1024 requests) would cap a busy pool.
+_MANY = 1_000_000
+
+
+def pool_cluster(pool: Pool, *, eds: bool) -> cluster_pb2.Cluster:
+    """The pool's cluster: ext_proc's pick via override_host, else ring_hash on the session."""
+    cluster = cluster_pb2.Cluster(
+        name=pool_cluster_name(pool.name),
+        connect_timeout=protos.duration(1.0),
+        load_balancing_policy=_override_host_policy(),
+        circuit_breakers=circuit_breaker_pb2.CircuitBreakers(
+            thresholds=[
+                circuit_breaker_pb2.CircuitBreakers.Thresholds(
+                    max_connections=protos.u32(_MANY),
+                    max_pending_requests=protos.u32(_MANY),
+                    max_requests=protos.u32(_MANY),
+                    max_retries=protos.u32(1024),
+                )
+            ]
+        ),
+        common_lb_config=cluster_pb2.Cluster.CommonLbConfig(
+            override_host_status=health_check_pb2.HealthStatusSet(statuses=OVERRIDABLE),
+            # A failed engine is really gone; never spread traffic back onto it in "panic".
+            healthy_panic_threshold=percent_pb2.Percent(value=0.0),
+        ),
+    )
+    if eds:
+        cluster.type = cluster_pb2.Cluster.EDS
+        cluster.eds_cluster_config.CopyFrom(
+            cluster_pb2.Cluster.EdsClusterConfig(
+                eds_config=config_source_pb2.ConfigSource(
+                    ads=config_source_pb2.AggregatedConfigSource(),
+                    resource_api_version=config_source_pb2.V3,
+                )
+            )
+        )
+    else:
+        cluster.type = cluster_pb2.Cluster.STATIC
+        cluster.load_assignment.CopyFrom(load_assignment(pool))
+    return cluster
+
+
+def _override_host_policy() -> cluster_pb2.LoadBalancingPolicy:
+    ring = ring_hash_pb2.RingHash(
+        hash_function=ring_hash_pb2.RingHash.XX_HASH,
+        minimum_ring_size=protos.u64(RING_MIN_SIZE),
+        maximum_ring_size=protos.u64(RING_MAX_SIZE),
+    )
+    override = override_host_pb2.OverrideHost(
+        override_host_sources=[
+            override_host_pb2.OverrideHost.OverrideHostSource(
+                metadata=metadata_pb2.MetadataKey(
+                    key=LB_NAMESPACE,
+                    path=[metadata_pb2.MetadataKey.PathSegment(key=DESTINATION_KEY)],
+                )
+            )
+        ],
+        fallback_policy=cluster_pb2.LoadBalancingPolicy(
+            policies=[
+                cluster_pb2.LoadBalancingPolicy.Policy(
+                    typed_extension_config=protos.typed_extension(
+                        "envoy.load_balancing_policies.ring_hash", ring
+                    )
+                )
+            ]
+        ),
+    )
+    return cluster_pb2.LoadBalancingPolicy(
+        policies=[
+            cluster_pb2.LoadBalancingPolicy.Policy(
+                typed_extension_config=protos.typed_extension(
+                    "envoy.load_balancing_policies.override_host", override
+                )
+            )
+        ]
+    )
+
+
+def ext_proc_cluster(ext_proc: ExtProc) -> cluster_pb2.Cluster:
+    """The ext_proc replicas, over HTTP/2, skipped by Envoy when their gRPC health fails."""
+    options = http_protocol_options_pb2.HttpProtocolOptions(
+        explicit_http_config=http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
+            http2_protocol_options=protocol_pb2.Http2ProtocolOptions()
+        )
+    )
+    return cluster_pb2.Cluster(
+        name=EXT_PROC_CLUSTER,
+        type=cluster_pb2.Cluster.STATIC,
+        connect_timeout=protos.duration(0.25),
+        lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
+        load_assignment=static_hosts(EXT_PROC_CLUSTER, ext_proc.addresses),
+        typed_extension_protocol_options={
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": protos.pack(options)
+        },
+        health_checks=[
+            health_check_pb2.HealthCheck(
+                timeout=protos.duration(0.5),
+                interval=protos.duration(1.0),
+                unhealthy_threshold=protos.u32(2),
+                healthy_threshold=protos.u32(1),
+                grpc_health_check=health_check_pb2.HealthCheck.GrpcHealthCheck(),
+            )
+        ],
+        circuit_breakers=circuit_breaker_pb2.CircuitBreakers(
+            thresholds=[
+                circuit_breaker_pb2.CircuitBreakers.Thresholds(
+                    max_connections=protos.u32(_MANY),
+                    max_pending_requests=protos.u32(_MANY),
+                    max_requests=protos.u32(_MANY),
+                )
+            ]
+        ),
+    )

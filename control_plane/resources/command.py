@@ -1,0 +1,34 @@
+"""`kvgate envoy-config -c FILE`: the static Envoy bootstrap for a config, as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from kvgate.config import ConfigError, load_file
+
+from control_plane.resources.bootstrap import static_bootstrap, to_json
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", required=True, help="kvgate YAML file")
+    parser.add_argument("-o", "--output", help="write here instead of stdout")
+    parser.add_argument("--node-id", default="kvgate-gateway", help="Envoy node id")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        config = load_file(args.config)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 1
+    if not config.pools:
+        print(f"{args.config}: pools: no pools configured; nothing to route to", file=sys.stderr)
+        return 1
+    text = to_json(static_bootstrap(config, node_id=args.node_id))
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as out:
+            out.write(text)
+    else:
+        sys.stdout.write(text)
+    return 0

@@ -1,0 +1,61 @@
+"""ClusterLoadAssignments: the pool's engines, with the health status kvgate decided."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from envoy.config.core.v3 import health_check_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from kvgate.config.model import HostPort, Pool
+
+from control_plane.resources import protos
+from control_plane.resources.names import pool_cluster_name
+
+# kvgate endpoint state → EDS health status. Envoy neither overrides to nor hashes onto the last two.
+HEALTH_BY_STATE = {
+    "active": health_check_pb2.HEALTHY,
+    "draining": health_check_pb2.DRAINING,
+    "failed": health_check_pb2.UNHEALTHY,
+}
+
+
+def load_assignment(
+    pool: Pool, states: Mapping[str, str] | None = None
+) -> endpoint_pb2.ClusterLoadAssignment:
+    """The pool's endpoints; `states` maps `ip:port` to active/draining/failed (default active)."""
+    states = states or {}
+    return endpoint_pb2.ClusterLoadAssignment(
+        cluster_name=pool_cluster_name(pool.name),
+        endpoints=[
+            endpoint_components_pb2.LocalityLbEndpoints(
+                lb_endpoints=[
+                    endpoint_components_pb2.LbEndpoint(
+                        endpoint=endpoint_components_pb2.Endpoint(
+                            address=protos.socket_address(ep.address)
+                        ),
+                        health_status=HEALTH_BY_STATE[states.get(ep.key, "active")],
+                        load_balancing_weight=protos.u32(ep.weight),
+                    )
+                    for ep in pool.endpoints
+                ]
+            )
+        ],
+    )
+
+
+def static_hosts(cluster: str, addresses: Iterable[HostPort]) -> endpoint_pb2.ClusterLoadAssignment:
+    return endpoint_pb2.ClusterLoadAssignment(
+        cluster_name=cluster,
+        endpoints=[
+            endpoint_components_pb2.LocalityLbEndpoints(
+                lb_endpoints=[
+                    endpoint_components_pb2.LbEndpoint(
+                        endpoint=endpoint_components_pb2.Endpoint(
+                            address=protos.socket_address(address)
+                        )
+                    )
+                    for address in addresses
+                ]
+            )
+        ],
+    )

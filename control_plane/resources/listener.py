@@ -1,0 +1,127 @@
+"""The gateway listener: strip client routing headers → ext_proc → router."""
+
+from __future__ import annotations
+
+from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
+from envoy.config.core.v3 import config_source_pb2, grpc_service_pb2
+from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
+from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm,
+)
+from envoy.type.matcher.v3 import string_pb2
+from kvgate.config.model import Config
+
+from control_plane.resources import protos
+from control_plane.resources.names import (
+    DESTINATION_KEY,
+    EXT_PROC_CLUSTER,
+    EXT_PROC_FILTER,
+    LB_NAMESPACE,
+    LISTENER_NAME,
+    ROUTE_CONFIG_NAME,
+)
+
+_Mode = processing_mode_pb2.ProcessingMode
+
+
+def gateway_listener(
+    config: Config, *, routes: route_pb2.RouteConfiguration | None = None
+) -> listener_pb2.Listener:
+    """The listener users call. With `routes`, they are inlined; otherwise fetched over RDS (ADS)."""
+    manager = hcm.HttpConnectionManager(
+        stat_prefix="kvgate",
+        codec_type=hcm.HttpConnectionManager.AUTO,
+        use_remote_address=protos.bool_value(True),
+        normalize_path=protos.bool_value(True),
+        merge_slashes=True,
+        # Minutes-long prefill at peak may precede the first byte; stalled streams still end.
+        stream_idle_timeout=protos.duration(600.0),
+        request_timeout=protos.duration(0.0),
+        max_request_headers_kb=protos.u32(96),
+        http_filters=[_strip_destination(), _ext_proc(config), _router()],
+    )
+    if routes is not None:
+        manager.route_config.CopyFrom(routes)
+    else:
+        manager.rds.CopyFrom(
+            hcm.Rds(
+                route_config_name=ROUTE_CONFIG_NAME,
+                config_source=config_source_pb2.ConfigSource(
+                    ads=config_source_pb2.AggregatedConfigSource(),
+                    resource_api_version=config_source_pb2.V3,
+                ),
+            )
+        )
+    return listener_pb2.Listener(
+        name=LISTENER_NAME,
+        address=protos.socket_address(config.listener),
+        filter_chains=[
+            listener_components_pb2.FilterChain(
+                filters=[
+                    listener_components_pb2.Filter(
+                        name="envoy.filters.network.http_connection_manager",
+                        typed_config=protos.pack(manager),
+                    )
+                ]
+            )
+        ],
+    )
+
+
+def _strip_destination() -> hcm.HttpFilter:
+    mutation = header_mutation_pb2.HeaderMutation(
+        mutations=header_mutation_pb2.Mutations(
+            request_mutations=[mutation_rules_pb2.HeaderMutation(remove=DESTINATION_KEY)]
+        )
+    )
+    return hcm.HttpFilter(
+        name="envoy.filters.http.header_mutation", typed_config=protos.pack(mutation)
+    )
+
+
+def _ext_proc(config: Config) -> hcm.HttpFilter:
+    processor = ext_proc_pb2.ExternalProcessor(
+        grpc_service=grpc_service_pb2.GrpcService(
+            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
+            timeout=protos.duration(1.0),
+        ),
+        # ext_proc down or slow → the ring_hash fallback keeps sessions where they were.
+        failure_mode_allow=True,
+        message_timeout=protos.duration(config.ext_proc.message_timeout),
+        processing_mode=_Mode(
+            request_header_mode=_Mode.SEND,
+            response_header_mode=_Mode.SKIP,
+            request_body_mode=_Mode.NONE,
+            response_body_mode=_Mode.NONE,
+            request_trailer_mode=_Mode.SKIP,
+            response_trailer_mode=_Mode.SKIP,
+        ),
+        # ext_proc needs only the session headers; sending less keeps each decision cheap.
+        forward_rules=ext_proc_pb2.HeaderForwardingRules(
+            allowed_headers=_exact_names(config.session.headers)
+        ),
+        metadata_options=ext_proc_pb2.MetadataOptions(
+            # Without this Envoy silently drops the metadata ext_proc returns.
+            receiving_namespaces=ext_proc_pb2.MetadataOptions.MetadataNamespaces(
+                untyped=[LB_NAMESPACE]
+            )
+        ),
+        stat_prefix="kvgate",
+    )
+    return hcm.HttpFilter(name=EXT_PROC_FILTER, typed_config=protos.pack(processor))
+
+
+def _exact_names(names: tuple[str, ...]) -> string_pb2.ListStringMatcher:
+    return string_pb2.ListStringMatcher(
+        patterns=[string_pb2.StringMatcher(exact=name) for name in names]
+    )
+
+
+def _router() -> hcm.HttpFilter:
+    return hcm.HttpFilter(
+        name="envoy.filters.http.router", typed_config=protos.pack(router_pb2.Router())
+    )

@@ -1,0 +1,22 @@
+"""Names shared by the resources, Envoy's filter chain and the ext_proc service."""
+
+from __future__ import annotations
+
+# Dynamic metadata namespace and key that override_host reads the picked host(s) from.
+LB_NAMESPACE = "envoy.lb"
+DESTINATION_KEY = "x-gateway-destination-endpoint"
+# gRPC initial metadata telling ext_proc which pool the matched route serves.
+POOL_METADATA_KEY = "x-kvgate-pool"
+
+LISTENER_NAME = "kvgate_gateway"
+ROUTE_CONFIG_NAME = "kvgate_routes"
+EXT_PROC_CLUSTER = "kvgate_ext_proc"
+EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+
+# Envoy's ring_hash defaults, pinned so ext_proc can rebuild the identical ring.
+RING_MIN_SIZE = 1024
+RING_MAX_SIZE = 8 * 1024 * 1024
+
+
+def pool_cluster_name(pool: str) -> str:
+    return f"kvgate_pool_{pool}"

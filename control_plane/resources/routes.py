@@ -1,0 +1,88 @@
+"""The route table: YAML routes → pool clusters, with session hashing and safe retries."""
+
+from __future__ import annotations
+
+from envoy.config.core.v3 import base_pb2
+from envoy.config.route.v3 import route_components_pb2 as rc
+from envoy.config.route.v3 import route_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
+from envoy.type.matcher.v3 import string_pb2
+from kvgate.config.model import Config, Route
+
+from control_plane.resources import protos
+from control_plane.resources.names import (
+    DESTINATION_KEY,
+    EXT_PROC_FILTER,
+    POOL_METADATA_KEY,
+    ROUTE_CONFIG_NAME,
+    pool_cluster_name,
+)
+
+# Only failures before the engine saw the request: retrying those never duplicates generation.
+RETRY_ON = "connect-failure,refused-stream,reset"
+
+
+def route_configuration(config: Config) -> route_pb2.RouteConfiguration:
+    return route_pb2.RouteConfiguration(
+        name=ROUTE_CONFIG_NAME,
+        # Defence in depth: header_mutation strips it first; nothing may forward it upstream.
+        request_headers_to_remove=[DESTINATION_KEY],
+        virtual_hosts=[
+            rc.VirtualHost(
+                name="kvgate",
+                domains=["*"],
+                routes=[_route(route, config) for route in config.routes],
+            )
+        ],
+    )
+
+
+def _route(route: Route, config: Config) -> rc.Route:
+    match = rc.RouteMatch(
+        prefix=route.match.prefix,
+        headers=[
+            rc.HeaderMatcher(
+                name=name, string_match=string_pb2.StringMatcher(exact=value)
+            )
+            for name, value in route.match.headers
+        ],
+    )
+    action = rc.RouteAction(
+        cluster=pool_cluster_name(route.pool),
+        timeout=protos.duration(route.timeout),
+        # First present session header wins, exactly as ext_proc reads it.
+        hash_policy=[
+            rc.RouteAction.HashPolicy(
+                header=rc.RouteAction.HashPolicy.Header(header_name=name), terminal=True
+            )
+            for name in config.session.headers
+        ],
+        retry_policy=rc.RetryPolicy(
+            retry_on=RETRY_ON,
+            num_retries=protos.u32(2),
+            retry_host_predicate=[
+                rc.RetryPolicy.RetryHostPredicate(
+                    name="envoy.retry_host_predicates.previous_hosts",
+                    typed_config=protos.pack(previous_hosts_pb2.PreviousHostsPredicate()),
+                )
+            ],
+            host_selection_retry_max_attempts=5,
+        ),
+    )
+    if route.timeout == 0:
+        # No overall deadline for minutes-long streams, but a stalled one is still cut.
+        action.idle_timeout.CopyFrom(protos.duration(600.0))
+    per_route = ext_proc_pb2.ExtProcPerRoute(
+        overrides=ext_proc_pb2.ExtProcOverrides(
+            grpc_initial_metadata=[base_pb2.HeaderValue(key=POOL_METADATA_KEY, value=route.pool)]
+        )
+    )
+    return rc.Route(
+        name=f"{route.pool}:{route.match.prefix}",
+        match=match,
+        route=action,
+        typed_per_filter_config={EXT_PROC_FILTER: protos.pack(per_route)},
+    )
+
+

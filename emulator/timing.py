@@ -1,0 +1,98 @@
+"""Engine timing: slots, a serial prefill queue, and TTFT / decode durations (pure, no I/O).
+
+All times are emulated seconds. Requests are admitted in arrival order (first come, first served):
+a request waits for one of ``max_num_seqs`` slots, then for the prefill stage (one prefill at a
+time, like a saturated chunked-prefill budget), then prefills, then decodes in its slot. Because
+arrivals are handled in time order, each request's schedule is known when it arrives, so the
+schedule is computed in closed form with two heaps instead of simulating events; a discrete-event
+simulator and the live server share this code.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class TimingParams:
+    """Engine speed. Defaults: a Qwen2.5-32B-class model on one device (see DESIGN.md)."""
+
+    prefill_tokens_per_s: float = 5000.0
+    decode_s_per_token: float = 0.035
+    prefill_overhead_s: float = 0.02  # c0: scheduling, sampling, first-step launch
+    kv_bytes_per_token: int = 256 * 1024
+    ddr_bytes_per_s: float = 20e9
+    max_num_seqs: int = 256
+
+    def prefill_seconds(self, computed_tokens: int, ddr_tokens: int) -> float:
+        """Service time of a prefill: c0 + computed tokens ÷ rate + DDR-loaded bytes ÷ bandwidth."""
+        seconds = self.prefill_overhead_s + computed_tokens / self.prefill_tokens_per_s
+        if ddr_tokens:
+            seconds += ddr_tokens * self.kv_bytes_per_token / self.ddr_bytes_per_s
+        return seconds
+
+    def decode_seconds(self, output_tokens: int) -> float:
+        """Time from the first output token to the last."""
+        return max(0, output_tokens - 1) * self.decode_s_per_token
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """One request's schedule, in emulated seconds."""
+
+    arrival: float
+    start: float  # got a slot
+    prefill_start: float
+    first_token: float
+    finish: float
+
+    @property
+    def ttft(self) -> float:
+        """Time to first token, queueing included."""
+        return self.first_token - self.arrival
+
+    @property
+    def queue_wait(self) -> float:
+        """Time spent waiting for a slot and for the prefill stage."""
+        return self.prefill_start - self.arrival
+
+
+class Scheduler:
+    """First-come-first-served slot and prefill scheduling; call :meth:`schedule` in time order."""
+
+    def __init__(self, max_num_seqs: int) -> None:
+        if max_num_seqs <= 0:
+            raise ValueError("max_num_seqs must be positive")
+        self.max_num_seqs = max_num_seqs
+        self._slot_free: list[float] = []  # finish times of requests holding slots (min-heap)
+        self._prefill_free_at = float("-inf")
+        self._not_started: list[float] = []  # slot start times still in the future (min-heap)
+        self._not_finished: list[float] = []  # finish times still in the future (min-heap)
+
+    def schedule(self, now: float, prefill_s: float, decode_s: float) -> Slot:
+        """Reserve a slot and a prefill turn for a request arriving at ``now``."""
+        if len(self._slot_free) < self.max_num_seqs:
+            start = now
+        else:
+            start = max(now, heapq.heappop(self._slot_free))
+        prefill_start = max(start, self._prefill_free_at)
+        first_token = prefill_start + prefill_s
+        self._prefill_free_at = first_token
+        finish = first_token + decode_s
+        heapq.heappush(self._slot_free, finish)
+        heapq.heappush(self._not_started, start)
+        heapq.heappush(self._not_finished, finish)
+        return Slot(now, start, prefill_start, first_token, finish)
+
+    def occupancy(self, now: float) -> tuple[int, int]:
+        """``(running, waiting)`` at ``now``: requests holding a slot, and those queued for one.
+
+        ``now`` must not go backwards between calls.
+        """
+        while self._not_started and self._not_started[0] <= now:
+            heapq.heappop(self._not_started)
+        while self._not_finished and self._not_finished[0] <= now:
+            heapq.heappop(self._not_finished)
+        waiting = len(self._not_started)
+        return len(self._not_finished) - waiting, waiting

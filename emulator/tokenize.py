@@ -1,0 +1,82 @@
+"""Deterministic tokenization and prompt rendering (pure, no I/O).
+
+Real tokenizers are local: editing text changes only the tokens near the edit, and the same text
+always gives the same ids. A regex that cuts words into pieces of at most four characters keeps
+both properties and averages roughly four characters per token on code and prose, which is all the
+prefix cache needs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import xxhash
+
+# A word piece keeps its leading space, like BPE vocabularies do; punctuation runs are short.
+_PIECE = re.compile(r" ?[A-Za-z]{1,4}| ?[0-9]{1,3}| ?[^\sA-Za-z0-9]{1,2}|\s{1,4}")
+
+DEFAULT_VOCAB_SIZE = 151_936  # Qwen2.5's vocabulary size; only the range matters
+
+# Qwen-style chat markers; fixed so that the same conversation always renders to the same text.
+_ROLE_OPEN = "<|im_start|>"
+_ROLE_CLOSE = "<|im_end|>\n"
+
+
+class Tokenizer:
+    """Maps text to token ids deterministically; the same text always yields the same ids."""
+
+    def __init__(self, vocab_size: int = DEFAULT_VOCAB_SIZE, memo_limit: int = 200_000) -> None:
+        self.vocab_size = vocab_size
+        # Pieces repeat a lot (words, indentation); memoising their ids skips most hashing.
+        self._memo: dict[str, int] = {}
+        self._memo_limit = memo_limit
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``."""
+        memo = self._memo
+        vocab = self.vocab_size
+        out: list[int] = []
+        append = out.append
+        for piece in _PIECE.findall(text):
+            tid = memo.get(piece)
+            if tid is None:
+                tid = xxhash.xxh32_intdigest(piece.encode()) % vocab
+                if len(memo) < self._memo_limit:
+                    memo[piece] = tid
+            append(tid)
+        return out
+
+
+def _content_text(content: Any) -> str:
+    """Text of an OpenAI message ``content``: a string or a list of ``{"type": "text"}`` parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts: list[str] = []
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, str):
+                parts.append(part)
+        return "".join(parts)
+    raise ValueError("message content must be a string or a list of text parts")
+
+
+def render_chat(messages: Iterable[Mapping[str, Any]]) -> str:
+    """Render chat messages with a fixed template, ending with the assistant's opening marker.
+
+    Appending a turn to a conversation leaves the rendered text of the earlier turns unchanged, so
+    the next request's prompt extends the previous one, exactly what prefix caching relies on.
+    """
+    chunks: list[str] = []
+    for message in messages:
+        role = message.get("role")
+        if not isinstance(role, str) or not role:
+            raise ValueError("every message needs a string 'role'")
+        chunks.append(f"{_ROLE_OPEN}{role}\n{_content_text(message.get('content'))}{_ROLE_CLOSE}")
+    chunks.append(f"{_ROLE_OPEN}assistant\n")
+    return "".join(chunks)
