@@ -2,7 +2,7 @@
 
 A block's hash covers its parent's hash and its own tokens, so equal hashes mean equal prefixes.
 Only full blocks are hashed and cached. A hit is the longest run of cached leading blocks, capped
-so that at least one prompt token is computed (the n−1 rule: the model must run on the last token
+so that at least one prompt token is computed (the n-1 rule: the model must run on the last token
 to produce logits). Blocks no running request holds are evicted least recently used first; like
 vLLM's free-block queue, a finished request's blocks are queued tail first, so the end of a prefix
 is evicted before its beginning.
@@ -42,7 +42,7 @@ def block_hashes(tokens: Sequence[int], block_size: int, root: int = 0) -> list[
 
 
 def max_hit_blocks(num_tokens: int, block_size: int) -> int:
-    """Most leading blocks a prompt of ``num_tokens`` may take from cache (the n−1 rule)."""
+    """Most leading blocks a prompt of ``num_tokens`` may take from cache (the n-1 rule)."""
     return max(0, num_tokens - 1) // block_size
 
 
@@ -54,7 +54,7 @@ class PrefixCache:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
         self.capacity_blocks = max(0, capacity_tokens) // block_size
-        self._refs: dict[int, int] = {}  # every cached block → number of running requests
+        self._refs: dict[int, int] = {}  # every cached block -> number of running requests
         self._free: OrderedDict[int, None] = OrderedDict()  # refcount-0 blocks, LRU first
         self.reserved_blocks = 0  # partial/decode blocks of running requests (never cached)
         self.evictions = 0

@@ -26,7 +26,7 @@ class TimingParams:
     max_num_seqs: int = 256
 
     def prefill_seconds(self, computed_tokens: int, ddr_tokens: int) -> float:
-        """Service time of a prefill: c0 + computed tokens ÷ rate + DDR-loaded bytes ÷ bandwidth."""
+        """Service time of a prefill: c0 + computed tokens / rate + DDR-loaded bytes / bandwidth."""
         seconds = self.prefill_overhead_s + computed_tokens / self.prefill_tokens_per_s
         if ddr_tokens:
             seconds += ddr_tokens * self.kv_bytes_per_token / self.ddr_bytes_per_s

@@ -1,0 +1,205 @@
+"""``kvgate emulate`` / ``python -m emulator``: run an emulated fleet until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from emulator.fleet import Fleet
+from emulator.options import DDR_POOL_FLEET_MULTIPLE, EmulatorOptions
+
+log = structlog.get_logger("emulator.command")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare the command's options (defaults: DESIGN.md's published figures)."""
+    d = EmulatorOptions()
+    a = parser.add_argument
+    a("--instances", type=int, default=d.instances, help="number of engine instances (%(default)s)")
+    a("--host", default=d.host, help="address to listen on (%(default)s)")
+    a(
+        "--port",
+        type=int,
+        default=d.port,
+        help="first instance's port; the others use the next ones; 0 = free ports (%(default)s)",
+    )
+    a("--model", default=d.model, help="served model name (%(default)s)")
+    a(
+        "--block-size",
+        type=int,
+        default=d.block_size,
+        help="KV block size in tokens; 128 mirrors vLLM-Ascend (%(default)s)",
+    )
+    a(
+        "--hbm-tokens",
+        type=int,
+        default=d.hbm_tokens,
+        help="HBM KV capacity per instance, tokens (%(default)s)",
+    )
+    a(
+        "--ddr-tokens",
+        type=int,
+        default=None,
+        help=f"DDR pool capacity, tokens (default {DDR_POOL_FLEET_MULTIPLE}x the fleet's HBM)",
+    )
+    a(
+        "--prefill-tokens-per-s",
+        type=float,
+        default=d.prefill_tokens_per_s,
+        help="prefill rate (%(default)s)",
+    )
+    a(
+        "--decode-ms-per-token",
+        type=float,
+        default=d.decode_ms_per_token,
+        help="decode time per output token (%(default)s)",
+    )
+    a(
+        "--prefill-overhead-ms",
+        type=float,
+        default=d.prefill_overhead_ms,
+        help="fixed TTFT overhead c0 (%(default)s)",
+    )
+    a(
+        "--kv-bytes-per-token",
+        type=int,
+        default=d.kv_bytes_per_token,
+        help="KV bytes per token, for DDR transfer time (%(default)s)",
+    )
+    a("--ddr-gbps", type=float, default=d.ddr_gbps, help="DDR->HBM bandwidth, GB/s (%(default)s)")
+    a(
+        "--max-num-seqs",
+        type=int,
+        default=d.max_num_seqs,
+        help="concurrent requests per instance (%(default)s)",
+    )
+    a(
+        "--time-scale",
+        type=float,
+        default=d.time_scale,
+        help="wall seconds per emulated second; 1/60 runs an hour in a minute; 0 = never wait "
+        "(%(default)s)",
+    )
+    a("--seed", type=int, default=d.seed, help="seed for generated text (%(default)s)")
+    a("--pool-url", default=None, help="join an existing DDR pool service instead of hosting one")
+    a("--no-ddr-pool", action="store_true", help="run without a DDR pool")
+    a("--pool-port", type=int, default=d.pool_port, help="DDR pool port; 0 = free port")
+    a(
+        "--engine-id",
+        default=d.engine_id,
+        help="x-engine-id template with {host}, {port}, {index} (%(default)s)",
+    )
+    a(
+        "--ready-file",
+        type=Path,
+        default=None,
+        help="write {engines, pool_url, pid} as JSON here once everything listens",
+    )
+    a("--log-level", default="info", choices=["debug", "info", "warning", "error"])  # fmt: skip
+
+
+def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
+    """Map parsed arguments to :class:`EmulatorOptions`."""
+    return EmulatorOptions(
+        instances=args.instances,
+        host=args.host,
+        port=args.port,
+        model=args.model,
+        block_size=args.block_size,
+        hbm_tokens=args.hbm_tokens,
+        ddr_tokens=args.ddr_tokens,
+        prefill_tokens_per_s=args.prefill_tokens_per_s,
+        decode_ms_per_token=args.decode_ms_per_token,
+        prefill_overhead_ms=args.prefill_overhead_ms,
+        kv_bytes_per_token=args.kv_bytes_per_token,
+        ddr_gbps=args.ddr_gbps,
+        max_num_seqs=args.max_num_seqs,
+        time_scale=args.time_scale,
+        seed=args.seed,
+        pool_url=args.pool_url,
+        no_ddr_pool=args.no_ddr_pool,
+        pool_port=args.pool_port,
+        engine_id=args.engine_id,
+    )
+
+
+def configure_logging(level: str) -> None:
+    """Structured JSON logs on stderr."""
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+def write_ready_file(path: Path, fleet: Fleet) -> None:
+    """Atomically write the ready file (temp file + rename, so readers never see half of it)."""
+    payload = {"engines": fleet.engines, "pool_url": fleet.pool_url, "pid": os.getpid()}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload) + "\n")
+    os.replace(tmp, path)
+
+
+async def serve(options: EmulatorOptions, ready_file: Path | None) -> int:
+    """Run the fleet until SIGINT/SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    fleet = Fleet(options)
+    try:
+        await fleet.start()
+        if fleet.pool_url:
+            print(f"ddr pool   {fleet.pool_url}", flush=True)
+        for i, engine in enumerate(fleet.engines):
+            print(f"engine {i:<3} http://{engine}", flush=True)
+        if ready_file is not None:
+            write_ready_file(ready_file, fleet)
+        log.info("fleet_ready", engines=fleet.engines, pool_url=fleet.pool_url)
+        await stop.wait()
+        log.info("fleet_stopping")
+    finally:
+        await fleet.stop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    return 0
+
+
+def _run(coro: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop  # optional speed-up, absent on Windows
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Entry point used by ``kvgate emulate`` and ``python -m emulator``."""
+    configure_logging(args.log_level)
+    try:
+        options = options_from_args(args)
+        options.validate()
+    except ValueError as exc:
+        print(f"kvgate emulate: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _run(serve(options, args.ready_file))
+    except OSError as exc:
+        log.error("startup_failed", error=str(exc))
+        return 1

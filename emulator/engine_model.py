@@ -1,0 +1,199 @@
+"""One engine instance's model: prefix cache + DDR lookups + timing + vLLM-style counters.
+
+Pure: no I/O, no clock of its own; every call takes ``now`` in emulated seconds. The DDR pool is
+consulted by the caller between :meth:`EngineModel.probe` and :meth:`EngineModel.admit`, so the
+same model serves a live instance (pool behind HTTP, awaited) and a discrete-event simulator (pool
+model called directly).
+
+A request goes: ``probe`` (HBM hit) -> caller looks ``probe.ddr_candidates`` up in the pool ->
+``admit`` (pins blocks, schedules, counts) -> caller writes ``admission.to_pool`` to the pool ->
+``finish`` when the last token is out (unpins).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from emulator.prefix_cache import PrefixCache, block_hashes, max_hit_blocks, root_hash
+from emulator.timing import Scheduler, Slot, TimingParams
+
+# vLLM's buckets for vllm:time_to_first_token_seconds.
+TTFT_BUCKETS: tuple[float, ...] = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """What an instance is: model name, cache geometry and speed."""
+
+    model: str = "Qwen/Qwen2.5-32B-Instruct"
+    block_size: int = 16
+    hbm_tokens: int = 550_000
+    timing: TimingParams = field(default_factory=TimingParams)
+    # False: no queueing at all (time scale 0); every request starts on arrival.
+    queueing: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Result of the HBM lookup for one prompt."""
+
+    hashes: list[int]  # chained hashes of the prompt's full blocks
+    num_tokens: int
+    hbm_blocks: int  # leading blocks found in HBM (n-1 cap applied)
+    limit_blocks: int  # n-1 cap in blocks
+
+    @property
+    def ddr_candidates(self) -> list[int]:
+        """Blocks to look up in the DDR pool: those after the HBM hit, up to the cap."""
+        return self.hashes[self.hbm_blocks : self.limit_blocks]
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A scheduled request: where its prompt came from and when its tokens come out."""
+
+    hashes: list[int]
+    extra_blocks: int
+    prompt_tokens: int
+    hbm_hit_tokens: int
+    ddr_hit_tokens: int
+    output_tokens: int
+    slot: Slot
+    to_pool: list[int]  # computed full blocks, to be written to the DDR pool
+
+    @property
+    def cached_tokens(self) -> int:
+        """``usage.prompt_tokens_details.cached_tokens``: HBM plus DDR (external) hits."""
+        return self.hbm_hit_tokens + self.ddr_hit_tokens
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Cumulative-free bucket counts (exported cumulatively) plus sum and count."""
+
+    bounds: tuple[float, ...] = TTFT_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(TTFT_BUCKETS) + 1))
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, value: float) -> None:
+        """Record one value."""
+        i = 0
+        bounds = self.bounds
+        while i < len(bounds) and value > bounds[i]:
+            i += 1
+        self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """vLLM's counters, in tokens where vLLM counts tokens."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    external_prefix_cache_queries: int = 0
+    external_prefix_cache_hits: int = 0
+    ttft: Histogram = field(default_factory=Histogram)
+
+
+class EngineModel:
+    """Prefix cache, scheduler and counters of one instance."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.cache = PrefixCache(config.hbm_tokens, config.block_size)
+        self.scheduler = Scheduler(config.timing.max_num_seqs)
+        self.stats = EngineStats()
+        self.root = root_hash(config.model, config.block_size)
+        self._inflight = 0
+
+    def hashes(self, tokens: Sequence[int]) -> list[int]:
+        """Chained block hashes of a prompt for this instance's model and block size."""
+        return block_hashes(tokens, self.config.block_size, self.root)
+
+    def probe(self, tokens: Sequence[int]) -> Probe:
+        """Look a prompt up in HBM."""
+        return self.probe_hashes(self.hashes(tokens), len(tokens))
+
+    def probe_hashes(self, hashes: list[int], num_tokens: int) -> Probe:
+        """Like :meth:`probe`, for callers that already have block hashes (trace replay)."""
+        limit = max_hit_blocks(num_tokens, self.config.block_size)
+        return Probe(hashes, num_tokens, self.cache.match(hashes, limit), limit)
+
+    def admit(
+        self,
+        now: float,
+        probe: Probe,
+        max_tokens: int,
+        ddr_hit_blocks: int | None = None,
+    ) -> Admission:
+        """Pin the prompt's blocks, schedule the request and count it.
+
+        ``ddr_hit_blocks`` is the pool's answer for ``probe.ddr_candidates``, or ``None`` when
+        there is no pool (external counters then stay still, as in vLLM without a connector).
+        """
+        bs = self.config.block_size
+        cache = self.cache
+        # The cache may have changed while the caller awaited the pool: re-match, and count as
+        # DDR hits only the pool blocks beyond what HBM has now.
+        hbm_blocks = cache.match(probe.hashes, probe.limit_blocks)
+        ddr_end = probe.hbm_blocks + (ddr_hit_blocks or 0)
+        ddr_blocks = max(0, ddr_end - hbm_blocks)
+        hit_blocks = hbm_blocks + ddr_blocks
+        n = probe.num_tokens
+        computed = n - hit_blocks * bs
+        # Partial last block and generated tokens take blocks too, never cached.
+        total_blocks = -(-(n + max_tokens) // bs)
+        extra = max(0, total_blocks - len(probe.hashes))
+        cache.acquire(probe.hashes, extra)
+
+        timing = self.config.timing
+        prefill_s = timing.prefill_seconds(computed, ddr_blocks * bs)
+        decode_s = timing.decode_seconds(max_tokens)
+        if self.config.queueing:
+            slot = self.scheduler.schedule(now, prefill_s, decode_s)
+        else:
+            slot = Slot(now, now, now, now + prefill_s, now + prefill_s + decode_s)
+        self._inflight += 1
+
+        stats = self.stats
+        stats.requests += 1
+        stats.prompt_tokens += n
+        stats.generation_tokens += max_tokens
+        stats.prefix_cache_queries += n
+        stats.prefix_cache_hits += hbm_blocks * bs
+        if ddr_hit_blocks is not None:
+            stats.external_prefix_cache_queries += n
+            stats.external_prefix_cache_hits += ddr_blocks * bs
+        # Known at admission because the schedule is closed-form.
+        stats.ttft.observe(slot.ttft)
+        return Admission(
+            hashes=probe.hashes,
+            extra_blocks=extra,
+            prompt_tokens=n,
+            hbm_hit_tokens=hbm_blocks * bs,
+            ddr_hit_tokens=ddr_blocks * bs,
+            output_tokens=max_tokens,
+            slot=slot,
+            to_pool=probe.hashes[hit_blocks:],
+        )
+
+    def finish(self, admission: Admission) -> None:
+        """The request is done (or abandoned): unpin its blocks."""
+        self._inflight -= 1
+        self.cache.release(admission.hashes, admission.extra_blocks)
+
+    def occupancy(self, now: float) -> tuple[int, int]:
+        """``(running, waiting)`` for ``vllm:num_requests_running`` / ``_waiting``."""
+        if self.config.queueing:
+            return self.scheduler.occupancy(now)
+        return self._inflight, 0

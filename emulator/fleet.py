@@ -1,0 +1,122 @@
+"""Several engine instances and (optionally) the shared DDR pool, in one process.
+
+Usage::
+
+    async with Fleet(EmulatorOptions(instances=2, time_scale=0)) as fleet:
+        fleet.engines   # ["127.0.0.1:40123", "127.0.0.1:40125"]
+        fleet.pool_url  # "http://127.0.0.1:40127", or None without a pool
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Self
+
+import structlog
+from aiohttp import web
+
+from emulator.clock import EmulatedClock
+from emulator.ddr_pool import DdrPool
+from emulator.engine_model import EngineModel
+from emulator.options import EmulatorOptions
+from emulator.pool_service import HttpPoolClient, LocalPoolClient, PoolClient, make_pool_app
+from emulator.server import EngineServer, bind_socket
+
+log = structlog.get_logger("emulator.fleet")
+
+
+class Fleet:
+    """An emulated fleet; ``await start()`` binds everything, ``await stop()`` releases it."""
+
+    def __init__(self, options: EmulatorOptions) -> None:
+        options.validate()
+        self.options = options
+        self.clock = EmulatedClock(options.time_scale)
+        self.servers: list[EngineServer] = []
+        self.pool: DdrPool | None = None  # the pool model, when this process hosts it
+        self.pool_url: str | None = None
+        self._pool_client: PoolClient | None = None
+        self._pool_runner: web.AppRunner | None = None
+
+    @property
+    def engines(self) -> list[str]:
+        """``host:port`` of every instance, in order."""
+        return [server.address for server in self.servers]
+
+    async def start(self) -> None:
+        """Start the pool (unless disabled or joined) and every instance."""
+        try:
+            await self._start_pool()
+            await self._start_engines()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start_pool(self) -> None:
+        opts = self.options
+        if opts.no_ddr_pool:
+            return
+        if opts.pool_url:
+            self.pool_url = opts.pool_url.rstrip("/")
+            self._pool_client = HttpPoolClient(self.pool_url)
+            return
+        self.pool = DdrPool(opts.pool_tokens, opts.block_size)
+        # Instances here use the model directly; the HTTP service is for other processes.
+        self._pool_client = LocalPoolClient(self.pool)
+        sock = bind_socket(opts.host, opts.pool_port)
+        port = sock.getsockname()[1]
+        self._pool_runner = web.AppRunner(
+            make_pool_app(self.pool), handle_signals=False, access_log=None
+        )
+        await self._pool_runner.setup()
+        await web.SockSite(self._pool_runner, sock).start()
+        host = f"[{opts.host}]" if ":" in opts.host else opts.host
+        self.pool_url = f"http://{host}:{port}"
+        log.info("pool_listening", url=self.pool_url, capacity_blocks=self.pool.capacity_blocks)
+
+    async def _start_engines(self) -> None:
+        opts = self.options
+        config = opts.engine_config()
+        for i in range(opts.instances):
+            server = EngineServer(
+                EngineModel(config),
+                self.clock,
+                self._pool_client,
+                host=opts.host,
+                port=opts.port + i if opts.port else 0,
+                engine_id_template=opts.engine_id,
+                index=i,
+                seed=opts.seed + i,
+            )
+            self.servers.append(server)
+            await server.start()
+
+    async def stop(self) -> None:
+        """Stop every instance, then the pool. Safe to call twice."""
+        for server in self.servers:
+            await server.stop()
+        if self._pool_runner is not None:
+            await self._pool_runner.cleanup()
+            self._pool_runner = None
+        if self._pool_client is not None:
+            await self._pool_client.close()
+            self._pool_client = None
+
+    def server(self, engine: str) -> EngineServer:
+        """The instance listening on ``engine`` (``host:port``)."""
+        for server in self.servers:
+            if server.address == engine:
+                return server
+        raise KeyError(engine)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()

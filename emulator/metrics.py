@@ -1,0 +1,109 @@
+"""Prometheus exposition of an engine's counters under vLLM's metric names.
+
+The model keeps plain integers (cheap on the hot path, readable by a simulator); this collector
+turns them into metric families at scrape time. Each instance gets its own CollectorRegistry
+because one process hosts several instances.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from emulator.engine_model import EngineModel
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class EngineCollector(Collector):
+    """Collects one instance's vLLM metrics, labelled with ``model_name``."""
+
+    def __init__(self, model: EngineModel, now: Callable[[], float]) -> None:
+        self._model = model
+        self._now = now
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the metric families (called by the registry on every scrape)."""
+        model = self._model
+        stats = model.stats
+        labels = ["model_name"]
+        values = [model.config.model]
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        yield counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            stats.prefix_cache_queries,
+        )
+        yield counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            stats.prefix_cache_hits,
+        )
+        yield counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector, in terms of queried tokens.",
+            stats.external_prefix_cache_queries,
+        )
+        yield counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector, in terms of cached tokens.",
+            stats.external_prefix_cache_hits,
+        )
+        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+                      stats.prompt_tokens)  # fmt: skip
+        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
+                      stats.generation_tokens)  # fmt: skip
+        yield counter("vllm:request_success", "Count of successfully processed requests.",
+                      stats.requests)  # fmt: skip
+        running, waiting = model.occupancy(self._now())
+        yield gauge("vllm:num_requests_running",
+                    "Number of requests in model execution batches.", running)  # fmt: skip
+        yield gauge("vllm:num_requests_waiting",
+                    "Number of requests waiting to be processed.", waiting)  # fmt: skip
+        yield gauge("vllm:kv_cache_usage_perc",
+                    "KV-cache usage. 1 means 100 percent usage.", model.cache.usage())  # fmt: skip
+
+        hist = stats.ttft
+        buckets: list[tuple[str, float]] = []
+        cumulative = 0
+        for bound, count in zip(hist.bounds, hist.counts, strict=False):
+            cumulative += count
+            buckets.append((repr(float(bound)), cumulative))
+        buckets.append(("+Inf", hist.count))
+        family = HistogramMetricFamily(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labels=labels,
+        )
+        family.add_metric(values, buckets, hist.total)
+        yield family
+
+
+def make_registry(model: EngineModel, now: Callable[[], float]) -> CollectorRegistry:
+    """A registry holding only this instance's collector."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(EngineCollector(model, now))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """Prometheus text exposition of ``registry``."""
+    return generate_latest(registry)

@@ -1,0 +1,90 @@
+"""Options of an emulated fleet, shared by the CLI and the in-process Fleet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from emulator.engine_model import EngineConfig
+from emulator.timing import TimingParams
+
+DEFAULT_MODEL = "Qwen/Qwen2.5-32B-Instruct"
+DEFAULT_HBM_TOKENS = 550_000
+DDR_POOL_FLEET_MULTIPLE = 8  # default pool = 8 x the fleet's HBM (DESIGN.md: 5-10x)
+
+
+@dataclass(slots=True)
+class EmulatorOptions:
+    """Everything ``kvgate emulate`` accepts; defaults are the published figures in DESIGN.md."""
+
+    instances: int = 1
+    host: str = "127.0.0.1"
+    port: int = 0  # first instance's port, the others follow; 0 = any free ports
+    model: str = DEFAULT_MODEL
+    block_size: int = 16  # 128 mirrors vLLM-Ascend
+    hbm_tokens: int = DEFAULT_HBM_TOKENS  # per instance
+    ddr_tokens: int | None = None  # None = DDR_POOL_FLEET_MULTIPLE x instances x hbm_tokens
+    prefill_tokens_per_s: float = 5000.0
+    decode_ms_per_token: float = 35.0
+    prefill_overhead_ms: float = 20.0
+    kv_bytes_per_token: int = 256 * 1024
+    ddr_gbps: float = 20.0  # GB/s DDR->HBM per device
+    max_num_seqs: int = 256
+    time_scale: float = 1.0  # wall seconds per emulated second; 0 = never wait
+    seed: int = 0
+    pool_url: str | None = None  # join an existing pool instead of hosting one
+    no_ddr_pool: bool = False
+    pool_port: int = 0
+    engine_id: str = "{host}:{port}"  # x-engine-id template: {host}, {port}, {index}
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad option."""
+        checks = [
+            (self.instances >= 1, "instances must be >= 1"),
+            (0 <= self.port <= 65535 - max(0, self.instances - 1), "port out of range"),
+            (0 <= self.pool_port <= 65535, "pool_port out of range"),
+            (self.block_size >= 1, "block_size must be >= 1"),
+            (self.hbm_tokens >= 0, "hbm_tokens must be >= 0"),
+            (self.ddr_tokens is None or self.ddr_tokens >= 0, "ddr_tokens must be >= 0"),
+            (self.prefill_tokens_per_s > 0, "prefill_tokens_per_s must be > 0"),
+            (self.decode_ms_per_token >= 0, "decode_ms_per_token must be >= 0"),
+            (self.prefill_overhead_ms >= 0, "prefill_overhead_ms must be >= 0"),
+            (self.kv_bytes_per_token >= 0, "kv_bytes_per_token must be >= 0"),
+            (self.ddr_gbps > 0, "ddr_gbps must be > 0"),
+            (self.max_num_seqs >= 1, "max_num_seqs must be >= 1"),
+            (self.time_scale >= 0, "time_scale must be >= 0"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        try:
+            self.engine_id.format(host="h", port=1, index=0)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"engine_id template is invalid: {exc}") from exc
+
+    @property
+    def pool_tokens(self) -> int:
+        """Capacity of a pool this fleet hosts."""
+        if self.ddr_tokens is not None:
+            return self.ddr_tokens
+        return DDR_POOL_FLEET_MULTIPLE * self.instances * self.hbm_tokens
+
+    def timing(self) -> TimingParams:
+        """Speed parameters in SI units."""
+        return TimingParams(
+            prefill_tokens_per_s=self.prefill_tokens_per_s,
+            decode_s_per_token=self.decode_ms_per_token / 1000.0,
+            prefill_overhead_s=self.prefill_overhead_ms / 1000.0,
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            ddr_bytes_per_s=self.ddr_gbps * 1e9,
+            max_num_seqs=self.max_num_seqs,
+        )
+
+    def engine_config(self) -> EngineConfig:
+        """Per-instance model configuration."""
+        return EngineConfig(
+            model=self.model,
+            block_size=self.block_size,
+            hbm_tokens=self.hbm_tokens,
+            timing=self.timing(),
+            queueing=self.time_scale > 0,
+        )

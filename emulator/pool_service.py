@@ -1,0 +1,149 @@
+"""The DDR pool as a service, and the clients engine instances use to reach it.
+
+Endpoints (JSON; hashes are unsigned 64-bit integers):
+
+- ``POST /v1/lookup``  ``{"hashes": [h, ...]}`` -> ``{"hits": n}``, n = leading hashes present
+- ``POST /v1/insert``  ``{"hashes": [h, ...]}`` -> ``{"inserted": k}``, k = new blocks
+- ``GET /v1/stats`` -> counters and occupancy; ``GET /health`` -> ``ok``
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+
+from emulator.ddr_pool import DdrPool
+
+POOL_KEY: web.AppKey[DdrPool] = web.AppKey("ddr_pool", DdrPool)
+
+
+class PoolClient(Protocol):
+    """How an engine instance talks to the DDR pool."""
+
+    async def lookup(self, hashes: Sequence[int]) -> int:
+        """Number of leading ``hashes`` the pool holds."""
+        ...
+
+    async def insert(self, hashes: Sequence[int]) -> None:
+        """Store ``hashes`` in the pool."""
+        ...
+
+    async def close(self) -> None:
+        """Release resources."""
+        ...
+
+
+class LocalPoolClient:
+    """The pool model in this process: called directly, no HTTP."""
+
+    def __init__(self, pool: DdrPool) -> None:
+        self.pool = pool
+
+    async def lookup(self, hashes: Sequence[int]) -> int:
+        """See :class:`PoolClient`."""
+        return self.pool.lookup(hashes) if hashes else 0
+
+    async def insert(self, hashes: Sequence[int]) -> None:
+        """See :class:`PoolClient`."""
+        if hashes:
+            self.pool.insert(hashes)
+
+    async def close(self) -> None:
+        """Nothing to release."""
+
+
+class HttpPoolClient:
+    """A pool in another process, reached over HTTP with one pooled session."""
+
+    def __init__(self, base_url: str, timeout_s: float = 5.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        # Created lazily so it binds to the running loop.
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+        return self._session
+
+    async def lookup(self, hashes: Sequence[int]) -> int:
+        """See :class:`PoolClient`."""
+        if not hashes:
+            return 0
+        async with self._client().post(
+            f"{self.base_url}/v1/lookup", json={"hashes": list(hashes)}
+        ) as resp:
+            resp.raise_for_status()
+            body = await resp.json()
+        return int(body["hits"])
+
+    async def insert(self, hashes: Sequence[int]) -> None:
+        """See :class:`PoolClient`."""
+        if not hashes:
+            return
+        async with self._client().post(
+            f"{self.base_url}/v1/insert", json={"hashes": list(hashes)}
+        ) as resp:
+            resp.raise_for_status()
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def _bad_request(message: str) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}},
+        status=400,
+    )
+
+
+async def _read_hashes(request: web.Request) -> list[int] | web.Response:
+    try:
+        body: Any = await request.json()
+    except ValueError:
+        return _bad_request("body is not valid JSON")
+    hashes = body.get("hashes") if isinstance(body, dict) else None
+    if not isinstance(hashes, list) or not all(
+        isinstance(h, int) and not isinstance(h, bool) for h in hashes
+    ):
+        return _bad_request("'hashes' must be a list of integers")
+    return hashes
+
+
+async def _lookup(request: web.Request) -> web.Response:
+    hashes = await _read_hashes(request)
+    if isinstance(hashes, web.Response):
+        return hashes
+    return web.json_response({"hits": request.app[POOL_KEY].lookup(hashes)})
+
+
+async def _insert(request: web.Request) -> web.Response:
+    hashes = await _read_hashes(request)
+    if isinstance(hashes, web.Response):
+        return hashes
+    return web.json_response({"inserted": request.app[POOL_KEY].insert(hashes)})
+
+
+async def _stats(request: web.Request) -> web.Response:
+    return web.json_response(request.app[POOL_KEY].stats())
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+def make_pool_app(pool: DdrPool) -> web.Application:
+    """The aiohttp application serving ``pool``."""
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[POOL_KEY] = pool
+    app.router.add_post("/v1/lookup", _lookup)
+    app.router.add_post("/v1/insert", _insert)
+    app.router.add_get("/v1/stats", _stats)
+    app.router.add_get("/health", _health)
+    return app

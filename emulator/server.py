@@ -1,0 +1,357 @@
+"""One emulated engine instance: vLLM's HTTP surface over an :class:`EngineModel`.
+
+Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE or not), ``GET /v1/models``,
+``GET /health``, ``GET /metrics``; admin: ``POST|GET /admin/fault``,
+``GET /admin/last-request-headers``, ``GET /admin/stats``. Every response carries ``x-engine-id``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+import xxhash
+from aiohttp import web
+
+from emulator.clock import EmulatedClock
+from emulator.engine_model import Admission, EngineModel
+from emulator.metrics import CONTENT_TYPE, make_registry, render
+from emulator.openai_api import (
+    ApiError,
+    ChunkWriter,
+    CompletionRequest,
+    Kind,
+    error_body,
+    filler,
+    full_response,
+    models_body,
+    new_id,
+    parse_request,
+    usage,
+)
+from emulator.pool_service import PoolClient
+from emulator.tokenize import Tokenizer
+
+FAULT_MODES = ("none", "unhealthy", "error503", "refuse")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+log = structlog.get_logger("emulator.server")
+
+
+def _json_error(message: str, status: int, param: str | None = None) -> web.Response:
+    return web.json_response(error_body(message, status, param), status=status)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening-ready TCP socket on ``host:port`` (port 0 = any free port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class EngineServer:
+    """Serves one instance on ``host:port``; ``engine_id`` names it in ``x-engine-id``."""
+
+    def __init__(
+        self,
+        model: EngineModel,
+        clock: EmulatedClock,
+        pool: PoolClient | None,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        engine_id_template: str = "{host}:{port}",
+        index: int = 0,
+        seed: int = 0,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        self.model = model
+        self.clock = clock
+        self.pool = pool
+        self.host = host
+        self.port = port
+        self.index = index
+        self.seed = seed
+        self.engine_id = ""
+        self._template = engine_id_template
+        self.tokenizer = tokenizer or Tokenizer()
+        self.fault = "none"
+        self._fault_timer: asyncio.TimerHandle | None = None
+        self._runner: web.AppRunner | None = None
+        self._site: web.SockSite | None = None
+        self._registry = make_registry(model, clock.now)
+        self._last_headers: dict[str, str] = {}
+        self._last_path = ""
+        self._created = int(time.time())
+
+    @property
+    def address(self) -> str:
+        """``host:port`` the instance listens on."""
+        return f"{self.host}:{self.port}"
+
+    def make_app(self) -> web.Application:
+        """The aiohttp application (routes, middlewares, the x-engine-id signal)."""
+        app = web.Application(middlewares=[self._middleware], client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completion)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/admin/fault", self._set_fault)
+        app.router.add_get("/admin/fault", self._get_fault)
+        app.router.add_get("/admin/last-request-headers", self._last_request_headers)
+        app.router.add_get("/admin/stats", self._stats)
+        app.on_response_prepare.append(self._tag_response)
+        return app
+
+    async def start(self) -> None:
+        """Bind and listen; afterwards :attr:`port` and :attr:`engine_id` are final."""
+        sock = bind_socket(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        self.engine_id = self._template.format(host=self.host, port=self.port, index=self.index)
+        self._runner = web.AppRunner(self.make_app(), handle_signals=False, access_log=None)
+        await self._runner.setup()
+        await self._listen(sock)
+        log.info("engine_listening", engine_id=self.engine_id, address=self.address)
+
+    async def _listen(self, sock: socket.socket | None = None) -> None:
+        assert self._runner is not None
+        self._site = web.SockSite(self._runner, sock or bind_socket(self.host, self.port))
+        await self._site.start()
+
+    async def stop(self) -> None:
+        """Stop listening and close connections."""
+        if self._fault_timer is not None:
+            self._fault_timer.cancel()
+            self._fault_timer = None
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+            self._site = None
+
+    # ---- fault injection -------------------------------------------------------------------
+
+    async def set_fault(self, mode: str, for_s: float | None = None) -> None:
+        """Switch fault mode; with ``for_s``, revert to ``none`` after that many wall seconds."""
+        if mode not in FAULT_MODES:
+            raise ValueError(f"fault mode must be one of {', '.join(FAULT_MODES)}")
+        if self._fault_timer is not None:
+            self._fault_timer.cancel()
+            self._fault_timer = None
+        previous, self.fault = self.fault, mode
+        if mode == "refuse" and self._site is not None:
+            # Closing the listener refuses new connections; open ones are aborted by the
+            # middleware on their next request.
+            await self._site.stop()
+            self._site = None
+        elif previous == "refuse" and mode != "refuse" and self._site is None:
+            await self._listen()
+        if for_s is not None:
+            loop = asyncio.get_running_loop()
+            self._fault_timer = loop.call_later(for_s, self._revert_fault)
+        log.info("fault_set", engine_id=self.engine_id, mode=mode, for_s=for_s)
+
+    def _revert_fault(self) -> None:
+        self._fault_timer = None
+        task = asyncio.get_running_loop().create_task(self.set_fault("none"))
+        task.add_done_callback(self._log_task_error)
+
+    def _log_task_error(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.error("fault_revert_failed", engine_id=self.engine_id, error=str(task.exception()))
+
+    async def _set_fault(self, request: web.Request) -> web.Response:
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return _json_error("body is not valid JSON", 400)
+        mode = body.get("mode") if isinstance(body, dict) else None
+        for_s = body.get("for_s") if isinstance(body, dict) else None
+        if mode not in FAULT_MODES:
+            return _json_error(f"'mode' must be one of {', '.join(FAULT_MODES)}", 400, "mode")
+        if for_s is not None and (
+            isinstance(for_s, bool) or not isinstance(for_s, int | float) or for_s < 0
+        ):
+            return _json_error("'for_s' must be a non-negative number", 400, "for_s")
+        await self.set_fault(mode, for_s)
+        # Connection: close so the caller's pooled connection is not reused into a refusal.
+        return web.json_response({"mode": mode, "for_s": for_s}, headers={"Connection": "close"})
+
+    async def _get_fault(self, request: web.Request) -> web.Response:
+        return web.json_response({"mode": self.fault})
+
+    # ---- plumbing --------------------------------------------------------------------------
+
+    async def _tag_response(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["x-engine-id"] = self.engine_id
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self.fault == "refuse" and request.path != "/admin/fault":
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response(status=503)
+        if not request.path.startswith("/admin/"):
+            self._last_headers = {k.lower(): v for k, v in request.headers.items()}
+            self._last_path = request.path
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            return _json_error(exc.reason, exc.status)
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            log.exception("handler_failed", engine_id=self.engine_id, path=request.path)
+            return _json_error(f"internal error: {type(exc).__name__}", 500)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response(models_body(self.model.config.model, self._created))
+
+    async def _health(self, request: web.Request) -> web.Response:
+        if self.fault == "unhealthy":
+            return web.Response(status=503, text="unhealthy")
+        return web.Response(text="")
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=render(self._registry), headers={"Content-Type": CONTENT_TYPE})
+
+    async def _last_request_headers(self, request: web.Request) -> web.Response:
+        return web.json_response({"path": self._last_path, "headers": self._last_headers})
+
+    async def _stats(self, request: web.Request) -> web.Response:
+        model = self.model
+        stats = model.stats
+        running, waiting = model.occupancy(self.clock.now())
+        return web.json_response({
+            "engine_id": self.engine_id,
+            "requests": stats.requests,
+            "prefix_cache_queries": stats.prefix_cache_queries,
+            "prefix_cache_hits": stats.prefix_cache_hits,
+            "external_prefix_cache_queries": stats.external_prefix_cache_queries,
+            "external_prefix_cache_hits": stats.external_prefix_cache_hits,
+            "hbm_blocks": len(model.cache),
+            "hbm_capacity_blocks": model.cache.capacity_blocks,
+            "running": running,
+            "waiting": waiting,
+            "fault": self.fault,
+        })  # fmt: skip
+
+    # ---- completions -----------------------------------------------------------------------
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "chat")
+
+    async def _completion(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, "completion")
+
+    async def _complete(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        if self.fault == "error503":
+            return _json_error("engine unavailable (injected fault)", 503)
+        try:
+            body: Any = json.loads(await request.read())
+        except ValueError:
+            return _json_error("request body is not valid JSON", 400)
+        try:
+            req = parse_request(body, kind, self.model.config.model)
+        except ApiError as exc:
+            return _json_error(exc.message, exc.status, exc.param)
+        if req.prompt_ids is not None:
+            tokens = req.prompt_ids
+            key = hash(tuple(tokens))
+        else:
+            assert req.prompt_text is not None
+            tokens = self.tokenizer.encode(req.prompt_text)
+            key = xxhash.xxh3_64_intdigest(req.prompt_text.encode())
+        if not tokens:
+            return _json_error("the prompt is empty", 400, "prompt")
+        admission = await self._admit(tokens, req.max_tokens)
+        pieces = filler(self.seed, key, req.max_tokens)
+        try:
+            if req.stream:
+                return await self._stream(request, req, admission, pieces)
+            await self._prefilled(admission)
+            await self.clock.sleep_until(admission.slot.finish)
+            body_out = full_response(req, new_id(kind), "".join(pieces), self._usage(admission))
+            return web.json_response(body_out)
+        finally:
+            self.model.finish(admission)
+
+    async def _admit(self, tokens: list[int], max_tokens: int) -> Admission:
+        probe = self.model.probe(tokens)
+        ddr: int | None = None
+        if self.pool is not None:
+            try:
+                ddr = await self.pool.lookup(probe.ddr_candidates)
+            except Exception as exc:  # an unreachable pool is a miss, as with a real connector
+                log.warning("pool_lookup_failed", engine_id=self.engine_id, error=str(exc))
+                ddr = 0
+        return self.model.admit(self.clock.now(), probe, max_tokens, ddr)
+
+    async def _prefilled(self, admission: Admission) -> None:
+        """Wait for the first token, then publish the computed blocks to the pool."""
+        await self.clock.sleep_until(admission.slot.first_token)
+        if self.pool is not None and admission.to_pool:
+            try:
+                await self.pool.insert(admission.to_pool)
+            except Exception as exc:
+                log.warning("pool_insert_failed", engine_id=self.engine_id, error=str(exc))
+
+    @staticmethod
+    def _usage(admission: Admission) -> dict[str, Any]:
+        return usage(admission.prompt_tokens, admission.output_tokens, admission.cached_tokens)
+
+    async def _stream(
+        self,
+        request: web.Request,
+        req: CompletionRequest,
+        admission: Admission,
+        pieces: list[str],
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        writer = ChunkWriter(req, new_id(req.kind))
+        slot = admission.slot
+        step = self.model.config.timing.decode_s_per_token
+        n = len(pieces)
+        try:
+            await self._prefilled(admission)
+            await resp.write(writer.role() + writer.token(pieces[0], n == 1))
+            i = 1
+            while i < n:
+                due = slot.first_token + i * step
+                now = self.clock.now()
+                if due > now and self.clock.time_scale > 0:
+                    await self.clock.sleep_until(due)
+                    now = max(now, due)
+                # Emit every token that is due in one write; with time scale 0, all of them.
+                end = i + 1
+                if self.clock.time_scale <= 0:
+                    end = n
+                else:
+                    while end < n and slot.first_token + end * step <= now:
+                        end += 1
+                await resp.write(b"".join(
+                    writer.token(pieces[k], k == n - 1) for k in range(i, end)
+                ))  # fmt: skip
+                i = end
+            tail = writer.usage(self._usage(admission)) if req.include_usage else b""
+            await resp.write(tail + writer.done())
+            await resp.write_eof()
+        except ConnectionResetError:
+            log.info("client_gone", engine_id=self.engine_id)
+        return resp
