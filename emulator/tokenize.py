@@ -1,8 +1,8 @@
 """Deterministic tokenization and prompt rendering (pure, no I/O).
 
 Real tokenizers are local: editing text changes only the tokens near the edit, and the same text
-always gives the same ids. A regex that cuts words into pieces of at most four characters keeps
-both properties and averages roughly four characters per token on code and prose, which is all the
+always gives the same ids. A regex that cuts words into pieces of at most six letters keeps both
+properties and averages 3.4-4 characters per token on code and prose (like BPE), which is all the
 prefix cache needs.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 import xxhash
 
 # A word piece keeps its leading space, like BPE vocabularies do; punctuation runs are short.
-_PIECE = re.compile(r" ?[A-Za-z]{1,4}| ?[0-9]{1,3}| ?[^\sA-Za-z0-9]{1,2}|\s{1,4}")
+_PIECE = re.compile(r" ?[A-Za-z]{1,6}| ?[0-9]{1,3}| ?[^\sA-Za-z0-9]{1,3}|\s{1,8}")
 
 DEFAULT_VOCAB_SIZE = 151_936  # Qwen2.5's vocabulary size; only the range matters
 
