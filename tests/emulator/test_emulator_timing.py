@@ -1,0 +1,87 @@
+"""Measured TTFT against the model's prediction, with a time scale (wall = emulated x 0.5)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from openai import AsyncOpenAI
+
+from emulator.fleet import Fleet
+from emulator.options import EmulatorOptions
+
+MODEL = "Qwen/Qwen2.5-32B-Instruct"
+SCALE = 0.5
+C0_S, RATE, KV_BYTES, DDR_BPS, DECODE_S = 0.5, 5000.0, 256 * 1024, 2e9, 0.1
+TOLERANCE = 0.15
+
+
+def options(**overrides: object) -> EmulatorOptions:
+    opts = EmulatorOptions(
+        instances=2,
+        time_scale=SCALE,
+        prefill_overhead_ms=C0_S * 1000,
+        prefill_tokens_per_s=RATE,
+        kv_bytes_per_token=KV_BYTES,
+        ddr_gbps=DDR_BPS / 1e9,
+        decode_ms_per_token=DECODE_S * 1000,
+    )
+    for key, value in overrides.items():
+        setattr(opts, key, value)
+    return opts
+
+
+def predicted_wall(prompt: int, hbm_hit: int, ddr_hit: int, queued_s: float = 0.0) -> float:
+    """The documented formula: queue + c0 + computed / rate + DDR bytes / bandwidth, scaled."""
+    computed = prompt - hbm_hit - ddr_hit
+    return (queued_s + C0_S + computed / RATE + ddr_hit * KV_BYTES / DDR_BPS) * SCALE
+
+
+async def ttft(engine: str, prompt: list[int], max_tokens: int = 2) -> tuple[float, int]:
+    """(wall seconds to the first content chunk, cached_tokens) of a streamed completion."""
+    async with AsyncOpenAI(base_url=f"http://{engine}/v1", api_key="x", max_retries=0) as c:
+        await c.models.list()  # connect first: connection setup is not TTFT
+        start = time.perf_counter()
+        first: float | None = None
+        cached = -1
+        stream = await c.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=max_tokens, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        async for chunk in stream:
+            if first is None and chunk.choices and chunk.choices[0].text:
+                first = time.perf_counter() - start
+            if chunk.usage and chunk.usage.prompt_tokens_details:
+                cached = chunk.usage.prompt_tokens_details.cached_tokens or 0
+        assert first is not None
+        return first, cached
+
+
+async def test_cold_warm_and_ddr_ttft_match_the_model() -> None:
+    prompt = list(range(2500))
+    async with Fleet(options()) as fleet:
+        a, b = fleet.engines
+        cold, cached = await ttft(a, prompt)
+        assert cached == 0
+        assert cold == pytest.approx(predicted_wall(2500, 0, 0), rel=TOLERANCE)  # ~0.50 s
+        warm, cached = await ttft(a, prompt)
+        assert cached == 2496  # n-1 rule: 156 full blocks
+        assert warm == pytest.approx(predicted_wall(2500, 2496, 0), rel=TOLERANCE)  # ~0.25 s
+        from_ddr, cached = await ttft(b, prompt)
+        assert cached == 2496
+        assert from_ddr == pytest.approx(predicted_wall(2500, 0, 2496), rel=TOLERANCE)  # ~0.41 s
+
+
+async def test_a_request_waits_for_a_slot() -> None:
+    async with Fleet(options(instances=1, max_num_seqs=1, no_ddr_pool=True)) as fleet:
+        engine = fleet.engines[0]
+        # 1000 tokens: prefill 0.7 emulated s, then 3 more tokens at 0.1 s: the slot frees at 1.0.
+        first, second = await asyncio.gather(
+            ttft(engine, list(range(1000)), max_tokens=4),
+            ttft(engine, list(range(5000, 6000)), max_tokens=4),
+        )
+        fast, slow = sorted([first[0], second[0]])
+        assert fast == pytest.approx(predicted_wall(1000, 0, 0), rel=TOLERANCE)  # ~0.35 s
+        queued = C0_S + 1000 / RATE + 3 * DECODE_S
+        assert slow == pytest.approx(predicted_wall(1000, 0, 0, queued), rel=TOLERANCE)  # ~0.85 s
