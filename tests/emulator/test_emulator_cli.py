@@ -1,0 +1,78 @@
+"""`kvgate emulate` and `python -m emulator` as real processes: ready file, serving, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ENTRY_POINTS = {
+    "kvgate": [sys.executable, "-m", "kvgate.cli", "emulate"],
+    "module": [sys.executable, "-m", "emulator"],
+}
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, f"emulator exited early: {proc.returncode}"
+        assert time.monotonic() < deadline, "ready file never appeared"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def port_open(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((host, int(port))) == 0
+
+
+@pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
+def test_cli_serves_writes_ready_file_and_stops_on_sigterm(tmp_path: Path, entry: str) -> None:
+    ready = tmp_path / "ready.json"
+    cmd = [*ENTRY_POINTS[entry], "--instances", "2", "--port", "0", "--time-scale", "0",
+           "--hbm-tokens", "10000", "--ready-file", str(ready)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        info = wait_for_file(ready, proc)
+        assert info["pid"] == proc.pid
+        assert len(info["engines"]) == 2 and info["pool_url"].startswith("http://127.0.0.1:")
+        engine = info["engines"][0]
+        body = json.dumps({"prompt": "hello " * 40, "max_tokens": 2}).encode()
+        req = urllib.request.Request(
+            f"http://{engine}/v1/completions", data=body,
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            assert resp.headers["x-engine-id"] == engine
+            assert json.loads(resp.read())["usage"]["completion_tokens"] == 2
+        with urllib.request.urlopen(f"{info['pool_url']}/v1/stats", timeout=5) as resp:
+            assert json.loads(resp.read())["blocks"] > 0
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err.decode()
+    assert f"http://{engine}" in out.decode()
+    # Logs are JSON lines on stderr.
+    events = [json.loads(line)["event"] for line in err.decode().splitlines() if line.strip()]
+    assert "fleet_ready" in events and "fleet_stopping" in events
+    for address in [*info["engines"], info["pool_url"].removeprefix("http://")]:
+        assert not port_open(address)
+
+
+def test_cli_rejects_bad_options() -> None:
+    proc = subprocess.run(
+        [*ENTRY_POINTS["module"], "--instances", "0"], capture_output=True, timeout=30
+    )
+    assert proc.returncode == 2 and b"instances" in proc.stderr
