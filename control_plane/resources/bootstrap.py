@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import json
 
-from google.protobuf import json_format
-
 from envoy.config.bootstrap.v3 import bootstrap_pb2
 from envoy.config.core.v3 import base_pb2
-from kvgate.config.model import Config
+from google.protobuf import json_format
 
 from control_plane.resources import protos
 from control_plane.resources.clusters import ext_proc_cluster, pool_cluster
 from control_plane.resources.listener import gateway_listener
 from control_plane.resources.routes import route_configuration
+from kvgate.config.model import Config
 
 
 def static_bootstrap(config: Config, node_id: str = "kvgate-gateway") -> bootstrap_pb2.Bootstrap:

@@ -9,7 +9,6 @@ from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from envoy.type.metadata.v3 import metadata_pb2
 from envoy.type.v3 import percent_pb2
-from kvgate.config.model import ExtProc, Pool
 
 from control_plane.resources import protos
 from control_plane.resources.endpoints import load_assignment, static_hosts
@@ -21,6 +20,7 @@ from control_plane.resources.names import (
     RING_MIN_SIZE,
     pool_cluster_name,
 )
+from kvgate.config.model import ExtProc, Pool
 
 # Envoy honours an override even to a DRAINING or UNHEALTHY host; only these may be overridden to.
 OVERRIDABLE = (health_check_pb2.HEALTHY, health_check_pb2.UNKNOWN)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvgate.config import ConfigError, load_file
-
 from control_plane.resources.bootstrap import static_bootstrap, to_json
+from kvgate.config import ConfigError, load_file
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,12 +6,13 @@ from collections.abc import Iterable, Mapping
 
 from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
-from kvgate.config.model import HostPort, Pool
 
 from control_plane.resources import protos
 from control_plane.resources.names import pool_cluster_name
+from kvgate.config.model import HostPort, Pool
 
-# kvgate endpoint state → EDS health status. Envoy neither overrides to nor hashes onto the last two.
+# kvgate endpoint state → EDS health status; Envoy neither overrides to nor hashes onto
+# the last two.
 HEALTH_BY_STATE = {
     "active": health_check_pb2.HEALTHY,
     "draining": health_check_pb2.DRAINING,

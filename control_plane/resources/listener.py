@@ -13,7 +13,6 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm,
 )
 from envoy.type.matcher.v3 import string_pb2
-from kvgate.config.model import Config
 
 from control_plane.resources import protos
 from control_plane.resources.names import (
@@ -24,6 +23,7 @@ from control_plane.resources.names import (
     LISTENER_NAME,
     ROUTE_CONFIG_NAME,
 )
+from kvgate.config.model import Config
 
 _Mode = processing_mode_pb2.ProcessingMode
 
@@ -31,7 +31,7 @@ _Mode = processing_mode_pb2.ProcessingMode
 def gateway_listener(
     config: Config, *, routes: route_pb2.RouteConfiguration | None = None
 ) -> listener_pb2.Listener:
-    """The listener users call. With `routes`, they are inlined; otherwise fetched over RDS (ADS)."""
+    """The listener users call. `routes` are inlined if given, else fetched over RDS (ADS)."""
     manager = hcm.HttpConnectionManager(
         stat_prefix="kvgate",
         codec_type=hcm.HttpConnectionManager.AUTO,

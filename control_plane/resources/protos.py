@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from envoy.config.core.v3 import address_pb2, extension_pb2
 from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
-from envoy.config.core.v3 import address_pb2, extension_pb2
 from kvgate.config.model import HostPort
 
 

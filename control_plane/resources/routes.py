@@ -8,7 +8,6 @@ from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.matcher.v3 import string_pb2
-from kvgate.config.model import Config, Route
 
 from control_plane.resources import protos
 from control_plane.resources.names import (
@@ -18,6 +17,7 @@ from control_plane.resources.names import (
     ROUTE_CONFIG_NAME,
     pool_cluster_name,
 )
+from kvgate.config.model import Config, Route
 
 # Only failures before the engine saw the request: retrying those never duplicates generation.
 RETRY_ON = "connect-failure,refused-stream,reset"

@@ -105,7 +105,9 @@ class Fields:
         try:
             return str(ipaddress.ip_address(text.strip("[]")))
         except ValueError:
-            self.error(path, f"must be an IP address (Envoy does not resolve names here), got {text!r}")
+            self.error(
+                path, f"must be an IP address (Envoy does not resolve names here), got {text!r}"
+            )
             return None
 
     def port(self, value: Any, path: Path) -> int | None:

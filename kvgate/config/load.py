@@ -75,7 +75,9 @@ def _config(f: Fields, raw: Any) -> Config:
         control_plane=f.optional(
             top, "control_plane", (), lambda v, p: _control_plane(f, v, p), defaults.control_plane
         ),
-        ext_proc=f.optional(top, "ext_proc", (), lambda v, p: _ext_proc(f, v, p), defaults.ext_proc),
+        ext_proc=f.optional(
+            top, "ext_proc", (), lambda v, p: _ext_proc(f, v, p), defaults.ext_proc
+        ),
         etcd=f.optional(top, "etcd", (), lambda v, p: _etcd(f, v, p), defaults.etcd),
         session=f.optional(top, "session", (), lambda v, p: _session(f, v, p), defaults.session),
         placement=f.optional(

@@ -1,0 +1,1 @@
+"""kvgate's ext_proc service: picks the engine for every request that carries a session."""

@@ -1,0 +1,74 @@
+"""`kvgate ext-proc` / `python -m ext_proc`: run one ext_proc replica."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from ext_proc.service import ExtProcOptions, ExtProcService
+from kvgate.config import ConfigError, load_file
+from kvgate.config.fields import Fields
+from kvgate.observability.logs import configure_logging
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-c", "--config", required=True, help="kvgate YAML file")
+    parser.add_argument("--listen", help="HOST:PORT to serve on (default: ext_proc.address[0])")
+    parser.add_argument("--metrics", help="HOST:PORT for /metrics (default: ext_proc.metrics)")
+    parser.add_argument("--etcd", help="comma-separated etcd endpoints (default: etcd.endpoints)")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+
+
+def run(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    try:
+        config = load_file(args.config)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return 1
+    if not config.pools:
+        print(f"{args.config}: pools: no pools configured; nothing to route to", file=sys.stderr)
+        return 1
+    fields = Fields()
+    listen = (fields.host_port(args.listen, ("--listen",), require_ip=False)
+              if args.listen else config.ext_proc.addresses[0])
+    metrics = (fields.host_port(args.metrics, ("--metrics",), require_ip=False)
+               if args.metrics else config.ext_proc.metrics)
+    if fields.problems or listen is None:
+        print("\n".join(str(p) for p in fields.problems), file=sys.stderr)
+        return 2
+    if args.etcd:
+        etcd = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
+    else:
+        etcd = tuple(str(e) for e in config.etcd.endpoints or ())
+    options = ExtProcOptions(listen=listen, metrics=metrics, etcd_endpoints=etcd)
+    _install_uvloop()
+    return asyncio.run(_serve(ExtProcService(config, options)))
+
+
+async def _serve(service: ExtProcService) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await service.start()
+    except OSError as exc:
+        print(f"ext_proc: {exc}", file=sys.stderr)
+        await service.stop(grace=0)
+        return 1
+    await stop.wait()
+    await service.stop()
+    return 0
+
+
+def _install_uvloop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    uvloop.install()
+
+

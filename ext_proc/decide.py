@@ -1,0 +1,114 @@
+"""The routing decision, apart from gRPC: session → binding → endpoint(s).
+
+Choose first, commit after: placement is computed from the local view, then committed through
+the binding store, whose answer (possibly a concurrent replica's earlier binding) is final.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kvgate.bindings.model import Binding, binding_key
+from kvgate.bindings.store import BindingStore
+from kvgate.endpoints import EndpointDirectory
+from kvgate.placement import fallback_for, place, session_hash
+from kvgate.session import normalize_session
+
+
+class Outcome(StrEnum):
+    STICKY = "sticky"
+    NEW = "new"
+    REBIND = "rebind"
+    SESSIONLESS = "sessionless"
+    ERROR = "error"
+
+
+class DecisionError(Exception):
+    """A request kvgate cannot place; the gateway degrades to Envoy's own ring for it."""
+
+
+class UnknownPool(DecisionError):
+    pass
+
+
+class NoActiveEndpoint(DecisionError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    endpoints: tuple[str, ...] = ()  # primary first, then the retry fallback
+    session: str | None = None
+
+
+SESSIONLESS = Decision(Outcome.SESSIONLESS)
+
+
+class Decider:
+    def __init__(
+        self, store: BindingStore, directory: EndpointDirectory, load_factor: float
+    ) -> None:
+        self._store = store
+        self._directory = directory
+        self._load_factor = load_factor
+        self._inflight: dict[str, asyncio.Future[Binding]] = {}
+
+    async def decide(self, pool: str, raw_session: bytes | None) -> Decision:
+        session = normalize_session(raw_session) if raw_session is not None else None
+        if session is None:
+            return SESSIONLESS
+        view = self._directory.view(pool)
+        if not view.members:
+            raise UnknownPool(f"no endpoints known for pool {pool!r}")
+        hash_value = session_hash(raw_session or b"")
+        binding = self._store.get(pool, session)
+        state = None if binding is None else view.state(binding.endpoint)
+        if binding is not None and state in ("active", "draining"):
+            self._store.touch(binding)
+            outcome = Outcome.STICKY
+        else:
+            outcome = Outcome.NEW if binding is None else Outcome.REBIND
+            binding = await self._commit(pool, session, hash_value, binding)
+        fallback = fallback_for(view, hash_value, binding.endpoint)
+        endpoints = (binding.endpoint,) if fallback is None else (binding.endpoint, fallback)
+        return Decision(outcome, endpoints, session)
+
+    async def _commit(
+        self, pool: str, session: str, hash_value: int, current: Binding | None
+    ) -> Binding:
+        key = binding_key(pool, session)
+        waiting = self._inflight.get(key)
+        if waiting is not None:  # the same session's first requests arrive together
+            return await asyncio.shield(waiting)
+        future: asyncio.Future[Binding] = asyncio.get_running_loop().create_future()
+        self._inflight[key] = future
+        try:
+            binding = await self._place_and_store(pool, session, hash_value, current)
+            future.set_result(binding)
+            return binding
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved here so a lone waiter-less failure is not logged
+            raise
+        finally:
+            del self._inflight[key]
+
+    async def _place_and_store(
+        self, pool: str, session: str, hash_value: int, current: Binding | None
+    ) -> Binding:
+        view = self._directory.view(pool)
+        loads = self._store.load(pool)
+        previous_kv = None if current is None else view.kv_pool_of(current.endpoint)
+        target = place(
+            view, hash_value, loads, self._load_factor,
+            prefer_kv_pool=previous_kv,
+            exclude=None if current is None else current.endpoint,
+        )
+        if target is None:
+            raise NoActiveEndpoint(f"pool {pool!r} has no active endpoint")
+        if current is None:
+            return await self._store.create(Binding(session, pool, target))
+        return await self._store.move(current, target)

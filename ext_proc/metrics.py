@@ -1,0 +1,44 @@
+"""ext_proc's Prometheus metrics, in a registry owned by the service (no global state)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class ExtProcMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.decisions = Counter(
+            "kvgate_ext_proc_decisions", "Routing decisions by outcome",
+            ["outcome"], registry=self.registry,
+        )
+        self.latency = Histogram(
+            "kvgate_ext_proc_decision_seconds", "Time to decide one request",
+            buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1),
+            registry=self.registry,
+        )
+        self.etcd_errors = Counter(
+            "kvgate_ext_proc_etcd_errors", "etcd calls that failed", registry=self.registry
+        )
+        self.bindings = Gauge(
+            "kvgate_ext_proc_bindings", "Bindings in the local cache", registry=self.registry
+        )
+        self.pending = Gauge(
+            "kvgate_ext_proc_pending_writes", "Bindings waiting for etcd", registry=self.registry
+        )
+        self.etcd_connected = Gauge(
+            "kvgate_ext_proc_etcd_connected", "1 while the etcd watch is live",
+            registry=self.registry,
+        )
+        for outcome in ("sticky", "new", "rebind", "sessionless", "error"):
+            self.decisions.labels(outcome)
+
+    def track(
+        self, bindings: Callable[[], float], pending: Callable[[], float],
+        connected: Callable[[], float],
+    ) -> None:
+        self.bindings.set_function(bindings)
+        self.pending.set_function(pending)
+        self.etcd_connected.set_function(connected)

@@ -1,0 +1,278 @@
+"""Bindings in etcd, mirrored in memory; writes queue up while etcd is away.
+
+Keys: `{prefix}bindings/{pool}/{session}` → {"endpoint": "ip:port"}, attached to a lease.
+Idle expiry without a write per request: leases are granted per epoch (idle_ttl/4); `touch` only
+marks a session as used, and once per epoch the sessions used in it are re-attached to the newest
+lease. A binding is kept at least idle_ttl after its last use and gone by 1.75 × idle_ttl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
+
+import grpc
+import structlog
+
+from kvgate.bindings.index import BindingIndex
+from kvgate.bindings.model import Binding, binding_key
+from kvgate.etcd import EtcdClient, EtcdUnavailable, KeyValue, PrefixMirror
+from kvgate.etcd.client import WatchEvent
+
+log = structlog.get_logger("kvgate.bindings")
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    binding: Binding
+    expected_revision: int  # 0: create if absent; else: replace only if still at this revision
+
+
+class EtcdBindingStore:
+    def __init__(
+        self,
+        client: EtcdClient,
+        prefix: str,
+        idle_ttl: float,
+        *,
+        on_etcd_error: Callable[[], None] | None = None,
+        flush_interval: float = 0.5,
+    ) -> None:
+        self._client = client
+        self._prefix = f"{prefix}bindings/".encode()
+        self._epoch = max(1.0, idle_ttl / 4)
+        # An epoch's lease outlives its last possible use by idle_ttl
+        # (refreshes skip sessions already on the previous epoch's lease).
+        self._lease_ttl = math.ceil(idle_ttl + 2 * self._epoch)
+        self._index = BindingIndex()
+        self._leases: dict[str, int] = {}
+        self._touched: set[str] = set()
+        self._pending: dict[str, _Pending] = {}
+        self._lease = 0
+        self._degraded = False
+        self._flush_interval = flush_interval
+        self._on_etcd_error = on_etcd_error
+        self._mirror = PrefixMirror(client, self._prefix, self)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._flush_wanted = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def start(self, sync_timeout: float = 5.0) -> None:
+        try:
+            self._lease = await self._client.grant_lease(self._lease_ttl)
+        except EtcdUnavailable:
+            self._set_degraded("lease grant failed at start")
+        self._tasks = [
+            asyncio.create_task(self._mirror.run(), name="bindings-mirror"),
+            asyncio.create_task(self._refresh_loop(), name="bindings-refresh"),
+            asyncio.create_task(self._flush_loop(), name="bindings-flush"),
+        ]
+        try:
+            await asyncio.wait_for(self._mirror.synced.wait(), sync_timeout)
+        except TimeoutError:
+            log.warning("bindings_start_unsynced", reason="etcd not reachable; serving degraded")
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+
+    @property
+    def degraded(self) -> bool:
+        return self._degraded
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # -- reads (hot path: memory only) -----------------------------------------------------
+
+    def get(self, pool: str, session: str) -> Binding | None:
+        return self._index.get(binding_key(pool, session))
+
+    def touch(self, binding: Binding) -> None:
+        self._touched.add(binding.key)
+
+    def load(self, pool: str) -> Mapping[str, int]:
+        return self._index.load(pool)
+
+    def bindings(self, pool: str | None = None) -> Iterator[Binding]:
+        return self._index.bindings(pool)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    # -- writes ----------------------------------------------------------------------------
+
+    async def create(self, binding: Binding) -> Binding:
+        existing = self._index.get(binding.key)
+        if existing is not None:
+            return existing
+        return await self._write(_Pending(binding, 0))
+
+    async def move(self, current: Binding, endpoint: str) -> Binding:
+        return await self._write(_Pending(replace(current, endpoint=endpoint), current.revision))
+
+    async def _write(self, op: _Pending) -> Binding:
+        if self._degraded or op.binding.key in self._pending:
+            return self._queue(op)
+        try:
+            return await self._commit(op)
+        except EtcdUnavailable as exc:
+            self._set_degraded(str(exc))
+            return self._queue(op)
+
+    def _queue(self, op: _Pending) -> Binding:
+        earlier = self._pending.get(op.binding.key)
+        if earlier is not None:
+            # Keep the first expectation: it is what etcd must still hold for the move to apply.
+            op = _Pending(op.binding, earlier.expected_revision)
+        self._pending[op.binding.key] = op
+        local = replace(op.binding, revision=0)
+        self._index.put(local)
+        self._flush_wanted.set()
+        return local
+
+    async def _commit(self, op: _Pending) -> Binding:
+        key = self._key(op.binding.key)
+        value = op.binding.encode()
+        for attempt in range(2):
+            try:
+                if op.expected_revision == 0:
+                    _, current = await self._client.create(key, value, self._lease)
+                else:
+                    _, current = await self._client.replace(
+                        key, value, op.expected_revision, self._lease
+                    )
+                break
+            except grpc.aio.AioRpcError as exc:
+                # The epoch lease expired while etcd was away: take a new one and retry once.
+                if exc.code() != grpc.StatusCode.NOT_FOUND or attempt:
+                    raise EtcdUnavailable(f"etcd txn: {exc.details()}") from None
+                self._lease = await self._client.grant_lease(self._lease_ttl)
+        if current is None:  # the expected key vanished (expired): create it afresh
+            return await self._commit(_Pending(op.binding, 0))
+        stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
+        self._apply_put(stored, current.lease)
+        return stored
+
+    # -- mirror handler --------------------------------------------------------------------
+
+    def reset(self, kvs: list[KeyValue]) -> None:
+        self._index.clear()
+        self._leases.clear()
+        for kv in kvs:
+            self._apply_kv(kv)
+        for op in self._pending.values():
+            self._index.put(replace(op.binding, revision=0))
+
+    def apply(self, event: WatchEvent) -> None:
+        key = self._binding_key(event.kv.key)
+        if key is None or key in self._pending:
+            return
+        current = self._index.get(key)
+        if event.deleted:
+            if current is not None and current.revision < event.kv.mod_revision:
+                self._index.remove(key)
+                self._leases.pop(key, None)
+                self._touched.discard(key)
+        elif current is None or current.revision <= event.kv.mod_revision:
+            self._apply_kv(event.kv)
+
+    def _apply_kv(self, kv: KeyValue) -> None:
+        key = self._binding_key(kv.key)
+        if key is None or "/" not in key:
+            return
+        try:
+            binding = Binding.decode(key, kv.value, kv.mod_revision)
+        except (ValueError, KeyError, TypeError):
+            log.warning("binding_unreadable", key=kv.key.decode(errors="replace"))
+            return
+        self._apply_put(binding, kv.lease)
+
+    def _apply_put(self, binding: Binding, lease: int) -> None:
+        current = self._index.get(binding.key)
+        if current is not None and current.revision > binding.revision:
+            return
+        self._index.put(binding)
+        self._leases[binding.key] = lease
+
+    # -- background ------------------------------------------------------------------------
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            try:
+                await self._flush()
+            except EtcdUnavailable:
+                await asyncio.sleep(self._flush_interval)
+                continue
+            self._flush_wanted.clear()
+
+    async def _flush(self) -> None:
+        if self._degraded:
+            await self._client.get(self._prefix)  # raises while etcd is still away
+        while self._pending:
+            key, op = next(iter(self._pending.items()))
+            stored = await self._commit(op)
+            del self._pending[key]
+            if stored.endpoint != op.binding.endpoint:
+                log.info("binding_reconciled", binding=key, kept=stored.endpoint,
+                         dropped=op.binding.endpoint)
+            self._index.put(stored)
+        if self._degraded:
+            self._degraded = False
+            log.info("etcd_recovered", flushed=True)
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._epoch)
+            try:
+                lease = await self._client.grant_lease(self._lease_ttl)
+            except EtcdUnavailable:
+                continue  # the touched set keeps growing; the next epoch catches up
+            touched, self._touched = self._touched, set()
+            previous, self._lease = self._lease, lease
+            stale = [s for s in touched if self._leases.get(s) not in (lease, previous)]
+            await self._reattach(stale, lease)
+
+    async def _reattach(self, keys: list[str], lease: int) -> None:
+        limit = asyncio.Semaphore(32)
+
+        async def one(key: str) -> None:
+            binding = self._index.get(key)
+            if binding is None or binding.revision == 0:
+                return
+            async with limit:
+                try:
+                    done, current = await self._client.replace(
+                        self._key(key), binding.encode(), binding.revision, lease
+                    )
+                except EtcdUnavailable:
+                    self._touched.add(key)
+                    return
+            if done and current is not None:
+                self._apply_put(replace(binding, revision=current.mod_revision), lease)
+
+        await asyncio.gather(*(one(key) for key in keys))
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _key(self, binding_key: str) -> bytes:
+        return self._prefix + binding_key.encode()
+
+    def _binding_key(self, etcd_key: bytes) -> str | None:
+        if not etcd_key.startswith(self._prefix):
+            return None
+        return etcd_key[len(self._prefix):].decode(errors="replace")
+
+    def _set_degraded(self, reason: str) -> None:
+        if not self._degraded:
+            log.warning("etcd_degraded", reason=reason, pending=len(self._pending))
+        self._degraded = True
+        if self._on_etcd_error is not None:
+            self._on_etcd_error()

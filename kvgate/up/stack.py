@@ -1,0 +1,141 @@
+"""The gateway stack as child processes: etcd (embedded unless configured) → endpoint records →
+ext_proc replicas → Envoy. Started in that order, each waited for; stopped in reverse.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from control_plane.resources.bootstrap import static_bootstrap, to_json
+from kvgate.config.dump import to_yaml
+from kvgate.config.model import Config, Etcd, HostPort
+from kvgate.endpoints import seed_from_config
+from kvgate.etcd import EtcdClient
+from kvgate.runtime.child import Child, ChildFailed
+from kvgate.runtime.envoy import envoy_child, envoy_ready
+from kvgate.runtime.etcd import embedded_etcd, etcd_ready
+from kvgate.runtime.ports import free_port, port_in_use
+
+
+@dataclass
+class Component:
+    name: str
+    where: str
+    child: Child | None = None
+
+
+@dataclass
+class Stack:
+    config: Config
+    workdir: Path
+    report: Callable[[str], None] = lambda line: None
+    ready_timeout: float = 30.0
+    components: list[Component] = field(default_factory=list)
+    ext_procs: list[Child] = field(default_factory=list)
+    envoy: Child | None = None
+    etcd: Child | None = None
+
+    @property
+    def etcd_endpoints(self) -> list[str]:
+        return [str(e) for e in self.config.etcd.endpoints or ()]
+
+    async def start(self) -> None:
+        """Starts everything or nothing: on any failure what was started is stopped again."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._check_ports()
+        try:
+            await self._start_etcd()
+            await self._seed()
+            for index, address in enumerate(self.config.ext_proc.addresses):
+                await self._start_ext_proc(index, address)
+            await self._start_envoy()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        for component in reversed(self.components):
+            if component.child is not None:
+                await component.child.stop()
+        self.components.clear()
+
+    def _check_ports(self) -> None:
+        wanted = [
+            ("gateway listener", self.config.listener),
+            ("Envoy admin", self.config.envoy_admin),
+            *(("ext_proc", a) for a in self.config.ext_proc.addresses),
+        ]
+        busy = [f"{name} {addr}" for name, addr in wanted if port_in_use(addr.host, addr.port)]
+        if busy:
+            raise ChildFailed(f"port already in use: {', '.join(busy)} (change it in the YAML)")
+
+    async def _start_etcd(self) -> None:
+        if self.config.etcd.endpoints is not None:
+            return
+        client_port, peer_port = free_port(), free_port()
+        child = embedded_etcd(
+            self.workdir / "etcd-data", client_port, peer_port, self.workdir / "etcd.log"
+        )
+        endpoint = HostPort("127.0.0.1", client_port)
+        self.config = replace(self.config, etcd=Etcd((endpoint,), self.config.etcd.prefix))
+        await self._launch(child, f"http://{endpoint} (embedded, data in {self.workdir})",
+                           lambda: etcd_ready(str(endpoint)))
+        self.etcd = child
+
+    async def _seed(self) -> None:
+        client = EtcdClient(self.etcd_endpoints)
+        try:
+            await seed_from_config(client, self.config)
+        finally:
+            await client.close()
+
+    async def _start_ext_proc(self, index: int, address: HostPort) -> None:
+        config_path = self.workdir / "kvgate.effective.yaml"
+        config_path.write_text(to_yaml(self.config))
+        metrics = self.config.ext_proc.metrics
+        if index > 0:
+            metrics = HostPort(metrics.host, free_port(metrics.host))
+        child = Child(
+            f"ext_proc[{index}]" if len(self.config.ext_proc.addresses) > 1 else "ext_proc",
+            [
+                sys.executable, "-m", "ext_proc", "-c", str(config_path),
+                "--listen", str(address), "--metrics", str(metrics),
+                "--etcd", ",".join(self.etcd_endpoints),
+            ],
+            self.workdir / f"ext_proc-{index}.log",
+        )
+        await self._launch(child, f"grpc://{address}  metrics http://{metrics}/metrics",
+                           lambda: grpc_serving(address))
+        self.ext_procs.append(child)
+
+    async def _start_envoy(self) -> None:
+        bootstrap = self.workdir / "envoy.json"
+        bootstrap.write_text(to_json(static_bootstrap(self.config)))
+        child = envoy_child(bootstrap, self.workdir / "envoy.log")
+        await self._launch(
+            child,
+            f"http://{self.config.listener}  admin http://{self.config.envoy_admin}",
+            lambda: envoy_ready(self.config.envoy_admin),
+        )
+        self.envoy = child
+
+    async def _launch(self, child: Child, where: str, probe: Callable) -> None:  # type: ignore[type-arg]
+        self.report(f"  starting {child.name} ...")
+        component = Component(child.name, where, child)
+        self.components.append(component)
+        await child.start()
+        await child.wait_ready(probe, self.ready_timeout)
+        self.report(f"  {child.name:<12} ready  {where}  (pid {child.pid})")
+
+
+async def grpc_serving(address: HostPort) -> bool:
+    async with grpc.aio.insecure_channel(str(address)) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+        return reply.status == health_pb2.HealthCheckResponse.SERVING

@@ -1,0 +1,60 @@
+"""Shared fixtures: a real etcd from the wheel, tiny upstreams."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from kvgate.runtime.child import Child
+from kvgate.runtime.etcd import embedded_etcd, etcd_ready
+from kvgate.runtime.ports import free_port
+from tests.support.upstreams import Upstream
+
+
+class EtcdServer:
+    def __init__(self, workdir: Path) -> None:
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.endpoint = f"127.0.0.1:{self.client_port}"
+        self.child: Child = embedded_etcd(
+            workdir / "etcd-data", self.client_port, self.peer_port, workdir / "etcd.log"
+        )
+
+    async def start(self) -> None:
+        await self.child.start()
+        await self.child.wait_ready(lambda: etcd_ready(self.endpoint), 20)
+
+    async def stop(self) -> None:
+        await self.child.stop()
+
+
+@pytest.fixture
+async def etcd(tmp_path: Path) -> AsyncIterator[EtcdServer]:
+    server = EtcdServer(tmp_path / "etcd")
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"/kvgate/test-{uuid.uuid4().hex[:8]}/"
+
+
+@pytest.fixture
+async def upstreams() -> AsyncIterator[Callable[[int], Awaitable[list[Upstream]]]]:
+    started: list[Upstream] = []
+
+    async def start(count: int) -> list[Upstream]:
+        batch = [Upstream() for _ in range(count)]
+        for upstream in batch:
+            await upstream.start()
+        started.extend(batch)
+        return batch
+
+    yield start
+    for upstream in started:
+        await upstream.stop()

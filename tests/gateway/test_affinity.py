@@ -1,0 +1,63 @@
+"""Sticky sessions through real Envoy + ext_proc + etcd, and a client cannot pick its engine."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import httpx
+
+from tests.support.stack import gateway_config, running_stack
+
+
+async def test_sessions_stick_and_spread_within_load_factor(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    ups = await upstreams(4)
+    config = gateway_config([u.address for u in ups], prefix=prefix)
+    async with running_stack(config, tmp_path) as stack:
+        seen: defaultdict[str, set[str]] = defaultdict(set)
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+            for turn in range(10):
+                for s in range(20):
+                    reply = await http.get(f"/v1/chat/{turn}", headers={"x-session-id": f"s-{s}"})
+                    assert reply.status_code == 200
+                    seen[f"s-{s}"].add(reply.json()["upstream"])
+        assert all(len(hosts) == 1 for hosts in seen.values()), seen
+        per_upstream = Counter(next(iter(hosts)) for hosts in seen.values())
+        bound = math.ceil(config.placement.load_factor * 20 / 4)
+        assert max(per_upstream.values()) <= bound, per_upstream
+        assert len(per_upstream) >= 3, per_upstream
+        assert stack.envoy is not None
+
+
+async def test_client_destination_header_is_ignored_and_stripped(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    ups = await upstreams(3)
+    config = gateway_config([u.address for u in ups], prefix=prefix)
+    async with running_stack(config, tmp_path):
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+            first = await http.get("/v1/x", headers={"x-session-id": "pinned"})
+            home = first.json()["upstream"]
+            others = [u.address for u in ups if u.address != home]
+            targets = [*others, str(config.envoy_admin), "127.0.0.1:1"]
+            for target in targets:
+                reply = await http.get(
+                    "/v1/x",
+                    headers={"x-session-id": "pinned", "x-gateway-destination-endpoint": target},
+                )
+                assert reply.status_code == 200
+                assert reply.json()["upstream"] == home
+            # Sessionless requests with the header are not steered either: spread stays random.
+            sessionless = await asyncio.gather(*(
+                http.get("/v1/y", headers={"x-gateway-destination-endpoint": str(config.envoy_admin)})
+                for _ in range(10)
+            ))
+            assert all(r.status_code == 200 and "upstream" in r.json() for r in sessionless)
+    for upstream in ups:
+        for headers in upstream.seen_headers:
+            assert "x-gateway-destination-endpoint" not in headers
+    assert sum(u.requests for u in ups) == 1 + len(targets) + 10

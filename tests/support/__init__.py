@@ -1,0 +1,1 @@
+"""Test support: tiny upstreams, config builders, the gateway stack on free ports."""

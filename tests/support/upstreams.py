@@ -1,0 +1,41 @@
+"""Tiny HTTP upstreams that say who they are and which headers reached them."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+
+class Upstream:
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = 0
+        self.requests = 0
+        self.seen_headers: list[dict[str, str]] = []
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def start(self, port: int = 0) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, port or self.port, reuse_address=True)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        """Closes the listener and every open connection: like a dead engine."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        self.requests += 1
+        self.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
+        return web.json_response(
+            {"upstream": self.address, "path": request.path},
+            headers={"x-engine-id": self.address},
+        )
