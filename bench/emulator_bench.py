@@ -26,6 +26,7 @@ import aiohttp
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run from a checkout: `emulator` is imported from the tree
 
 
 def serve_baseline(port_file: Path) -> None:
@@ -43,7 +44,8 @@ def serve_baseline(port_file: Path) -> None:
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        port_file.write_text(json.dumps({"engines": [f"127.0.0.1:{port}"]}))
+        payload = json.dumps({"engines": [f"127.0.0.1:{port}"]})
+        await asyncio.to_thread(port_file.write_text, payload)
         await asyncio.Event().wait()
 
     try:
@@ -65,8 +67,20 @@ def start(cmd: list[str], ready: Path) -> tuple[subprocess.Popen[bytes], str]:
     return proc, json.loads(ready.read_text())["engines"][0]
 
 
-async def load(engine: str, seconds: float, concurrency: int, stream: bool) -> tuple[int, float]:
-    """Closed-loop load: ``concurrency`` workers, each sending the next request on reply."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def load(
+    engine: str, seconds: float, concurrency: int, stream: bool, pid: int
+) -> tuple[int, float, float]:
+    """Closed-loop load: ``concurrency`` workers, each sending the next request on reply.
+
+    Returns (requests, wall seconds, server CPU seconds) over the measured window.
+    """
     url = f"http://{engine}/v1/chat/completions"
     stop_at = 0.0
     done = 0
@@ -92,23 +106,28 @@ async def load(engine: str, seconds: float, concurrency: int, stream: bool) -> t
         stop_at = time.perf_counter() + 0.5  # warm-up: connections, memo tables
         await asyncio.gather(*(worker(session, w) for w in range(concurrency)))
         done = 0
+        cpu0 = cpu_seconds(pid)
         start_t = time.perf_counter()
         stop_at = start_t + seconds
         await asyncio.gather(*(worker(session, w) for w in range(concurrency)))
         elapsed = time.perf_counter() - start_t
-    return done, elapsed
+        cpu = cpu_seconds(pid) - cpu0
+    return done, elapsed, cpu
 
 
-def measure(cmd: list[str], args: argparse.Namespace, stream: bool = False) -> float:
+def measure(cmd: list[str], args: argparse.Namespace, stream: bool = False) -> tuple[float, float]:
+    """(requests/s, requests per server CPU-second) of one server process under load."""
     with tempfile.TemporaryDirectory() as tmp:
         ready = Path(tmp) / "ready.json"
         proc, engine = start([*cmd, str(ready)], ready)
         try:
-            done, elapsed = asyncio.run(load(engine, args.seconds, args.concurrency, stream))
+            done, elapsed, cpu = asyncio.run(
+                load(engine, args.seconds, args.concurrency, stream, proc.pid)
+            )
         finally:
             proc.terminate()
             proc.wait(timeout=10)
-    return done / elapsed
+    return done / elapsed, done / max(cpu, 1e-9)
 
 
 def pool_memory(blocks: int) -> tuple[float, float]:
@@ -147,14 +166,14 @@ def main() -> int:
     emulator = [sys.executable, "-m", "emulator", "--instances", "1", "--time-scale", "0",
                 "--log-level", "warning", "--ready-file"]  # fmt: skip
     baseline = [sys.executable, __file__, "--serve-baseline"]
-    print(f"cpus: {os.cpu_count()}  python: {sys.version.split()[0]}  "
-          f"load: {args.concurrency} connections x {args.seconds:.0f} s, chat, max_tokens=16")  # fmt: skip
-    base = measure(baseline, args)
-    print(f"baseline aiohttp hello handler:  {base:8.0f} req/s")
-    emu = measure(emulator, args)
-    print(f"emulator, non-streaming:         {emu:8.0f} req/s  ({emu / base:.0%} of baseline)")
-    emu_s = measure(emulator, args, stream=True)
-    print(f"emulator, streaming (SSE):       {emu_s:8.0f} req/s  ({emu_s / base:.0%} of baseline)")
+    print(f"cpus: {os.cpu_count()}  python: {sys.version.split()[0]}  load: {args.concurrency} "
+          f"connections x {args.seconds:.0f} s, chat, max_tokens=16")  # fmt: skip
+    print("server                            req/s   req per server CPU-s   vs baseline")
+    base, base_cpu = measure(baseline, args)
+    print(f"baseline aiohttp hello handler  {base:7.0f}   {base_cpu:20.0f}")
+    for label, stream in (("emulator, non-streaming", False), ("emulator, streaming (SSE)", True)):
+        rate, per_cpu = measure(emulator, args, stream=stream)
+        print(f"{label:<30}  {rate:7.0f}   {per_cpu:20.0f}   {per_cpu / base_cpu:10.0%}")
     traced, rss = pool_memory(args.blocks)
     print(f"DDR pool, {args.blocks:,} blocks:     {traced:8.1f} MB traced, {rss:.1f} MB RSS delta")
     return 0

@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# The checkout root, so the children import this tree's `emulator` whatever the caller's cwd.
+ROOT = Path(__file__).resolve().parents[2]
+
 ENTRY_POINTS = {
     "kvgate": [sys.executable, "-m", "kvgate.cli", "emulate"],
     "module": [sys.executable, "-m", "emulator"],
@@ -40,7 +43,7 @@ def test_cli_serves_writes_ready_file_and_stops_on_sigterm(tmp_path: Path, entry
     ready = tmp_path / "ready.json"
     cmd = [*ENTRY_POINTS[entry], "--instances", "2", "--port", "0", "--time-scale", "0",
            "--hbm-tokens", "10000", "--ready-file", str(ready)]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         info = wait_for_file(ready, proc)
         assert info["pid"] == proc.pid
@@ -73,6 +76,6 @@ def test_cli_serves_writes_ready_file_and_stops_on_sigterm(tmp_path: Path, entry
 
 def test_cli_rejects_bad_options() -> None:
     proc = subprocess.run(
-        [*ENTRY_POINTS["module"], "--instances", "0"], capture_output=True, timeout=30
+        [*ENTRY_POINTS["module"], "--instances", "0"], cwd=ROOT, capture_output=True, timeout=30
     )
     assert proc.returncode == 2 and b"instances" in proc.stderr
