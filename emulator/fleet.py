@@ -66,7 +66,7 @@ class Fleet:
         sock = bind_socket(opts.host, opts.pool_port)
         port = sock.getsockname()[1]
         self._pool_runner = web.AppRunner(
-            make_pool_app(self.pool), handle_signals=False, access_log=None
+            make_pool_app(self.pool), handle_signals=False, access_log=None, shutdown_timeout=1.0
         )
         await self._pool_runner.setup()
         await web.SockSite(self._pool_runner, sock).start()

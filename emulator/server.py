@@ -120,7 +120,11 @@ class EngineServer:
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self.engine_id = self._template.format(host=self.host, port=self.port, index=self.index)
-        self._runner = web.AppRunner(self.make_app(), handle_signals=False, access_log=None)
+        # In-flight emulated requests may sleep for minutes: stopping cancels them after 1 s
+        # instead of aiohttp's default 60 s grace.
+        self._runner = web.AppRunner(
+            self.make_app(), handle_signals=False, access_log=None, shutdown_timeout=1.0
+        )
         await self._runner.setup()
         await self._listen(sock)
         log.info("engine_listening", engine_id=self.engine_id, address=self.address)

@@ -13,6 +13,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-config": ("kvgate.config.command", "validate a kvgate YAML file"),
     "envoy-config": ("control_plane.resources.command", "render a static Envoy bootstrap"),
     "ext-proc": ("ext_proc.command", "run the ext_proc routing service"),
+    "control-plane": ("control_plane.command", "run the control plane (health, endpoint states)"),
     "emulate": ("emulator.command", "run an emulated vLLM fleet with a shared DDR KV pool"),
 }
 

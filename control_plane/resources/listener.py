@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
-from envoy.config.core.v3 import config_source_pb2, grpc_service_pb2
+from envoy.config.core.v3 import backoff_pb2, base_pb2, config_source_pb2, grpc_service_pb2
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
@@ -12,6 +12,7 @@ from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm,
 )
+from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.matcher.v3 import string_pb2
 
 from control_plane.resources import protos
@@ -88,6 +89,21 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
         grpc_service=grpc_service_pb2.GrpcService(
             envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
             timeout=protos.duration(1.0),
+            # A replica that just died refuses the stream: try another one before falling back.
+            retry_policy=base_pb2.RetryPolicy(
+                retry_on="connect-failure,refused-stream,unavailable,reset",
+                num_retries=protos.u32(2),
+                retry_back_off=backoff_pb2.BackoffStrategy(
+                    base_interval=protos.duration(0.005), max_interval=protos.duration(0.02)
+                ),
+                retry_host_predicate=[
+                    base_pb2.RetryPolicy.RetryHostPredicate(
+                        name="envoy.retry_host_predicates.previous_hosts",
+                        typed_config=protos.pack(previous_hosts_pb2.PreviousHostsPredicate()),
+                    )
+                ],
+                host_selection_retry_max_attempts=5,
+            ),
         ),
         # ext_proc down or slow → the ring_hash fallback keeps sessions where they were.
         failure_mode_allow=True,

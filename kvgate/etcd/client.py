@@ -57,8 +57,7 @@ class EtcdClient:
         self._endpoints = list(endpoints)
         self._index = 0
         self._timeout = timeout
-        self._channel: grpc.aio.Channel | None = None
-        self._connect()
+        self._channel: grpc.aio.Channel | None = None  # opened on first use, inside the loop
 
     @property
     def endpoint(self) -> str:
@@ -91,9 +90,15 @@ class EtcdClient:
             await self._channel.close()
             self._channel = None
 
-    async def _call(self, method: object, request: object) -> object:
+    def _stubs(self) -> None:
+        if self._channel is None:
+            self._connect()
+
+    async def _call(self, name: str, service: str, request: object) -> object:
+        self._stubs()
+        method = getattr(getattr(self, service), name)
         try:
-            return await method(request, timeout=self._timeout)  # type: ignore[operator]
+            return await method(request, timeout=self._timeout)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 await self._rotate()
@@ -103,26 +108,26 @@ class EtcdClient:
     async def get_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
         """Every key under `prefix`, and the store revision they were read at."""
         reply = await self._call(
-            self._kv.Range, rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix))
+            "Range", "_kv", rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix))
         )
         return [_kv(kv) for kv in reply.kvs], reply.header.revision  # type: ignore[attr-defined]
 
     async def get(self, key: bytes) -> KeyValue | None:
-        reply = await self._call(self._kv.Range, rpc.RangeRequest(key=key))
+        reply = await self._call("Range", "_kv", rpc.RangeRequest(key=key))
         kvs = reply.kvs  # type: ignore[attr-defined]
         return _kv(kvs[0]) if kvs else None
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
-        reply = await self._call(self._kv.Put, rpc.PutRequest(key=key, value=value, lease=lease))
+        reply = await self._call("Put", "_kv", rpc.PutRequest(key=key, value=value, lease=lease))
         return reply.header.revision  # type: ignore[attr-defined]
 
     async def delete(self, key: bytes) -> bool:
-        reply = await self._call(self._kv.DeleteRange, rpc.DeleteRangeRequest(key=key))
+        reply = await self._call("DeleteRange", "_kv", rpc.DeleteRangeRequest(key=key))
         return reply.deleted > 0  # type: ignore[attr-defined]
 
     async def delete_prefix(self, prefix: bytes) -> int:
         request = rpc.DeleteRangeRequest(key=prefix, range_end=prefix_end(prefix))
-        reply = await self._call(self._kv.DeleteRange, request)
+        reply = await self._call("DeleteRange", "_kv", request)
         return reply.deleted  # type: ignore[attr-defined]
 
     async def create(self, key: bytes, value: bytes, lease: int = 0) -> tuple[bool, KeyValue]:
@@ -158,7 +163,7 @@ class EtcdClient:
             ],
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
         )
-        reply = await self._call(self._kv.Txn, request)
+        reply = await self._call("Txn", "_kv", request)
         if reply.succeeded:  # type: ignore[attr-defined]
             revision = reply.header.revision  # type: ignore[attr-defined]
             return True, KeyValue(key, value, revision, lease)
@@ -166,14 +171,15 @@ class EtcdClient:
         return False, _kv(kvs[0]) if kvs else None  # type: ignore[return-value]
 
     async def grant_lease(self, ttl: int) -> int:
-        reply = await self._call(self._lease.LeaseGrant, rpc.LeaseGrantRequest(TTL=ttl))
+        reply = await self._call("LeaseGrant", "_lease", rpc.LeaseGrantRequest(TTL=ttl))
         return reply.ID  # type: ignore[attr-defined]
 
     async def revoke_lease(self, lease: int) -> None:
-        await self._call(self._lease.LeaseRevoke, rpc.LeaseRevokeRequest(ID=lease))
+        await self._call("LeaseRevoke", "_lease", rpc.LeaseRevokeRequest(ID=lease))
 
     async def keep_alive_once(self, lease: int) -> int:
         """Refreshes a lease; returns its new TTL (0 if it had already expired)."""
+        self._stubs()
         call = self._lease.LeaseKeepAlive(timeout=self._timeout)
         try:
             await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
@@ -196,6 +202,7 @@ class EtcdClient:
                 progress_notify=True,
             )
         )
+        self._stubs()
         call = self._watch.Watch()
         try:
             await call.write(create)

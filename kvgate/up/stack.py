@@ -1,4 +1,4 @@
-"""The gateway stack as child processes: etcd (embedded unless configured) → endpoint records →
+"""The gateway stack as child processes: etcd (embedded unless configured) → control plane →
 ext_proc replicas → Envoy. Started in that order, each waited for; stopped in reverse.
 """
 
@@ -15,8 +15,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from control_plane.resources.bootstrap import static_bootstrap, to_json
 from kvgate.config.dump import to_yaml
 from kvgate.config.model import Config, Etcd, HostPort
-from kvgate.endpoints import seed_from_config
-from kvgate.etcd import EtcdClient
 from kvgate.runtime.child import Child, ChildFailed
 from kvgate.runtime.envoy import envoy_child, envoy_ready
 from kvgate.runtime.etcd import embedded_etcd, etcd_ready
@@ -40,6 +38,7 @@ class Stack:
     ext_procs: list[Child] = field(default_factory=list)
     envoy: Child | None = None
     etcd: Child | None = None
+    control_plane: Child | None = None
 
     @property
     def etcd_endpoints(self) -> list[str]:
@@ -51,7 +50,7 @@ class Stack:
         self._check_ports()
         try:
             await self._start_etcd()
-            await self._seed()
+            await self._start_control_plane()
             for index, address in enumerate(self.config.ext_proc.addresses):
                 await self._start_ext_proc(index, address)
             await self._start_envoy()
@@ -68,6 +67,7 @@ class Stack:
     def _check_ports(self) -> None:
         wanted = [
             ("gateway listener", self.config.listener),
+            ("control-plane admin", self.config.control_plane.admin),
             ("Envoy admin", self.config.envoy_admin),
             *(("ext_proc", a) for a in self.config.ext_proc.addresses),
         ]
@@ -88,16 +88,26 @@ class Stack:
                            lambda: etcd_ready(str(endpoint)))
         self.etcd = child
 
-    async def _seed(self) -> None:
-        client = EtcdClient(self.etcd_endpoints)
-        try:
-            await seed_from_config(client, self.config)
-        finally:
-            await client.close()
+    async def _start_control_plane(self) -> None:
+        admin = self.config.control_plane.admin
+        child = Child(
+            "control-plane",
+            [
+                sys.executable, "-m", "control_plane", "-c", str(self._write_config()),
+                "--etcd", ",".join(self.etcd_endpoints),
+            ],
+            self.workdir / "control-plane.log",
+        )
+        await self._launch(child, f"admin grpc://{admin}", lambda: grpc_serving(admin))
+        self.control_plane = child
+
+    def _write_config(self) -> Path:
+        path = self.workdir / "kvgate.effective.yaml"
+        path.write_text(to_yaml(self.config))
+        return path
 
     async def _start_ext_proc(self, index: int, address: HostPort) -> None:
-        config_path = self.workdir / "kvgate.effective.yaml"
-        config_path.write_text(to_yaml(self.config))
+        config_path = self._write_config()
         metrics = self.config.ext_proc.metrics
         if index > 0:
             metrics = HostPort(metrics.host, free_port(metrics.host))

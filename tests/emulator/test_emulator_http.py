@@ -280,3 +280,18 @@ async def test_fault_injection(fleet: Fleet) -> None:
         assert resp.status == 200
     # The sibling never stopped serving.
     assert not await refused(fleet.engines[1])
+
+
+async def test_stopping_a_fleet_does_not_wait_for_long_streams() -> None:
+    fleet = Fleet(EmulatorOptions(instances=1, time_scale=1.0, decode_ms_per_token=1000))
+    await fleet.start()
+    engine = fleet.engines[0]
+    async with aiohttp.ClientSession() as http:
+        body = {"prompt": "x " * 20, "max_tokens": 100, "stream": True}
+        async with http.post(f"http://{engine}/v1/completions", json=body) as resp:
+            assert resp.status == 200
+            await resp.content.readuntil(b"\n\n")  # first token is out; 99 s of decode remain
+            started = time.monotonic()
+            await fleet.stop()
+            assert time.monotonic() - started < 5
+        assert fleet.servers[0].model.cache.usage() == 0.0  # the cancelled request unpinned

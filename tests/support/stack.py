@@ -27,6 +27,9 @@ def gateway_config(
     data: dict[str, object] = {
         "listener": {"address": "127.0.0.1", "port": free_port()},
         "envoy_admin": {"address": "127.0.0.1", "port": free_port()},
+        "control_plane": {
+            "xds": f"127.0.0.1:{free_port()}", "admin": f"127.0.0.1:{free_port()}",
+        },
         "ext_proc": {
             "address": [f"127.0.0.1:{free_port()}" for _ in range(ext_procs)],
             "metrics": f"127.0.0.1:{free_port()}",
@@ -35,7 +38,11 @@ def gateway_config(
         "etcd": {"prefix": prefix, **({"endpoints": list(etcd)} if etcd else {})},
         "session": {"headers": ["x-session-id"], "idle_ttl": idle_ttl},
         "placement": {"load_factor": load_factor},
-        "pools": [{"name": "coder", "kv_pool": kv_pool, "endpoints": list(endpoints)}],
+        "pools": [{
+            "name": "coder", "kv_pool": kv_pool, "endpoints": list(endpoints),
+            "health": {"interval": "200ms", "timeout": "150ms", "unhealthy_threshold": 2,
+                       "healthy_threshold": 1},
+        }],
         "routes": [{"match": {"prefix": "/"}, "pool": "coder"}],
     }
     return load_text(yaml.safe_dump(data))

@@ -10,6 +10,7 @@ class Upstream:
         self.host = host
         self.port = 0
         self.requests = 0
+        self.probes = 0
         self.seen_headers: list[dict[str, str]] = []
         self._runner: web.AppRunner | None = None
 
@@ -33,6 +34,9 @@ class Upstream:
             self._runner = None
 
     async def _handle(self, request: web.Request) -> web.Response:
+        if request.path == "/health":
+            self.probes += 1
+            return web.Response(text="ok")
         self.requests += 1
         self.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
         return web.json_response(

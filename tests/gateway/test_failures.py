@@ -1,0 +1,143 @@
+"""The gateway through its parts failing: ext_proc, an upstream."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+
+from kvgate.etcd import EtcdClient
+from kvgate.placement import EnvoyRing, session_hash
+from tests.support.stack import gateway_config, running_stack
+
+
+async def _homes(http: httpx.AsyncClient, sessions: list[str]) -> dict[str, str]:
+    homes = {}
+    for session in sessions:
+        reply = await http.get("/v1/chat", headers={"x-session-id": session})
+        assert reply.status_code == 200
+        homes[session] = reply.json()["upstream"]
+    return homes
+
+
+class SteadyTraffic:
+    """Sessions' requests in a loop; records every failure and every move."""
+
+    def __init__(self, http: httpx.AsyncClient, homes: dict[str, str]) -> None:
+        self._http = http
+        self._homes = homes
+        self.errors: list[str] = []
+        self.sent = 0
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def until_sent(self, count: int) -> None:
+        deadline = asyncio.get_running_loop().time() + 10
+        while self.sent < count:
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        assert self._task is not None
+        await self._task
+
+    async def _run(self) -> None:
+        while not self._stop.is_set():
+            for session, home in self._homes.items():
+                reply = await self._http.get("/v1/chat", headers={"x-session-id": session})
+                self.sent += 1
+                if reply.status_code != 200:
+                    self.errors.append(f"{session}: HTTP {reply.status_code}")
+                elif reply.json()["upstream"] != home:
+                    self.errors.append(f"{session} moved to {reply.json()['upstream']}")
+
+
+async def test_one_ext_proc_replica_killed_mid_traffic_changes_nothing(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    ups = await upstreams(4)
+    config = gateway_config([u.address for u in ups], prefix=prefix, ext_procs=2)
+    sessions = [f"conv-{i}" for i in range(30)]
+    async with running_stack(config, tmp_path) as stack:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+            homes = await _homes(http, sessions)
+            traffic = SteadyTraffic(http, homes)
+            traffic.start()
+            await traffic.until_sent(60)
+            stack.ext_procs[0].kill()
+            await stack.ext_procs[0].process.wait()  # type: ignore[union-attr]
+            sent_at_kill = traffic.sent
+            await traffic.until_sent(sent_at_kill + 150)
+            await traffic.stop()
+            after = await _homes(http, sessions)
+    assert traffic.errors == []
+    assert after == homes
+
+
+async def test_all_ext_proc_gone_requests_succeed_on_envoys_ring(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    ups = await upstreams(4)
+    # A generous load factor: every first placement is exactly where Envoy's ring puts it.
+    config = gateway_config([u.address for u in ups], prefix=prefix, load_factor=10.0)
+    sessions = [f"conv-{i}" for i in range(30)]
+    async with running_stack(config, tmp_path) as stack:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+            homes = await _homes(http, sessions)
+            traffic = SteadyTraffic(http, homes)
+            traffic.start()
+            await traffic.until_sent(60)
+            stack.ext_procs[0].kill()
+            await stack.ext_procs[0].process.wait()  # type: ignore[union-attr]
+            await traffic.until_sent(traffic.sent + 150)
+            await traffic.stop()
+            after = await _homes(http, sessions)
+    ring = EnvoyRing([(u.address, 1) for u in ups])
+    assert all(homes[s] == ring.pick(session_hash(s.encode())) for s in sessions)
+    assert traffic.errors == []
+    assert after == homes
+
+
+async def test_dead_upstream_retried_elsewhere_and_session_rebound(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    ups = await upstreams(4)
+    config = gateway_config([u.address for u in ups], prefix=prefix)
+    sessions = [f"user-{i}" for i in range(24)]
+    async with running_stack(config, tmp_path) as stack:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+            homes = await _homes(http, sessions)
+            victim = next(u for u in ups if u.address in homes.values())
+            orphans = [s for s, home in homes.items() if home == victim.address]
+            await victim.stop()
+            # The very next request of each orphaned session succeeds, on another upstream.
+            moved = await _homes(http, orphans)
+            assert all(home != victim.address for home in moved.values())
+            # The health checker fails the victim; ext_proc re-binds the sessions in etcd.
+            client = EtcdClient(stack.etcd_endpoints)
+            try:
+                deadline = asyncio.get_running_loop().time() + 10
+                while True:
+                    kvs, _ = await client.get_prefix(f"{prefix}bindings/".encode())
+                    bound = {kv.key.decode().rsplit("/", 1)[1]: kv.value for kv in kvs}
+                    await _homes(http, orphans)
+                    if all(victim.address.encode() not in v for v in bound.values()):
+                        break
+                    assert asyncio.get_running_loop().time() < deadline, bound
+                    await asyncio.sleep(0.1)
+            finally:
+                await client.close()
+            final = await _homes(http, sessions)
+        for session in sessions:
+            if session in orphans:
+                assert final[session] != victim.address
+            else:
+                assert final[session] == homes[session]  # nobody else moved
+        # Orphans stay where the retry took them when that sibling had room.
+        same = sum(final[s] == moved[s] for s in orphans)
+        assert same >= len(orphans) // 2, (moved, final)
