@@ -39,6 +39,7 @@ class EtcdBindingStore:
         *,
         on_etcd_error: Callable[[], None] | None = None,
         flush_interval: float = 0.5,
+        write_limit_s: float = 0.1,
     ) -> None:
         self._client = client
         self._prefix = f"{prefix}bindings/".encode()
@@ -53,6 +54,9 @@ class EtcdBindingStore:
         self._lease = 0
         self._degraded = False
         self._flush_interval = flush_interval
+        # Hot-path writes must finish well inside Envoy's ext_proc message timeout; a slower
+        # etcd is treated as away (the write is queued and flushed in the background).
+        self._write_limit_s = write_limit_s
         self._on_etcd_error = on_etcd_error
         self._mirror = PrefixMirror(client, self._prefix, self)
         self._tasks: list[asyncio.Task[None]] = []
@@ -121,7 +125,7 @@ class EtcdBindingStore:
         if self._degraded or op.binding.key in self._pending:
             return self._queue(op)
         try:
-            return await self._commit(op)
+            return await self._commit(op, self._write_limit_s)
         except EtcdUnavailable as exc:
             self._set_degraded(str(exc))
             return self._queue(op)
@@ -137,16 +141,16 @@ class EtcdBindingStore:
         self._flush_wanted.set()
         return local
 
-    async def _commit(self, op: _Pending) -> Binding:
+    async def _commit(self, op: _Pending, limit_s: float | None = None) -> Binding:
         key = self._key(op.binding.key)
         value = op.binding.encode()
         for attempt in range(2):
             try:
                 if op.expected_revision == 0:
-                    _, current = await self._client.create(key, value, self._lease)
+                    _, current = await self._client.create(key, value, self._lease, limit_s)
                 else:
                     _, current = await self._client.replace(
-                        key, value, op.expected_revision, self._lease
+                        key, value, op.expected_revision, self._lease, limit_s
                     )
                 break
             except grpc.aio.AioRpcError as exc:

@@ -94,11 +94,13 @@ class EtcdClient:
         if self._channel is None:
             self._connect()
 
-    async def _call(self, name: str, service: str, request: object) -> object:
+    async def _call(
+        self, name: str, service: str, request: object, limit_s: float | None = None
+    ) -> object:
         self._stubs()
         method = getattr(getattr(self, service), name)
         try:
-            return await method(request, timeout=self._timeout)
+            return await method(request, timeout=limit_s or self._timeout)
         except grpc.aio.AioRpcError as exc:
             if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 await self._rotate()
@@ -130,7 +132,9 @@ class EtcdClient:
         reply = await self._call("DeleteRange", "_kv", request)
         return reply.deleted  # type: ignore[attr-defined]
 
-    async def create(self, key: bytes, value: bytes, lease: int = 0) -> tuple[bool, KeyValue]:
+    async def create(
+        self, key: bytes, value: bytes, lease: int = 0, limit_s: float | None = None
+    ) -> tuple[bool, KeyValue]:
         """Create `key` only if absent. Returns (created, the key's value now)."""
         return await self._put_if(
             rpc.Compare(
@@ -139,22 +143,23 @@ class EtcdClient:
                 result=rpc.Compare.EQUAL,
                 create_revision=0,
             ),
-            key, value, lease,
+            key, value, lease, limit_s,
         )
 
     async def replace(
-        self, key: bytes, value: bytes, mod_revision: int, lease: int = 0
+        self, key: bytes, value: bytes, mod_revision: int, lease: int = 0,
+        limit_s: float | None = None,
     ) -> tuple[bool, KeyValue | None]:
         """Put only if the key still has `mod_revision`. Returns (replaced, the value now)."""
         return await self._put_if(
             rpc.Compare(
                 key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=mod_revision
             ),
-            key, value, lease,
+            key, value, lease, limit_s,
         )
 
     async def _put_if(
-        self, compare: rpc.Compare, key: bytes, value: bytes, lease: int
+        self, compare: rpc.Compare, key: bytes, value: bytes, lease: int, limit_s: float | None
     ) -> tuple[bool, KeyValue]:
         request = rpc.TxnRequest(
             compare=[compare],
@@ -163,7 +168,7 @@ class EtcdClient:
             ],
             failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
         )
-        reply = await self._call("Txn", "_kv", request)
+        reply = await self._call("Txn", "_kv", request, limit_s)
         if reply.succeeded:  # type: ignore[attr-defined]
             revision = reply.header.revision  # type: ignore[attr-defined]
             return True, KeyValue(key, value, revision, lease)

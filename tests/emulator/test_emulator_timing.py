@@ -1,15 +1,22 @@
-"""Measured TTFT against the model's prediction, with a time scale (wall = emulated x 0.5)."""
+"""Measured TTFT against the model's prediction, with a time scale (wall = emulated x 0.5).
+
+The fleet runs in its own process, as in production: a server sharing the test's event loop and
+garbage collector would see pauses that are not the model's.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
+import sys
 import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 
 import pytest
 from openai import AsyncOpenAI
-
-from emulator.fleet import Fleet
-from emulator.options import EmulatorOptions
 
 MODEL = "Qwen/Qwen2.5-32B-Instruct"
 SCALE = 0.5
@@ -17,19 +24,36 @@ C0_S, RATE, KV_BYTES, DDR_BPS, DECODE_S = 0.5, 5000.0, 256 * 1024, 2e9, 0.1
 TOLERANCE = 0.15
 
 
-def options(**overrides: object) -> EmulatorOptions:
-    opts = EmulatorOptions(
-        instances=2,
-        time_scale=SCALE,
-        prefill_overhead_ms=C0_S * 1000,
-        prefill_tokens_per_s=RATE,
-        kv_bytes_per_token=KV_BYTES,
-        ddr_gbps=DDR_BPS / 1e9,
-        decode_ms_per_token=DECODE_S * 1000,
-    )
-    for key, value in overrides.items():
-        setattr(opts, key, value)
-    return opts
+ROOT = Path(__file__).resolve().parents[2]
+FleetFactory = Callable[..., AbstractAsyncContextManager[list[str]]]
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> FleetFactory:
+    """Start ``python -m emulator`` with the timing parameters (plus extra args); yields engines."""
+
+    @asynccontextmanager
+    async def run(*extra: str) -> AsyncIterator[list[str]]:
+        ready = tmp_path / f"ready-{time.monotonic_ns()}.json"
+        cmd = [sys.executable, "-m", "emulator", "--time-scale", str(SCALE),
+               "--prefill-overhead-ms", str(C0_S * 1000), "--prefill-tokens-per-s", str(RATE),
+               "--kv-bytes-per-token", str(KV_BYTES), "--ddr-gbps", str(DDR_BPS / 1e9),
+               "--decode-ms-per-token", str(DECODE_S * 1000), "--log-level", "warning",
+               "--ready-file", str(ready), *extra]  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(*cmd, cwd=ROOT)
+        try:
+            deadline = time.monotonic() + 20
+            while not ready.exists():
+                assert proc.returncode is None, "emulator exited"
+                assert time.monotonic() < deadline, "emulator not ready"
+                await asyncio.sleep(0.05)
+            yield json.loads(ready.read_text())["engines"]
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), 15) == 0
+
+    return run
 
 
 def predicted_wall(prompt: int, hbm_hit: int, ddr_hit: int, queued_s: float = 0.0) -> float:
@@ -58,10 +82,9 @@ async def ttft(engine: str, prompt: list[int], max_tokens: int = 2) -> tuple[flo
         return first, cached
 
 
-async def test_cold_warm_and_ddr_ttft_match_the_model() -> None:
+async def test_cold_warm_and_ddr_ttft_match_the_model(fleet: FleetFactory) -> None:
     prompt = list(range(2500))
-    async with Fleet(options()) as fleet:
-        a, b = fleet.engines
+    async with fleet("--instances", "2") as (a, b):
         cold, cached = await ttft(a, prompt)
         assert cached == 0
         assert cold == pytest.approx(predicted_wall(2500, 0, 0), rel=TOLERANCE)  # ~0.50 s
@@ -73,9 +96,8 @@ async def test_cold_warm_and_ddr_ttft_match_the_model() -> None:
         assert from_ddr == pytest.approx(predicted_wall(2500, 0, 2496), rel=TOLERANCE)  # ~0.41 s
 
 
-async def test_a_request_waits_for_a_slot() -> None:
-    async with Fleet(options(instances=1, max_num_seqs=1, no_ddr_pool=True)) as fleet:
-        engine = fleet.engines[0]
+async def test_a_request_waits_for_a_slot(fleet: FleetFactory) -> None:
+    async with fleet("--max-num-seqs", "1", "--no-ddr-pool") as (engine,):
         # 1000 tokens: prefill 0.7 emulated s, then 3 more tokens at 0.1 s: the slot frees at 1.0.
         first, second = await asyncio.gather(
             ttft(engine, list(range(1000)), max_tokens=4),
