@@ -52,10 +52,10 @@ async def test_client_destination_header_is_ignored_and_stripped(
                 assert reply.status_code == 200
                 assert reply.json()["upstream"] == home
             # Sessionless requests with the header are not steered either: spread stays random.
-            sessionless = await asyncio.gather(*(
-                http.get("/v1/y", headers={"x-gateway-destination-endpoint": str(config.envoy_admin)})
-                for _ in range(10)
-            ))
+            admin = {"x-gateway-destination-endpoint": str(config.envoy_admin)}
+            sessionless = await asyncio.gather(
+                *(http.get("/v1/y", headers=admin) for _ in range(10))
+            )
             assert all(r.status_code == 200 and "upstream" in r.json() for r in sessionless)
     for upstream in ups:
         for headers in upstream.seen_headers:

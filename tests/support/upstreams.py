@@ -19,7 +19,8 @@ class Upstream:
         return f"{self.host}:{self.port}"
 
     async def start(self, port: int = 0) -> None:
-        app = web.Application()
+        # 8 KiB session ids must reach the upstream: raise aiohttp's 8190-byte header limit.
+        app = web.Application(handler_args={"max_field_size": 65536, "max_line_size": 65536})
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()

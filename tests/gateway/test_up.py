@@ -1,0 +1,108 @@
+"""`kvgate up` as users run it: a subprocess, stopped by a signal, leaving nothing behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import httpx
+import yaml
+
+from kvgate.config.dump import to_dict
+from kvgate.runtime.ports import free_port
+from tests.support.stack import gateway_config
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+async def _read_until(stream: asyncio.StreamReader, pattern: str, within: float) -> str:
+    seen = ""
+    deadline = asyncio.get_running_loop().time() + within
+    while pattern not in seen:
+        remaining = deadline - asyncio.get_running_loop().time()
+        assert remaining > 0, f"no {pattern!r} in:\n{seen}"
+        line = await asyncio.wait_for(stream.readline(), remaining)
+        assert line, f"output ended before {pattern!r}:\n{seen}"
+        seen += line.decode()
+    return seen
+
+
+async def test_up_serves_then_sigterm_stops_everything(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    ups = await upstreams(2)
+    config = gateway_config([u.address for u in ups], prefix=prefix)
+    path = tmp_path / "kvgate.yaml"
+    path.write_text(yaml.safe_dump(to_dict(config)))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvgate", "up", "-c", str(path), "--workdir", str(tmp_path / "w"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        assert process.stdout is not None
+        output = await _read_until(process.stdout, "Ctrl-C stops everything", 60)
+        pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
+        assert len(pids) == 4, output  # etcd, control plane, ext_proc, Envoy
+        assert f"http://{config.listener}" in output
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+            homes = {
+                (await http.get("/v1/models", headers={"x-session-id": "up-1"})).json()["upstream"]
+                for _ in range(5)
+            }
+        assert len(homes) == 1
+        process.send_signal(signal.SIGTERM)
+        rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
+        assert await process.wait() == 0, rest
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert "stopped" in rest
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+async def test_up_with_port_in_use_says_so_and_starts_nothing(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    ups = await upstreams(1)
+    config = gateway_config([u.address for u in ups], prefix=prefix)
+    data = to_dict(config)
+    data["listener"]["port"] = ups[0].port  # taken by the upstream itself
+    path = tmp_path / "kvgate.yaml"
+    path.write_text(yaml.safe_dump(data))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvgate", "up", "-c", str(path), "--workdir", str(tmp_path / "w"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    text = output.decode()
+    assert process.returncode == 1
+    assert f"port already in use: gateway listener {ups[0].address}" in text
+    assert "(pid" not in text  # nothing was started
+
+
+async def test_up_with_bad_config_reports_field_path_and_starts_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "pools:\n  - name: coder\n    endpoints: [127.0.0.1:8000, 127.0.0.1:99999]\n"
+        f"listener: {{port: {free_port()}}}\n"
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvgate", "up", "-c", str(path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    text = output.decode()
+    assert process.returncode == 1
+    assert "pools[0].endpoints[1]: port must be 1..65535, got 99999" in text
+    assert "nothing was started" in text

@@ -1,0 +1,80 @@
+"""Placement: Envoy's ring rebuilt exactly, bounded loads, KV-pool preference."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from kvgate.placement import EnvoyRing, fallback_for, place, session_hash
+from kvgate.placement.view import Member, PoolView
+
+
+def _view(*members: Member) -> PoolView:
+    return PoolView("coder", members)
+
+
+def test_ring_sizes_follow_envoy_scaling() -> None:
+    assert EnvoyRing([("a:1", 1), ("b:1", 1), ("c:1", 1)]).size == 3 * math.ceil(1024 / 3)
+    # Weights: the lightest host gets ceil(1024 × 1/4) entries, the heavy one three times that.
+    assert EnvoyRing([("a:1", 1), ("b:1", 3)]).size == 1024
+    assert EnvoyRing([]).size == 0 and EnvoyRing([]).pick(5) is None
+
+
+def test_ring_walk_yields_each_host_once_starting_at_the_pick() -> None:
+    ring = EnvoyRing([(f"10.0.0.{i}:8000", 1) for i in range(5)])
+    for key in (b"a", b"b", b"c"):
+        walk = list(ring.walk(session_hash(key)))
+        assert sorted(walk) == sorted(f"10.0.0.{i}:8000" for i in range(5))
+        assert walk[0] == ring.pick(session_hash(key))
+
+
+def test_bounded_load_caps_every_endpoint() -> None:
+    view = _view(*(Member(f"10.0.0.{i}:8000", "kv") for i in range(4)))
+    loads: Counter[str] = Counter()
+    for n in range(200):
+        chosen = place(view, session_hash(f"s{n}".encode()), loads, 1.25)
+        assert chosen is not None
+        loads[chosen] += 1
+    assert max(loads.values()) <= math.ceil(1.25 * 200 / 4)
+
+
+def test_without_pressure_placement_is_envoys_ring_pick() -> None:
+    view = _view(*(Member(f"10.0.0.{i}:8000", "kv") for i in range(4)))
+    ring = EnvoyRing([(m.address, 1) for m in view.members])
+    for n in range(50):
+        h = session_hash(f"s{n}".encode())
+        assert place(view, h, {}, 1.25) == ring.pick(h)
+
+
+def test_weights_share_sessions_proportionally() -> None:
+    view = _view(Member("10.0.0.1:1", "kv", 1), Member("10.0.0.2:1", "kv", 3))
+    loads: Counter[str] = Counter()
+    for n in range(400):
+        chosen = place(view, session_hash(f"w{n}".encode()), loads, 1.1)
+        assert chosen is not None
+        loads[chosen] += 1
+    assert loads["10.0.0.2:1"] == pytest.approx(300, abs=35)
+
+
+def test_replacement_prefers_same_kv_pool_and_skips_inactive() -> None:
+    view = _view(
+        Member("10.0.0.1:1", "kv-a", state="failed"),
+        Member("10.0.0.2:1", "kv-a"),
+        Member("10.0.0.3:1", "kv-b"),
+        Member("10.0.0.4:1", "kv-b"),
+        Member("10.0.0.5:1", "kv-a", state="draining"),
+    )
+    for n in range(30):
+        h = session_hash(f"r{n}".encode())
+        assert place(view, h, {}, 1.25, prefer_kv_pool="kv-a", exclude="10.0.0.1:1") == "10.0.0.2:1"
+        assert place(view, h, {}, 1.25) in {"10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1"}
+        assert fallback_for(view, h, "10.0.0.3:1") == "10.0.0.4:1"
+        assert fallback_for(view, h, "10.0.0.2:1") in {"10.0.0.3:1", "10.0.0.4:1"}
+
+
+def test_no_active_endpoint_places_nowhere() -> None:
+    view = _view(Member("10.0.0.1:1", "kv", state="failed"))
+    assert place(view, 1, {}, 1.25) is None
+    assert fallback_for(view, 1, "10.0.0.1:1") is None

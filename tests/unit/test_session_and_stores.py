@@ -1,0 +1,54 @@
+"""Session id normalization, the in-memory store, the health thresholds."""
+
+from __future__ import annotations
+
+import uuid
+
+from control_plane.health import HealthTracker
+from kvgate.bindings.memory import MemoryBindingStore
+from kvgate.bindings.model import Binding
+from kvgate.session import SESSION_NAMESPACE, normalize_session
+
+
+def test_uuid_kept_canonical_other_values_uuid5() -> None:
+    raw = "0F8FAD5B-D9CB-469F-A165-70867728950E"
+    assert normalize_session(raw.encode()) == raw.lower()
+    assert normalize_session(b"urn:uuid:" + raw.encode()) == raw.lower()
+    assert normalize_session(b"chat-42") == str(uuid.uuid5(SESSION_NAMESPACE, "chat-42"))
+    assert normalize_session(b"") is None and normalize_session(b" \t ") is None
+    weird = normalize_session(b"\xff\xfe" * 4096)
+    assert weird is not None and uuid.UUID(weird).version == 5
+    assert normalize_session(b"not-a-uuid-but-thirty-six-chars-long") != "not-a-uuid"
+
+
+async def test_memory_store_first_binding_wins_and_move_is_compare_and_set() -> None:
+    store = MemoryBindingStore()
+    first = await store.create(Binding("s", "p", "10.0.0.1:1"))
+    second = await store.create(Binding("s", "p", "10.0.0.2:1"))
+    assert second == first
+    moved = await store.move(first, "10.0.0.3:1")
+    assert moved.endpoint == "10.0.0.3:1"
+    stale = await store.move(first, "10.0.0.4:1")  # `first` is no longer current
+    assert stale == moved
+    assert dict(store.load("p")) == {"10.0.0.3:1": 1}
+
+
+async def test_memory_store_forgets_idle_bindings() -> None:
+    now = [0.0]
+    store = MemoryBindingStore(idle_ttl=10, clock=lambda: now[0])
+    binding = await store.create(Binding("s", "p", "10.0.0.1:1"))
+    now[0] = 8
+    store.touch(binding)
+    now[0] = 17
+    assert store.get("p", "s") == binding
+    now[0] = 28
+    assert store.get("p", "s") is None
+    assert dict(store.load("p")) == {}
+
+
+def test_health_thresholds() -> None:
+    tracker = HealthTracker(unhealthy_threshold=3, healthy_threshold=2)
+    assert [tracker.observe(ok) for ok in (False, False, True, False, False)] == [None] * 5
+    assert tracker.observe(False) is True
+    assert tracker.observe(True) is None
+    assert tracker.observe(True) is False
