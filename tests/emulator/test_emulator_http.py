@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 from collections.abc import AsyncIterator
 
@@ -295,3 +296,30 @@ async def test_stopping_a_fleet_does_not_wait_for_long_streams() -> None:
             await fleet.stop()
             assert time.monotonic() - started < 5
         assert fleet.servers[0].model.cache.usage() == 0.0  # the cancelled request unpinned
+
+
+async def test_refuse_also_drops_pooled_connections_and_set_fault_reopens(fleet: Fleet) -> None:
+    engine = fleet.engines[0]
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"http://{engine}/health") as resp:
+            assert resp.status == 200  # this connection is now pooled
+        await fleet.server(engine).set_fault("refuse")  # in-process control, no timer
+        assert await refused(engine)
+        with pytest.raises(aiohttp.ClientConnectionError):
+            async with http.get(f"http://{engine}/health") as resp:
+                await resp.read()
+        await fleet.server(engine).set_fault("none")
+        async with http.get(f"http://{engine}/health") as resp:
+            assert resp.status == 200
+
+
+async def test_a_busy_port_fails_start_and_leaves_nothing_listening() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        fleet = Fleet(EmulatorOptions(instances=1, port=port, time_scale=0))
+        with pytest.raises(OSError):
+            await fleet.start()
+        assert fleet.pool_url is not None
+        assert await refused(fleet.pool_url.removeprefix("http://"))
