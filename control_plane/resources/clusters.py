@@ -6,9 +6,11 @@ from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
 from envoy.config.core.v3 import config_source_pb2, health_check_pb2, protocol_pb2
 from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2
 from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
+from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
 from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 from envoy.type.metadata.v3 import metadata_pb2
 from envoy.type.v3 import percent_pb2
+from google.protobuf.message import Message
 
 from control_plane.resources import protos
 from control_plane.resources.endpoints import load_assignment, static_hosts
@@ -18,6 +20,7 @@ from control_plane.resources.names import (
     LB_NAMESPACE,
     RING_MAX_SIZE,
     RING_MIN_SIZE,
+    RoutingMode,
     pool_cluster_name,
 )
 from kvgate.config.model import ExtProc, Pool
@@ -28,12 +31,14 @@ OVERRIDABLE = (health_check_pb2.HEALTHY, health_check_pb2.UNKNOWN)
 _MANY = 1_000_000
 
 
-def pool_cluster(pool: Pool, *, eds: bool) -> cluster_pb2.Cluster:
+def pool_cluster(
+    pool: Pool, *, eds: bool, mode: RoutingMode = RoutingMode.AFFINITY
+) -> cluster_pb2.Cluster:
     """The pool's cluster: ext_proc's pick via override_host, else ring_hash on the session."""
     cluster = cluster_pb2.Cluster(
         name=pool_cluster_name(pool.name),
         connect_timeout=protos.duration(1.0),
-        load_balancing_policy=_override_host_policy(),
+        load_balancing_policy=_balancing(mode),
         circuit_breakers=circuit_breaker_pb2.CircuitBreakers(
             thresholds=[
                 circuit_breaker_pb2.CircuitBreakers.Thresholds(
@@ -66,12 +71,29 @@ def pool_cluster(pool: Pool, *, eds: bool) -> cluster_pb2.Cluster:
     return cluster
 
 
-def _override_host_policy() -> cluster_pb2.LoadBalancingPolicy:
-    ring = ring_hash_pb2.RingHash(
-        hash_function=ring_hash_pb2.RingHash.XX_HASH,
-        minimum_ring_size=protos.u64(RING_MIN_SIZE),
-        maximum_ring_size=protos.u64(RING_MAX_SIZE),
+def _policy(name: str, config: Message) -> cluster_pb2.LoadBalancingPolicy:
+    return cluster_pb2.LoadBalancingPolicy(
+        policies=[
+            cluster_pb2.LoadBalancingPolicy.Policy(
+                typed_extension_config=protos.typed_extension(name, config)
+            )
+        ]
     )
+
+
+def _balancing(mode: RoutingMode) -> cluster_pb2.LoadBalancingPolicy:
+    ring = _policy(
+        "envoy.load_balancing_policies.ring_hash",
+        ring_hash_pb2.RingHash(
+            hash_function=ring_hash_pb2.RingHash.XX_HASH,
+            minimum_ring_size=protos.u64(RING_MIN_SIZE),
+            maximum_ring_size=protos.u64(RING_MAX_SIZE),
+        ),
+    )
+    if mode is RoutingMode.RING_HASH:
+        return ring
+    if mode is RoutingMode.ROUND_ROBIN:
+        return _policy("envoy.load_balancing_policies.round_robin", round_robin_pb2.RoundRobin())
     override = override_host_pb2.OverrideHost(
         override_host_sources=[
             override_host_pb2.OverrideHost.OverrideHostSource(
@@ -81,25 +103,9 @@ def _override_host_policy() -> cluster_pb2.LoadBalancingPolicy:
                 )
             )
         ],
-        fallback_policy=cluster_pb2.LoadBalancingPolicy(
-            policies=[
-                cluster_pb2.LoadBalancingPolicy.Policy(
-                    typed_extension_config=protos.typed_extension(
-                        "envoy.load_balancing_policies.ring_hash", ring
-                    )
-                )
-            ]
-        ),
+        fallback_policy=ring,
     )
-    return cluster_pb2.LoadBalancingPolicy(
-        policies=[
-            cluster_pb2.LoadBalancingPolicy.Policy(
-                typed_extension_config=protos.typed_extension(
-                    "envoy.load_balancing_policies.override_host", override
-                )
-            )
-        ]
-    )
+    return _policy("envoy.load_balancing_policies.override_host", override)
 
 
 def ext_proc_cluster(ext_proc: ExtProc) -> cluster_pb2.Cluster:

@@ -23,6 +23,7 @@ from control_plane.resources.names import (
     LB_NAMESPACE,
     LISTENER_NAME,
     ROUTE_CONFIG_NAME,
+    RoutingMode,
 )
 from kvgate.config.model import Config
 
@@ -30,7 +31,10 @@ _Mode = processing_mode_pb2.ProcessingMode
 
 
 def gateway_listener(
-    config: Config, *, routes: route_pb2.RouteConfiguration | None = None
+    config: Config,
+    *,
+    routes: route_pb2.RouteConfiguration | None = None,
+    mode: RoutingMode = RoutingMode.AFFINITY,
 ) -> listener_pb2.Listener:
     """The listener users call. `routes` are inlined if given, else fetched over RDS (ADS)."""
     manager = hcm.HttpConnectionManager(
@@ -43,7 +47,11 @@ def gateway_listener(
         stream_idle_timeout=protos.duration(600.0),
         request_timeout=protos.duration(0.0),
         max_request_headers_kb=protos.u32(96),
-        http_filters=[_strip_destination(), _ext_proc(config), _router()],
+        http_filters=[
+            _strip_destination(),
+            *([_ext_proc(config)] if mode is RoutingMode.AFFINITY else []),
+            _router(),
+        ],
     )
     if routes is not None:
         manager.route_config.CopyFrom(routes)

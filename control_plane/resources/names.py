@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 # Dynamic metadata namespace and key that override_host reads the picked host(s) from.
 LB_NAMESPACE = "envoy.lb"
 DESTINATION_KEY = "x-gateway-destination-endpoint"
@@ -16,6 +18,15 @@ EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 # Envoy's ring_hash defaults, pinned so ext_proc can rebuild the identical ring.
 RING_MIN_SIZE = 1024
 RING_MAX_SIZE = 8 * 1024 * 1024
+
+
+class RoutingMode(StrEnum):
+    """How the gateway picks an engine. Only AFFINITY is kvgate; the others are the baselines
+    users compare it with (benchmarks render them with the same builders)."""
+
+    AFFINITY = "affinity"  # ext_proc + bindings, ring_hash fallback
+    RING_HASH = "ring_hash"  # plain Envoy consistent hashing on the session header
+    ROUND_ROBIN = "round_robin"  # no affinity at all
 
 
 def pool_cluster_name(pool: str) -> str:

@@ -15,6 +15,7 @@ from control_plane.resources.names import (
     EXT_PROC_FILTER,
     POOL_METADATA_KEY,
     ROUTE_CONFIG_NAME,
+    RoutingMode,
     pool_cluster_name,
 )
 from kvgate.config.model import Config, Route
@@ -23,7 +24,9 @@ from kvgate.config.model import Config, Route
 RETRY_ON = "connect-failure,refused-stream,reset"
 
 
-def route_configuration(config: Config) -> route_pb2.RouteConfiguration:
+def route_configuration(
+    config: Config, mode: RoutingMode = RoutingMode.AFFINITY
+) -> route_pb2.RouteConfiguration:
     return route_pb2.RouteConfiguration(
         name=ROUTE_CONFIG_NAME,
         # Defence in depth: header_mutation strips it first; nothing may forward it upstream.
@@ -32,13 +35,13 @@ def route_configuration(config: Config) -> route_pb2.RouteConfiguration:
             rc.VirtualHost(
                 name="kvgate",
                 domains=["*"],
-                routes=[_route(route, config) for route in config.routes],
+                routes=[_route(route, config, mode) for route in config.routes],
             )
         ],
     )
 
 
-def _route(route: Route, config: Config) -> rc.Route:
+def _route(route: Route, config: Config, mode: RoutingMode) -> rc.Route:
     match = rc.RouteMatch(
         prefix=route.match.prefix,
         headers=[
@@ -82,7 +85,9 @@ def _route(route: Route, config: Config) -> rc.Route:
         name=f"{route.pool}:{route.match.prefix}",
         match=match,
         route=action,
-        typed_per_filter_config={EXT_PROC_FILTER: protos.pack(per_route)},
+        typed_per_filter_config=(
+            {EXT_PROC_FILTER: protos.pack(per_route)} if mode is RoutingMode.AFFINITY else {}
+        ),
     )
 
 
