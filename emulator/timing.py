@@ -72,6 +72,8 @@ class Scheduler:
 
     def schedule(self, now: float, prefill_s: float, decode_s: float) -> Slot:
         """Reserve a slot and a prefill turn for a request arriving at ``now``."""
+        # Prune here too: without scrapes calling occupancy() the heaps would grow forever.
+        self._prune(now)
         if len(self._slot_free) < self.max_num_seqs:
             start = now
         else:
@@ -90,9 +92,12 @@ class Scheduler:
 
         ``now`` must not go backwards between calls.
         """
+        self._prune(now)
+        waiting = len(self._not_started)
+        return len(self._not_finished) - waiting, waiting
+
+    def _prune(self, now: float) -> None:
         while self._not_started and self._not_started[0] <= now:
             heapq.heappop(self._not_started)
         while self._not_finished and self._not_finished[0] <= now:
             heapq.heappop(self._not_finished)
-        waiting = len(self._not_started)
-        return len(self._not_finished) - waiting, waiting

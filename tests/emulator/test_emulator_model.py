@@ -227,3 +227,11 @@ def test_engine_ttft_includes_queue_and_histogram_counts() -> None:
     assert first.slot.ttft == pytest.approx(0.1)
     assert second.slot.ttft == pytest.approx(0.2)  # waited for the first prefill
     assert m.stats.ttft.count == 2 and m.stats.ttft.total == pytest.approx(0.3)
+
+
+def test_scheduler_state_stays_bounded_without_scrapes() -> None:
+    s = Scheduler(max_num_seqs=4)
+    for i in range(10_000):
+        s.schedule(float(i), prefill_s=0.1, decode_s=0.5)
+    assert len(s._not_finished) <= 2 and len(s._not_started) <= 1
+    assert s.occupancy(10_000.0) == (0, 0)
