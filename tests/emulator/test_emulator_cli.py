@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,9 @@ ENTRY_POINTS = {
 }
 
 
-def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 20.0) -> dict:
+def wait_for_file(
+    path: Path, proc: subprocess.Popen[bytes], timeout: float = 20.0
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert proc.poll() is None, f"emulator exited early: {proc.returncode}"

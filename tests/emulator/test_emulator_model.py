@@ -8,7 +8,7 @@ import pytest
 
 from emulator import engine_model as engine_model_module
 from emulator.ddr_pool import DdrPool
-from emulator.engine_model import EngineConfig, EngineModel
+from emulator.engine_model import Admission, EngineConfig, EngineModel
 from emulator.prefix_cache import PrefixCache, block_hashes, max_hit_blocks, root_hash
 from emulator.timing import Scheduler, TimingParams
 from emulator.tokenize import Tokenizer, render_chat
@@ -81,7 +81,9 @@ def model(hbm_tokens: int = 10_000) -> EngineModel:
     return EngineModel(EngineConfig(model="m", block_size=BS, hbm_tokens=hbm_tokens))
 
 
-def run(m: EngineModel, tokens: list[int], ddr: int | None = None, max_tokens: int = 1):
+def run(
+    m: EngineModel, tokens: list[int], ddr: int | None = None, max_tokens: int = 1
+) -> Admission:
     admission = m.admit(0.0, m.probe(tokens), max_tokens, ddr)
     m.finish(admission)
     return admission
