@@ -21,6 +21,18 @@ from emulator.options import DDR_POOL_FLEET_MULTIPLE, EmulatorOptions
 log = structlog.get_logger("emulator.command")
 
 
+def time_scale(text: str) -> float:
+    """A non-negative number or a fraction like ``1/60``."""
+    try:
+        num, _, den = text.partition("/")
+        value = float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError) as exc:
+        raise argparse.ArgumentTypeError(f"not a number or fraction: {text!r}") from exc
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's options (defaults: DESIGN.md's published figures)."""
     d = EmulatorOptions()
@@ -85,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a(
         "--time-scale",
-        type=float,
+        type=time_scale,
         default=d.time_scale,
         help="wall seconds per emulated second; 1/60 runs an hour in a minute; 0 = never wait "
         "(%(default)s)",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import socket
@@ -13,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from emulator.command import add_arguments
 
 # The checkout root, so the children import this tree's `emulator` whatever the caller's cwd.
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,3 +85,13 @@ def test_cli_rejects_bad_options() -> None:
         [*ENTRY_POINTS["module"], "--instances", "0"], cwd=ROOT, capture_output=True, timeout=30
     )
     assert proc.returncode == 2 and b"instances" in proc.stderr
+
+
+def test_time_scale_accepts_fractions() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--time-scale", "1/60"]).time_scale == pytest.approx(1 / 60)
+    assert parser.parse_args(["--time-scale", "0"]).time_scale == 0
+    for bad in ("-1", "1/0", "fast"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--time-scale", bad])

@@ -237,3 +237,17 @@ def test_scheduler_state_stays_bounded_without_scrapes() -> None:
         s.schedule(float(i), prefill_s=0.1, decode_s=0.5)
     assert len(s._not_finished) <= 2 and len(s._not_started) <= 1
     assert s.occupancy(10_000.0) == (0, 0)
+
+
+def test_ddr_pool_memory_per_block_fits_one_million_in_250_mb() -> None:
+    import random
+    import tracemalloc
+
+    hashes = [random.getrandbits(64) for _ in range(100_000)]
+    tracemalloc.start()
+    pool = DdrPool(capacity_tokens=len(hashes) * BS, block_size=BS)
+    pool.insert(hashes)
+    traced, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    per_block = traced / len(hashes) + 32  # + the int object itself, allocated before tracing
+    assert per_block * 1_000_000 < 250e6
