@@ -13,6 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from control_plane.resources.bootstrap import static_bootstrap, to_json
+from control_plane.resources.names import RoutingMode
 from kvgate.config.dump import to_yaml
 from kvgate.config.model import Config, Etcd, HostPort
 from kvgate.runtime.child import Child, ChildFailed
@@ -34,6 +35,8 @@ class Stack:
     workdir: Path
     report: Callable[[str], None] = lambda line: None
     ready_timeout: float = 30.0
+    # Baseline modes are Envoy alone (no etcd, control plane or ext_proc): for comparisons.
+    mode: RoutingMode = RoutingMode.AFFINITY
     components: list[Component] = field(default_factory=list)
     ext_procs: list[Child] = field(default_factory=list)
     envoy: Child | None = None
@@ -49,10 +52,11 @@ class Stack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._check_ports()
         try:
-            await self._start_etcd()
-            await self._start_control_plane()
-            for index, address in enumerate(self.config.ext_proc.addresses):
-                await self._start_ext_proc(index, address)
+            if self.mode is RoutingMode.AFFINITY:
+                await self._start_etcd()
+                await self._start_control_plane()
+                for index, address in enumerate(self.config.ext_proc.addresses):
+                    await self._start_ext_proc(index, address)
             await self._start_envoy()
         except BaseException:
             await self.stop()
@@ -67,10 +71,13 @@ class Stack:
     def _check_ports(self) -> None:
         wanted = [
             ("gateway listener", self.config.listener),
-            ("control-plane admin", self.config.control_plane.admin),
             ("Envoy admin", self.config.envoy_admin),
-            *(("ext_proc", a) for a in self.config.ext_proc.addresses),
         ]
+        if self.mode is RoutingMode.AFFINITY:
+            wanted += [
+                ("control-plane admin", self.config.control_plane.admin),
+                *(("ext_proc", a) for a in self.config.ext_proc.addresses),
+            ]
         busy = [f"{name} {addr}" for name, addr in wanted if port_in_use(addr.host, addr.port)]
         if busy:
             raise ChildFailed(f"port already in use: {', '.join(busy)} (change it in the YAML)")
@@ -126,7 +133,7 @@ class Stack:
 
     async def _start_envoy(self) -> None:
         bootstrap = self.workdir / "envoy.json"
-        bootstrap.write_text(to_json(static_bootstrap(self.config)))
+        bootstrap.write_text(to_json(static_bootstrap(self.config, mode=self.mode)))
         child = envoy_child(bootstrap, self.workdir / "envoy.log")
         await self._launch(
             child,

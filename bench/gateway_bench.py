@@ -1,0 +1,192 @@
+"""Gateway benchmark: the same traffic through Envoy + ext_proc (kvgate) and through Envoy's
+ring_hash alone, in one run, on this machine. Prints latency and max rate, and their ratios.
+
+    python bench/gateway_bench.py [--duration 8] [--sessions 1000] [--replicas 1,2]
+
+Needs `wrk` (Debian: apt-get install wrk). Upstreams are a separate Envoy answering with a
+direct response, so the engines never limit the measurement. Figures are for known sessions
+(a warm-up binds every session first), which is the hot path kvgate is built for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from control_plane.resources.names import RoutingMode
+from kvgate.config import Config, load_text
+from kvgate.config.model import HostPort
+from kvgate.runtime.child import Child
+from kvgate.runtime.envoy import envoy_binary, envoy_ready
+from kvgate.runtime.ports import free_port
+from kvgate.up.stack import Stack
+
+LUA = """
+local n = 0
+local sessions = {sessions}
+request = function()
+  n = n + 1
+  return wrk.format("GET", "/v1/bench", {{["x-session-id"] = "bench-" .. (n % sessions)}})
+end
+"""
+
+
+def upstream_bootstrap(ports: list[int], admin: int) -> dict[str, object]:
+    """An Envoy that answers 200 on every port: upstreams far faster than the gateway."""
+    def listener(port: int) -> dict[str, object]:
+        return {
+            "name": f"up{port}",
+            "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+            "filter_chains": [{"filters": [{
+                "name": "envoy.filters.network.http_connection_manager",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.network."
+                             "http_connection_manager.v3.HttpConnectionManager",
+                    "stat_prefix": "up",
+                    "route_config": {"virtual_hosts": [{
+                        "name": "all", "domains": ["*"],
+                        "routes": [{"match": {"prefix": "/"},
+                                    "direct_response": {"status": 200, "body": {
+                                        "inline_string": json.dumps({"upstream": port})}}}],
+                    }]},
+                    "http_filters": [{
+                        "name": "envoy.filters.http.router",
+                        "typed_config": {"@type": "type.googleapis.com/"
+                                         "envoy.extensions.filters.http.router.v3.Router"},
+                    }],
+                },
+            }]}],
+        }
+    return {
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        "static_resources": {"listeners": [listener(p) for p in ports]},
+    }
+
+
+def gateway_config(upstreams: list[int], replicas: int) -> Config:
+    text = json.dumps({
+        "listener": {"port": free_port()},
+        "envoy_admin": {"port": free_port()},
+        "control_plane": {"xds": f"127.0.0.1:{free_port()}", "admin": f"127.0.0.1:{free_port()}"},
+        "ext_proc": {"address": [f"127.0.0.1:{free_port()}" for _ in range(replicas)],
+                     "metrics": f"127.0.0.1:{free_port()}"},
+        "pools": [{"name": "bench", "endpoints": [f"127.0.0.1:{p}" for p in upstreams]}],
+    })
+    return load_text(text)
+
+
+def wrk(url: str, script: Path, connections: int, seconds: float) -> dict[str, float]:
+    out = subprocess.run(
+        ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    def latency(pct: str) -> float:
+        match = re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", out, re.M)
+        assert match, out
+        return float(match[1]) * {"us": 1e-6, "ms": 1e-3, "s": 1.0}[match[2]]
+    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    assert rate, out
+    return {"p50": latency("50"), "p99": latency("99"), "rps": float(rate[1]),
+            "non2xx": float(errors[1]) if errors else 0.0}
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def decisions(config: Config) -> float:
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"http://{config.ext_proc.metrics}/metrics")).text
+    return sum(float(v) for v in re.findall(r"^kvgate_ext_proc_decisions_total\{.*\} (\S+)$",
+                                           text, re.M))
+
+
+async def measure(stack: Stack, script: Path, args: argparse.Namespace) -> dict[str, float]:
+    url = f"http://{stack.config.listener}"
+    async with httpx.AsyncClient(base_url=url) as http:  # warm-up: bind every session
+        for n in range(args.sessions):
+            reply = await http.get("/v1/bench", headers={"x-session-id": f"bench-{n}"})
+            assert reply.status_code == 200, reply.text
+    low = await asyncio.to_thread(wrk, url, script, 1, args.duration / 2)
+    pids = [c.pid for c in stack.ext_procs if c.pid]
+    cpu_before = sum(cpu_seconds(p) for p in pids)
+    decided_before = await decisions(stack.config) if pids else 0.0
+    high = await asyncio.to_thread(wrk, url, script, args.connections, args.duration)
+    result = {"p50": low["p50"], "p99": low["p99"], "rps": high["rps"],
+              "loaded_p50": high["p50"], "loaded_p99": high["p99"],
+              "errors": low["non2xx"] + high["non2xx"]}
+    if pids:
+        cpu = sum(cpu_seconds(p) for p in pids) - cpu_before
+        result["decisions_per_cpu_s"] = (await decisions(stack.config) - decided_before) / cpu
+        result["ext_proc_cpu_share"] = cpu / args.duration
+    return result
+
+
+async def main(args: argparse.Namespace) -> None:
+    if not shutil.which("wrk"):
+        sys.exit("wrk not found: apt-get install wrk")
+    work = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
+    script = work / "sessions.lua"
+    script.write_text(LUA.format(sessions=args.sessions))
+    ports = [free_port() for _ in range(4)]
+    upstream_admin = free_port()
+    (work / "upstreams.json").write_text(json.dumps(upstream_bootstrap(ports, upstream_admin)))
+    upstream = Child("upstreams", [envoy_binary(), "-c", str(work / "upstreams.json"),
+                                    "--concurrency", "1", "--disable-hot-restart",
+                                    "--log-level", "error"], work / "upstreams.log")
+    await upstream.start()
+    await upstream.wait_ready(lambda: envoy_ready(HostPort("127.0.0.1", upstream_admin)), 30)
+    results: dict[str, dict[str, float]] = {}
+    try:
+        runs = [("ring_hash (Envoy alone)", RoutingMode.RING_HASH, 1)]
+        runs += [(f"kvgate, {n} ext_proc", RoutingMode.AFFINITY, n) for n in args.replicas]
+        for name, mode, replicas in runs:
+            config = gateway_config(ports, replicas)
+            stack = Stack(config, work / name.replace(" ", "_"), mode=mode)
+            await stack.start()
+            try:
+                results[name] = await measure(stack, script, args)
+            finally:
+                await stack.stop()
+            print(f"measured {name}", file=sys.stderr)
+    finally:
+        await upstream.stop()
+    report(results)
+
+
+def report(results: dict[str, dict[str, float]]) -> None:
+    base = results["ring_hash (Envoy alone)"]
+    print(f"{'mode':<26}{'p50 ms':>9}{'p99 ms':>9}{'max req/s':>11}{'x base':>8}"
+          f"{'added p50':>11}{'decisions/ext_proc CPU-s':>26}")
+    for name, r in results.items():
+        per_cpu = r.get("decisions_per_cpu_s")
+        print(f"{name:<26}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}{r['rps']:>11.0f}"
+              f"{r['rps'] / base['rps']:>8.2f}{(r['p50'] - base['p50']) * 1e3:>9.3f}ms"
+              f"{'' if per_cpu is None else f'{per_cpu:,.0f}':>26}")
+    errors = sum(r["errors"] for r in results.values())
+    print(f"non-2xx responses: {errors:.0f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--replicas", type=lambda s: [int(x) for x in s.split(",")],
+                        default=[1, 2])
+    asyncio.run(main(parser.parse_args()))
+
