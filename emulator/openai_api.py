@@ -82,7 +82,7 @@ def _prompt(body: Mapping[str, Any]) -> tuple[str | None, list[int] | None]:
     if (
         isinstance(prompt, list)
         and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
+        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**31 for t in prompt)
     ):
         return None, list(prompt)
     if prompt is None:

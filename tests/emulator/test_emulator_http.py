@@ -207,8 +207,9 @@ async def test_malformed_requests_get_400s_and_the_instance_keeps_serving(
             assert needle in payload["error"]["message"], (body, payload)
     async with http.post(f"http://{engine}/v1/completions", json={"prompt": ""}) as resp:
         assert resp.status == 400 and "empty" in (await resp.json())["error"]["message"]
-    async with http.post(f"http://{engine}/v1/completions", json={"prompt": [1.5]}) as resp:
-        assert resp.status == 400
+    for prompt in ([1.5], [2**70], [-1], {"a": 1}):
+        async with http.post(f"http://{engine}/v1/completions", json={"prompt": prompt}) as resp:
+            assert resp.status == 400 and "prompt" in (await resp.json())["error"]["message"]
     async with http.get(f"http://{engine}/v1/nothing") as resp:
         assert resp.status == 404 and resp.headers["x-engine-id"] == engine
     async with client(engine) as c:
