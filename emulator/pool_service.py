@@ -5,19 +5,46 @@ Endpoints (JSON; hashes are unsigned 64-bit integers):
 - ``POST /v1/lookup``  ``{"hashes": [h, ...]}`` -> ``{"hits": n}``, n = leading hashes present
 - ``POST /v1/insert``  ``{"hashes": [h, ...]}`` -> ``{"inserted": k}``, k = new blocks
 - ``GET /v1/stats`` -> counters and occupancy; ``GET /health`` -> ``ok``
+- ``GET /metrics`` -> the same as Prometheus text (``kvgate_ddr_pool_*``)
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from emulator.ddr_pool import DdrPool
 
 POOL_KEY: web.AppKey[DdrPool] = web.AppKey("ddr_pool", DdrPool)
+REGISTRY_KEY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
+
+
+class PoolCollector(Collector):
+    """The pool's counters at scrape time, under ``kvgate_ddr_pool_*``."""
+
+    def __init__(self, pool: DdrPool) -> None:
+        self._pool = pool
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the metric families."""
+        stats = self._pool.stats()
+        yield GaugeMetricFamily("kvgate_ddr_pool_blocks", "Blocks held.", stats["blocks"])
+        yield GaugeMetricFamily(
+            "kvgate_ddr_pool_capacity_blocks", "Capacity in blocks.", stats["capacity_blocks"]
+        )
+        for key, doc in (
+            ("lookups", "Lookup batches served."),
+            ("hit_blocks", "Blocks found by lookups."),
+            ("inserted_blocks", "New blocks stored."),
+            ("evictions", "Blocks evicted (LRU)."),
+        ):
+            yield CounterMetricFamily(f"kvgate_ddr_pool_{key}", doc, stats[key])
 
 
 class PoolClient(Protocol):
@@ -138,12 +165,21 @@ async def _health(request: web.Request) -> web.Response:
     return web.Response(text="ok")
 
 
+async def _metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[REGISTRY_KEY])
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
 def make_pool_app(pool: DdrPool) -> web.Application:
     """The aiohttp application serving ``pool``."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app[POOL_KEY] = pool
+    registry = CollectorRegistry(auto_describe=False)  # per app: never the global registry
+    registry.register(PoolCollector(pool))
+    app[REGISTRY_KEY] = registry
     app.router.add_post("/v1/lookup", _lookup)
     app.router.add_post("/v1/insert", _insert)
     app.router.add_get("/v1/stats", _stats)
     app.router.add_get("/health", _health)
+    app.router.add_get("/metrics", _metrics)
     return app

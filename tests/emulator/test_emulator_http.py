@@ -324,3 +324,21 @@ async def test_a_busy_port_fails_start_and_leaves_nothing_listening() -> None:
             await fleet.start()
         assert fleet.pool_url is not None
         assert await refused(fleet.pool_url.removeprefix("http://"))
+
+
+async def test_pool_service_api_and_metrics(fleet: Fleet, http: aiohttp.ClientSession) -> None:
+    url = fleet.pool_url
+    async with http.post(f"{url}/v1/insert", json={"hashes": [11, 12, 13]}) as resp:
+        assert (await resp.json()) == {"inserted": 3}
+    async with http.post(f"{url}/v1/lookup", json={"hashes": [11, 12, 99, 13]}) as resp:
+        assert (await resp.json()) == {"hits": 2}
+    async with http.post(f"{url}/v1/lookup", json={"hashes": ["x"]}) as resp:
+        assert resp.status == 400
+    async with http.post(f"{url}/v1/lookup", data=b"nope") as resp:
+        assert resp.status == 400
+    async with http.get(f"{url}/metrics") as resp:
+        text = await resp.text()
+    samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples["kvgate_ddr_pool_blocks"] == 3
+    assert samples["kvgate_ddr_pool_hit_blocks_total"] == 2
+    assert samples["kvgate_ddr_pool_inserted_blocks_total"] == 3
