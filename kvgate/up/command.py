@@ -7,15 +7,31 @@ import asyncio
 import signal
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
-from kvgate.config import Config, ConfigError, load_file
+import yaml
+
+from kvgate.config import Config, ConfigError, load_file, load_text
+from kvgate.config.dump import to_yaml
 from kvgate.runtime.child import ChildFailed
 from kvgate.up.stack import Stack
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-c", "--config", help="kvgate YAML file (default: built-in defaults)")
+    parser.add_argument(
+        "--engines", help="comma-separated engine URLs to front (instead of the YAML's pools)",
+    )
+    parser.add_argument(
+        "--emulated", type=int, default=4, metavar="N",
+        help="with no engines configured: run N emulated vLLM engines sharing a DDR pool "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--time-scale", default="1",
+        help="emulated engines only: wall seconds per emulated second, e.g. 1/60 (default 1)",
+    )
     parser.add_argument(
         "--workdir", help="where logs, rendered configs and embedded etcd data go "
         "(default: a new temporary directory)",
@@ -29,23 +45,45 @@ def run(args: argparse.Namespace) -> int:
         print(exc.render(), file=sys.stderr)
         print("kvgate up: configuration rejected; nothing was started", file=sys.stderr)
         return 1
-    if not config.pools:
-        print("kvgate up: pools: no engines configured; list them in the YAML", file=sys.stderr)
-        return 1
+    if args.engines:
+        try:
+            config = with_engines(config, args.engines)
+        except ConfigError as exc:
+            print(exc.render(), file=sys.stderr)
+            print("kvgate up: --engines rejected; nothing was started", file=sys.stderr)
+            return 1
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="kvgate-up-"))
-    return asyncio.run(_up(config, workdir))
+    stack = Stack(
+        config, workdir, report=_say,
+        emulated_engines=0 if config.pools else args.emulated,
+        emulator_args=("--time-scale", args.time_scale),
+    )
+    if not config.pools and args.emulated < 1:
+        print("kvgate up: no engines: configure pools, pass --engines, or --emulated N",
+              file=sys.stderr)
+        return 1
+    return asyncio.run(_up(stack, workdir))
+
+
+def with_engines(config: Config, engines: str) -> Config:
+    """The config fronting `engines` (URLs or host:port, comma separated) as its one pool."""
+    items = [e.strip() for e in engines.split(",") if e.strip()]
+    text = to_yaml(replace(config, pools=(), routes=()))
+    data = yaml.safe_load(text)
+    data["pools"] = [{"name": "default", "endpoints": items}]
+    data["routes"] = []
+    return load_text(yaml.safe_dump(data), source="--engines")
 
 
 def _say(line: str) -> None:
     print(line, flush=True)
 
 
-async def _up(config: Config, workdir: Path) -> int:
+async def _up(stack: Stack, workdir: Path) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    stack = Stack(config, workdir, report=_say)
     _say(f"kvgate up: starting (logs in {workdir})")
     starting = asyncio.create_task(stack.start())
     stopping = asyncio.create_task(stop.wait())
@@ -81,7 +119,16 @@ def _print_ready(stack: Stack) -> None:
     _say(f"  Envoy admin: http://{config.envoy_admin}")
     _say(f"  engines: {', '.join(engines)}")
     header = config.session.headers[0]
-    _say(f"  try: curl -s http://{config.listener}/v1/models -H '{header}: demo-1'")
+    url = f"http://{config.listener}"
+    _say("")
+    _say("  try it (the session header keeps a conversation on the engine holding its KV cache):")
+    _say(f"    curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\")
+    _say(f"      -H '{header}: demo-1' -d '{{\"messages\": [{{\"role\": \"user\", "
+         f"\"content\": \"hello\"}}]}}' -i | grep -i x-engine-id")
+    _say(f"    python -c \"import openai; c = openai.OpenAI(base_url='{url}/v1', api_key='-'); "
+         f"m = c.models.list().data[0].id; print(c.chat.completions.create(model=m, "
+         f"messages=[{{'role': 'user', 'content': 'hi'}}], "
+         f"extra_headers={{'{header}': 'demo-1'}}).usage)\"")
     _say("  Ctrl-C stops everything.")
 
 

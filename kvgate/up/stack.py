@@ -4,6 +4,7 @@ ext_proc replicas → Envoy. Started in that order, each waited for; stopped in 
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -15,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from control_plane.resources.bootstrap import static_bootstrap, to_json
 from control_plane.resources.names import RoutingMode
 from kvgate.config.dump import to_yaml
-from kvgate.config.model import Config, Etcd, HostPort
+from kvgate.config.model import Config, Endpoint, Etcd, HostPort, Pool, Route, RouteMatch
 from kvgate.runtime.child import Child, ChildFailed
 from kvgate.runtime.envoy import envoy_child, envoy_ready
 from kvgate.runtime.etcd import embedded_etcd, etcd_ready
@@ -37,6 +38,10 @@ class Stack:
     ready_timeout: float = 30.0
     # Baseline modes are Envoy alone (no etcd, control plane or ext_proc): for comparisons.
     mode: RoutingMode = RoutingMode.AFFINITY
+    # With no pools configured: this many emulated engines sharing one DDR pool (`kvgate emulate`).
+    emulated_engines: int = 0
+    emulator_args: tuple[str, ...] = ()
+    fleet: Child | None = None
     components: list[Component] = field(default_factory=list)
     ext_procs: list[Child] = field(default_factory=list)
     envoy: Child | None = None
@@ -52,6 +57,8 @@ class Stack:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self._check_ports()
         try:
+            if self.emulated_engines and not self.config.pools:
+                await self._start_fleet()
             if self.mode is RoutingMode.AFFINITY:
                 await self._start_etcd()
                 await self._start_control_plane()
@@ -81,6 +88,39 @@ class Stack:
         busy = [f"{name} {addr}" for name, addr in wanted if port_in_use(addr.host, addr.port)]
         if busy:
             raise ChildFailed(f"port already in use: {', '.join(busy)} (change it in the YAML)")
+
+    async def _start_fleet(self) -> None:
+        ready = self.workdir / "fleet.json"
+        ready.unlink(missing_ok=True)
+        child = Child(
+            "engines",
+            [
+                sys.executable, "-m", "emulator", "--instances", str(self.emulated_engines),
+                "--port", "0", "--ready-file", str(ready), *self.emulator_args,
+            ],
+            self.workdir / "engines.log",
+        )
+
+        async def listening() -> bool:
+            return ready.exists()
+
+        await self._launch(child, f"{self.emulated_engines} emulated vLLM engines + DDR pool",
+                           listening)
+        fleet = json.loads(ready.read_text())
+        pool = Pool(
+            name="default",
+            kv_pool="ddr-pool" if fleet.get("pool_url") else "none",
+            endpoints=tuple(
+                Endpoint(HostPort(*_split(address)), "ddr-pool" if fleet.get("pool_url") else
+                         f"hbm-{i}")
+                for i, address in enumerate(fleet["engines"])
+            ),
+        )
+        self.config = replace(self.config, pools=(pool,),
+                              routes=(Route(RouteMatch("/"), pool.name),))
+        self.fleet = child
+        self.report(f"  {'':<12}        engines {', '.join(fleet['engines'])}; "
+                    f"DDR pool {fleet.get('pool_url')}")
 
     async def _start_etcd(self) -> None:
         if self.config.etcd.endpoints is not None:
@@ -149,6 +189,11 @@ class Stack:
         await child.start()
         await child.wait_ready(probe, self.ready_timeout)
         self.report(f"  {child.name:<12} ready  {where}  (pid {child.pid})")
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
 
 
 async def grpc_serving(address: HostPort) -> bool:

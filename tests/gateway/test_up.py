@@ -106,3 +106,59 @@ async def test_up_with_bad_config_reports_field_path_and_starts_nothing(tmp_path
     assert process.returncode == 1
     assert "pools[0].endpoints[1]: port must be 1..65535, got 99999" in text
     assert "nothing was started" in text
+
+
+async def test_up_with_emulated_fleet_keeps_a_conversation_on_one_engine(tmp_path: Path) -> None:
+    import openai
+
+    ports = {
+        "listener": {"port": free_port()},
+        "envoy_admin": {"port": free_port()},
+        "control_plane": {"xds": f"127.0.0.1:{free_port()}", "admin": f"127.0.0.1:{free_port()}"},
+        "ext_proc": {"address": f"127.0.0.1:{free_port()}", "metrics": f"127.0.0.1:{free_port()}"},
+    }
+    path = tmp_path / "ports-only.yaml"
+    path.write_text(yaml.safe_dump(ports))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvgate", "up", "-c", str(path), "--time-scale", "0",
+        "--workdir", str(tmp_path / "w"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        assert process.stdout is not None
+        output = await _read_until(process.stdout, "Ctrl-C stops everything", 60)
+        pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
+        assert len(pids) == 5, output  # engines, etcd, control plane, ext_proc, Envoy
+        client = openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{ports['listener']['port']}/v1", api_key="unused"
+        )
+        model = (await client.models.list()).data[0].id
+        code = "def handler(event):\n    return event\n" * 200
+        messages: list[dict[str, str]] = [
+            {"role": "system", "content": "You are a coding assistant.\n" + code}
+        ]
+        engines, cached = set(), []
+        for turn in range(10):
+            messages.append({"role": "user", "content": f"Question {turn}: refactor it."})
+            raw = await client.chat.completions.with_raw_response.create(
+                model=model, messages=messages, extra_headers={"x-session-id": "dev-42"}
+            )
+            completion = raw.parse()
+            engines.add(raw.headers["x-engine-id"])
+            details = completion.usage.prompt_tokens_details
+            cached.append((details.cached_tokens if details else 0, completion.usage.prompt_tokens))
+            messages.append(
+                {"role": "assistant", "content": completion.choices[0].message.content or ""}
+            )
+        await client.close()
+        assert len(engines) == 1
+        assert cached[0][0] == 0
+        assert all(hit >= 0.9 * (total - 200) for hit, total in cached[1:]), cached
+        process.send_signal(signal.SIGINT)
+        rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
+        assert await process.wait() == 0, rest
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert [pid for pid in pids if _alive(pid)] == []
