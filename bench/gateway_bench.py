@@ -89,7 +89,8 @@ def gateway_config(upstreams: list[int], replicas: int) -> Config:
 
 def wrk(url: str, script: Path, connections: int, seconds: float) -> dict[str, float]:
     out = subprocess.run(
-        ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency", "-s", str(script), url],
+        ["wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--latency",
+         "-s", str(script), url],
         capture_output=True, text=True, check=True,
     ).stdout
     def latency(pct: str) -> float:

@@ -6,10 +6,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from control_plane.resources import gateway_listener, pool_cluster, route_configuration
-from control_plane.resources.bootstrap import static_bootstrap, to_json
-from control_plane.resources.names import RoutingMode
 from envoy.config.core.v3 import health_check_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
@@ -17,6 +13,10 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm,
 )
 from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2
+
+from control_plane.resources import gateway_listener, pool_cluster, route_configuration
+from control_plane.resources.bootstrap import static_bootstrap, to_json
+from control_plane.resources.names import RoutingMode
 from kvgate.config import load_file
 from kvgate.runtime.envoy import envoy_binary
 
