@@ -10,7 +10,7 @@ import structlog
 
 from control_plane.health.tracker import HealthTracker
 from kvgate.config.model import Config, Endpoint, Pool
-from kvgate.endpoints.records import EndpointRecord, record_key
+from kvgate.endpoints import EndpointRecords, UnknownEndpoint
 from kvgate.etcd import EtcdClient, EtcdUnavailable
 
 log = structlog.get_logger("kvgate.health")
@@ -19,7 +19,7 @@ log = structlog.get_logger("kvgate.health")
 class HealthChecker:
     def __init__(self, config: Config, client: EtcdClient) -> None:
         self._config = config
-        self._client = client
+        self._records = EndpointRecords(client, config.etcd.prefix)
         self._tasks: list[asyncio.Task[None]] = []
         self._http: aiohttp.ClientSession | None = None
         self.states: dict[str, str] = {}
@@ -64,12 +64,15 @@ class HealthChecker:
             return False
 
     async def _publish(self, pool: Pool, endpoint: Endpoint, state: str) -> None:
-        record = EndpointRecord(pool.name, endpoint.key, endpoint.kv_pool, endpoint.weight)
-        key = record_key(self._config.etcd.prefix, pool.name, endpoint.key)
+        healthy = state != "failed"
         for _ in range(20):
             try:
-                await self._client.put(key, replace(record, state=state).encode())
+                await self._records.update(
+                    pool.name, endpoint.key, lambda r: replace(r, healthy=healthy)
+                )
                 return
+            except UnknownEndpoint:
+                return  # removed from the config meanwhile
             except EtcdUnavailable as exc:
                 log.warning("endpoint_publish_failed", endpoint=endpoint.key, error=str(exc))
                 await asyncio.sleep(0.5)

@@ -2,5 +2,9 @@
 
 from kvgate.endpoints.directory import EndpointDirectory
 from kvgate.endpoints.records import EndpointRecord, seed_from_config
+from kvgate.endpoints.store import EndpointRecords, UnknownEndpoint
 
-__all__ = ["EndpointDirectory", "EndpointRecord", "seed_from_config"]
+__all__ = [
+    "EndpointDirectory", "EndpointRecord", "EndpointRecords", "UnknownEndpoint",
+    "seed_from_config",
+]

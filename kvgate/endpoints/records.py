@@ -1,9 +1,14 @@
-"""Endpoint records in etcd: `{prefix}endpoints/{pool}/{ip:port}` → {state, kv_pool, weight}."""
+"""Endpoint records in etcd: `{prefix}endpoints/{pool}/{ip:port}`.
+
+A record keeps what an operator decided (`admin`: active, draining or failed, with a drain
+deadline) apart from what health checks observed (`healthy`); `state` is derived from both and is
+all that ext_proc reads.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvgate.config.model import Config
 from kvgate.etcd import EtcdClient
@@ -17,20 +22,33 @@ class EndpointRecord:
     address: str
     kv_pool: str
     weight: int = 1
-    state: str = "active"
+    admin: str = "active"  # the operator's word: active | draining | failed
+    healthy: bool = True  # the health checks' word
+    drain_deadline: float | None = None  # unix time; past it a draining endpoint's sessions move
+
+    @property
+    def state(self) -> str:
+        if self.admin == "failed" or not self.healthy:
+            return "failed"
+        return self.admin
 
     def encode(self) -> bytes:
-        return json.dumps(
-            {"state": self.state, "kv_pool": self.kv_pool, "weight": self.weight}
-        ).encode()
+        return json.dumps({
+            "state": self.state, "admin": self.admin, "healthy": self.healthy,
+            "drain_deadline": self.drain_deadline, "kv_pool": self.kv_pool, "weight": self.weight,
+        }).encode()
 
     @classmethod
     def decode(cls, pool: str, address: str, value: bytes) -> EndpointRecord:
         data = json.loads(value)
         state = str(data.get("state", "active"))
-        if state not in STATES:
-            raise ValueError(f"unknown endpoint state {state!r}")
-        return cls(pool, address, str(data["kv_pool"]), int(data.get("weight", 1)), state)
+        admin = str(data.get("admin", "active" if state == "failed" else state))
+        if state not in STATES or admin not in STATES:
+            raise ValueError(f"unknown endpoint state {state!r}/{admin!r}")
+        healthy = bool(data.get("healthy", state != "failed" or admin == "failed"))
+        deadline = data.get("drain_deadline")
+        return cls(pool, address, str(data["kv_pool"]), int(data.get("weight", 1)), admin,
+                   healthy, None if deadline is None else float(deadline))
 
 
 def endpoints_prefix(prefix: str) -> bytes:
@@ -49,20 +67,24 @@ async def seed_from_config(client: EtcdClient, config: Config) -> None:
     """
     prefix = config.etcd.prefix
     existing, _ = await client.get_prefix(endpoints_prefix(prefix))
-    states: dict[bytes, str] = {}
+    current: dict[bytes, EndpointRecord | None] = {}
     for kv in existing:
+        pool, _, address = kv.key[len(endpoints_prefix(prefix)):].decode().partition("/")
         try:
-            states[kv.key] = json.loads(kv.value).get("state", "active")
-        except ValueError:
-            states[kv.key] = "active"
+            current[kv.key] = EndpointRecord.decode(pool, address, kv.value)
+        except (ValueError, KeyError, TypeError):
+            current[kv.key] = None  # unreadable: rewritten from the YAML below
     wanted: set[bytes] = set()
     for pool in config.pools:
         for endpoint in pool.endpoints:
             key = record_key(prefix, pool.name, endpoint.key)
             wanted.add(key)
-            state = states.get(key, "active")
-            record = EndpointRecord(pool.name, endpoint.key, endpoint.kv_pool, endpoint.weight,
-                                    state if state in STATES else "active")
-            await client.put(key, record.encode())
-    for key in states.keys() - wanted:
+            old = current.get(key)
+            record = EndpointRecord(pool.name, endpoint.key, endpoint.kv_pool, endpoint.weight)
+            if old is not None:
+                record = replace(record, admin=old.admin, healthy=old.healthy,
+                                 drain_deadline=old.drain_deadline)
+            if old != record:
+                await client.put(key, record.encode())
+    for key in current.keys() - wanted:
         await client.delete(key)
