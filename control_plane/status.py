@@ -1,0 +1,28 @@
+"""What `kvgate status` shows about the control plane itself and the Envoys it serves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStatus:
+    """One Envoy (xDS node) connected to this control-plane replica."""
+
+    node_id: str
+    cluster: str
+    connected_at: float  # unix time
+    acked: dict[str, str] = field(default_factory=dict)  # type URL → version Envoy accepted
+    nacks: int = 0
+    last_nack: str | None = None  # Envoy's error message for the last rejected version
+    last_nack_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ControlPlaneStatus:
+    identity: str  # this replica
+    leader: str | None  # the replica holding leadership now (None: none elected)
+    config_version: str  # the snapshot version being served
+    config_source: str  # the YAML file
+    nodes: tuple[NodeStatus, ...] = ()
+    last_reload_error: str | None = None
