@@ -144,6 +144,8 @@ def test_commands_ports_and_addresses_match_the_mounted_config(
     assert option(cp, "--etcd") == etcd_endpoints
     assert config.control_plane.xds.host == "0.0.0.0"
     assert "KVGATE_ADMIN_TOKEN" in services["control-plane"]["environment"]
+    assert f"127.0.0.1:{config.control_plane.admin.port}'" in (
+        services["control-plane"]["healthcheck"]["test"][-1])
     assert f"127.0.0.1:{config.control_plane.admin.port}:{config.control_plane.admin.port}" in (
         services["control-plane"]["ports"])
 
