@@ -4,20 +4,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
+from dataclasses import replace
+from pathlib import Path
 
-from control_plane.service import ControlPlaneService
+from control_plane.service import ControlPlaneOptions, ControlPlaneService
 from kvgate.config import ConfigError, load_file
 from kvgate.config.fields import Fields
+from kvgate.config.model import HostPort
 from kvgate.observability.logs import configure_logging
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("-c", "--config", required=True, help="kvgate YAML file")
+    parser.add_argument("-c", "--config", required=True, help="kvgate YAML file (reloaded on "
+                        "SIGHUP and when it changes)")
     parser.add_argument("--etcd", help="comma-separated etcd endpoints (default: etcd.endpoints)")
+    parser.add_argument("--xds", help="HOST:PORT for ADS (default: control_plane.xds)")
     parser.add_argument("--admin", help="HOST:PORT of the admin API (default: control_plane.admin)")
+    parser.add_argument("--admin-token-file", help="file holding the admin API bearer token "
+                        "(default: $KVGATE_ADMIN_TOKEN); required off loopback")
+    parser.add_argument("--metrics", help="HOST:PORT for /metrics and /healthz (default: none)")
+    parser.add_argument("--identity", help="this replica's name in leader election "
+                        "(default: hostname-pid)")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
+
+
+def _address(fields: Fields, text: str | None, flag: str, default: HostPort | None
+             ) -> HostPort | None:
+    return fields.host_port(text, (flag,), require_ip=False) if text else default
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,12 +50,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.config}: etcd.endpoints: required (or pass --etcd)", file=sys.stderr)
         return 1
     fields = Fields()
-    admin = (fields.host_port(args.admin, ("--admin",), require_ip=False)
-             if args.admin else config.control_plane.admin)
-    if admin is None:
+    admin = _address(fields, args.admin, "--admin", config.control_plane.admin)
+    xds = _address(fields, args.xds, "--xds", config.control_plane.xds)
+    metrics = _address(fields, args.metrics, "--metrics", None)
+    if fields.problems or admin is None or xds is None:
         print("\n".join(str(p) for p in fields.problems), file=sys.stderr)
         return 2
-    return asyncio.run(_serve(ControlPlaneService(config, etcd, admin)))
+    token = _token(args.admin_token_file)
+    config = replace(config, control_plane=replace(config.control_plane, xds=xds, admin=admin))
+    options = ControlPlaneOptions(
+        config_path=Path(args.config), etcd=etcd, admin=admin, metrics=metrics,
+        admin_token=token, **({"identity": args.identity} if args.identity else {}),
+    )
+    return asyncio.run(_serve(ControlPlaneService(config, options)))
+
+
+def _token(path: str | None) -> str | None:
+    if path:
+        text = Path(path).read_text().strip()
+    else:
+        text = os.environ.get("KVGATE_ADMIN_TOKEN", "").strip()
+    return text or None
 
 
 async def _serve(service: ControlPlaneService) -> int:
@@ -47,9 +78,10 @@ async def _serve(service: ControlPlaneService) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, service.request_reload)
     try:
         await service.start()
-    except (OSError, Exception) as exc:
+    except Exception as exc:
         print(f"control plane: {exc}", file=sys.stderr)
         await service.stop(grace=0)
         return 1

@@ -110,5 +110,5 @@ class Decider:
         if target is None:
             raise NoActiveEndpoint(f"pool {pool!r} has no active endpoint")
         if current is None:
-            return await self._store.create(Binding(session, pool, target))
+            return await self._store.create(Binding(session, pool, target, hash=hash_value))
         return await self._store.move(current, target)

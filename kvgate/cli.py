@@ -15,6 +15,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ext-proc": ("ext_proc.command", "run the ext_proc routing service"),
     "control-plane": ("control_plane.command", "run the control plane (health, endpoint states)"),
     "emulate": ("emulator.command", "run an emulated vLLM fleet with a shared DDR KV pool"),
+    "endpoints": ("kvgate.admin_cli.endpoints", "list, drain, undrain or fail endpoints"),
+    "sessions": ("kvgate.admin_cli.sessions", "list, show or move session bindings"),
+    "status": ("kvgate.admin_cli.status", "control plane, Envoy nodes and endpoints at a glance"),
+    "bench": ("bench.command", "benchmark a gateway, or compare routing modes"),
+    "simulate": ("simulator.command", "simulate a fleet behind each routing mode"),
 }
 
 

@@ -1,58 +1,100 @@
-"""Probe every engine's health path; write state changes to its etcd endpoint record."""
+"""Probe every engine's health path; scrape its /metrics; publish state changes (leader only).
+
+Every replica probes, so a new leader starts from fresh observations; only the leader writes
+them to etcd, so replicas never fight over a record.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from dataclasses import replace
 
 import aiohttp
 import structlog
 
+from control_plane.health.scrape import LoadTracker
 from control_plane.health.tracker import HealthTracker
+from control_plane.operations import EndpointLoad
 from kvgate.config.model import Config, Endpoint, Pool
 from kvgate.endpoints import EndpointRecords, UnknownEndpoint
 from kvgate.etcd import EtcdClient, EtcdUnavailable
 
 log = structlog.get_logger("kvgate.health")
 
+SCRAPE_INTERVAL = 5.0
+
 
 class HealthChecker:
-    def __init__(self, config: Config, client: EtcdClient) -> None:
+    def __init__(
+        self, config: Config, client: EtcdClient, leading: Callable[[], bool] = lambda: True
+    ) -> None:
         self._config = config
+        self._client = client
         self._records = EndpointRecords(client, config.etcd.prefix)
+        self._leading = leading
         self._tasks: list[asyncio.Task[None]] = []
         self._http: aiohttp.ClientSession | None = None
-        self.states: dict[str, str] = {}
+        self.healthy: dict[tuple[str, str], bool] = {}
+        self.loads: dict[str, LoadTracker] = {}
+
+    def load(self, address: str) -> EndpointLoad:
+        tracker = self.loads.get(address)
+        return EndpointLoad() if tracker is None else tracker.current
 
     async def start(self) -> None:
         # Probes must not reuse a connection the engine has half-closed: one per probe.
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        self._spawn()
+
+    def _spawn(self) -> None:
         for pool in self._config.pools:
             for endpoint in pool.endpoints:
                 self._tasks.append(asyncio.create_task(
                     self._watch(pool, endpoint), name=f"health-{endpoint.key}"
                 ))
+                self._tasks.append(asyncio.create_task(
+                    self._scrape(pool, endpoint), name=f"scrape-{endpoint.key}"
+                ))
+
+    async def reconfigure(self, config: Config) -> None:
+        await self._cancel()
+        self._config = config
+        wanted = {(p.name, e.key) for p in config.pools for e in p.endpoints}
+        self.healthy = {k: v for k, v in self.healthy.items() if k in wanted}
+        self._spawn()
 
     async def stop(self) -> None:
+        await self._cancel()
+        if self._http is not None:
+            await self._http.close()
+
+    async def _cancel(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
-        if self._http is not None:
-            await self._http.close()
+
+    async def publish_all(self) -> None:
+        """On taking leadership: make etcd say what this replica observes."""
+        for (pool, address), healthy in list(self.healthy.items()):
+            await self._publish(pool, address, healthy)
 
     async def _watch(self, pool: Pool, endpoint: Endpoint) -> None:
         health = pool.health
-        tracker = HealthTracker(health.unhealthy_threshold, health.healthy_threshold)
+        key = (pool.name, endpoint.key)
+        tracker = HealthTracker(health.unhealthy_threshold, health.healthy_threshold,
+                                failed=not self.healthy.get(key, True))
+        self.healthy.setdefault(key, True)
         url = f"http://{endpoint.key}{health.path}"
-        self.states[endpoint.key] = "active"
         while True:
             changed = tracker.observe(await self._probe(url, health.timeout))
             if changed is not None:
-                state = "failed" if changed else "active"
-                self.states[endpoint.key] = state
-                log.warning("endpoint_health", pool=pool.name, endpoint=endpoint.key, state=state)
-                await self._publish(pool, endpoint, state)
+                self.healthy[key] = not changed
+                log.warning("endpoint_health", pool=pool.name, endpoint=endpoint.key,
+                            healthy=not changed)
+                await self._publish(pool.name, endpoint.key, not changed)
             await asyncio.sleep(health.interval)
 
     async def _probe(self, url: str, limit: float) -> bool:
@@ -63,16 +105,43 @@ class HealthChecker:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return False
 
-    async def _publish(self, pool: Pool, endpoint: Endpoint, state: str) -> None:
-        healthy = state != "failed"
+    async def _scrape(self, pool: Pool, endpoint: Endpoint) -> None:
+        assert self._http is not None
+        tracker = self.loads.setdefault(endpoint.key, LoadTracker())
+        url = f"http://{endpoint.key}/metrics"
+        while True:
+            try:
+                timeout = aiohttp.ClientTimeout(total=pool.health.timeout)
+                async with self._http.get(url, timeout=timeout) as reply:
+                    if reply.status == 200:
+                        tracker.update(await reply.text())
+                        await self._publish_load(pool.name, endpoint.key, tracker.current)
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                pass  # health probes decide about failure; load is best effort
+            await asyncio.sleep(SCRAPE_INTERVAL)
+
+    async def _publish(self, pool: str, address: str, healthy: bool) -> None:
+        if not self._leading():
+            return
         for _ in range(20):
             try:
-                await self._records.update(
-                    pool.name, endpoint.key, lambda r: replace(r, healthy=healthy)
-                )
+                await self._records.update(pool, address, lambda r: replace(r, healthy=healthy))
                 return
             except UnknownEndpoint:
                 return  # removed from the config meanwhile
             except EtcdUnavailable as exc:
-                log.warning("endpoint_publish_failed", endpoint=endpoint.key, error=str(exc))
+                log.warning("endpoint_publish_failed", endpoint=address, error=str(exc))
                 await asyncio.sleep(0.5)
+
+    async def _publish_load(self, pool: str, address: str, load: EndpointLoad) -> None:
+        if not self._leading():
+            return
+        key = f"{self._config.etcd.prefix}load/{pool}/{address}".encode()
+        value = json.dumps({
+            "running": load.running, "waiting": load.waiting,
+            "kv_cache_usage": load.kv_cache_usage, "hit_rate": load.hit_rate,
+        }).encode()
+        try:
+            await self._client.put(key, value)
+        except EtcdUnavailable:
+            pass

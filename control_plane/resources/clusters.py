@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ipaddress
+from collections.abc import Sequence
+
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
 from envoy.config.core.v3 import config_source_pb2, health_check_pb2, protocol_pb2
 from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2
@@ -23,7 +26,7 @@ from control_plane.resources.names import (
     RoutingMode,
     pool_cluster_name,
 )
-from kvgate.config.model import ExtProc, Pool
+from kvgate.config.model import ExtProc, HostPort, Pool
 
 # Envoy honours an override even to a DRAINING or UNHEALTHY host; only these may be overridden to.
 OVERRIDABLE = (health_check_pb2.HEALTHY, health_check_pb2.UNKNOWN)
@@ -109,30 +112,29 @@ def _balancing(mode: RoutingMode) -> cluster_pb2.LoadBalancingPolicy:
 
 
 def ext_proc_cluster(ext_proc: ExtProc) -> cluster_pb2.Cluster:
-    """The ext_proc replicas, over HTTP/2, skipped by Envoy when their gRPC health fails."""
+    """The ext_proc replicas, skipped by Envoy when their gRPC health fails."""
+    return grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=True)
+
+
+def grpc_cluster(
+    name: str, addresses: Sequence[HostPort], *, health_checked: bool
+) -> cluster_pb2.Cluster:
+    """A cluster of gRPC servers over HTTP/2; hostnames are resolved (STRICT_DNS)."""
     options = http_protocol_options_pb2.HttpProtocolOptions(
         explicit_http_config=http_protocol_options_pb2.HttpProtocolOptions.ExplicitHttpConfig(
             http2_protocol_options=protocol_pb2.Http2ProtocolOptions()
         )
     )
-    return cluster_pb2.Cluster(
-        name=EXT_PROC_CLUSTER,
-        type=cluster_pb2.Cluster.STATIC,
+    all_ips = all(_is_ip(a.host) for a in addresses)
+    cluster = cluster_pb2.Cluster(
+        name=name,
+        type=cluster_pb2.Cluster.STATIC if all_ips else cluster_pb2.Cluster.STRICT_DNS,
         connect_timeout=protos.duration(0.25),
         lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
-        load_assignment=static_hosts(EXT_PROC_CLUSTER, ext_proc.addresses),
+        load_assignment=static_hosts(name, addresses),
         typed_extension_protocol_options={
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": protos.pack(options)
         },
-        health_checks=[
-            health_check_pb2.HealthCheck(
-                timeout=protos.duration(0.5),
-                interval=protos.duration(1.0),
-                unhealthy_threshold=protos.u32(2),
-                healthy_threshold=protos.u32(1),
-                grpc_health_check=health_check_pb2.HealthCheck.GrpcHealthCheck(),
-            )
-        ],
         circuit_breakers=circuit_breaker_pb2.CircuitBreakers(
             thresholds=[
                 circuit_breaker_pb2.CircuitBreakers.Thresholds(
@@ -143,3 +145,22 @@ def ext_proc_cluster(ext_proc: ExtProc) -> cluster_pb2.Cluster:
             ]
         ),
     )
+    if health_checked:
+        cluster.health_checks.append(
+            health_check_pb2.HealthCheck(
+                timeout=protos.duration(0.5),
+                interval=protos.duration(1.0),
+                unhealthy_threshold=protos.u32(2),
+                healthy_threshold=protos.u32(1),
+                grpc_health_check=health_check_pb2.HealthCheck.GrpcHealthCheck(),
+            )
+        )
+    return cluster
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True

@@ -13,6 +13,7 @@ POOL_METADATA_KEY = "x-kvgate-pool"
 LISTENER_NAME = "kvgate_gateway"
 ROUTE_CONFIG_NAME = "kvgate_routes"
 EXT_PROC_CLUSTER = "kvgate_ext_proc"
+XDS_CLUSTER = "kvgate_xds"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 
 # Envoy's ring_hash defaults, pinned so ext_proc can rebuild the identical ring.

@@ -20,14 +20,19 @@ log = structlog.get_logger("kvgate.endpoints")
 class EndpointDirectory:
     def __init__(self, config: Config) -> None:
         self._prefix = f"{config.etcd.prefix}endpoints/".encode()
+        self._records: dict[str, dict[str, EndpointRecord]] = {}
+        self._views: dict[str, PoolView] = {}
+        self.reconfigure(config)
+
+    def reconfigure(self, config: Config) -> None:
+        """A reloaded config: its pools become the fallback membership."""
         self._configured = {
             pool.name: tuple(
                 Member(ep.key, ep.kv_pool, ep.weight) for ep in pool.endpoints
             )
             for pool in config.pools
         }
-        self._records: dict[str, dict[str, EndpointRecord]] = {}
-        self._views: dict[str, PoolView] = {}
+        self._views.clear()
 
     @property
     def prefix(self) -> bytes:
@@ -49,6 +54,14 @@ class EndpointDirectory:
                 members = self._configured.get(pool, ())
             view = self._views[pool] = PoolView(pool, members)
         return view
+
+    def record(self, pool: str, address: str) -> EndpointRecord | None:
+        return self._records.get(pool, {}).get(address)
+
+    def states(self) -> dict[str, dict[str, str]]:
+        """pool → address → state, for every pool (configured endpoints default to active)."""
+        return {pool: {m.address: m.state for m in self.view(pool).members}
+                for pool in self.pools()}
 
     def set_record(self, record: EndpointRecord) -> None:
         self._records.setdefault(record.pool, {})[record.address] = record

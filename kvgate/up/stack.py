@@ -13,7 +13,7 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from control_plane.resources.bootstrap import static_bootstrap, to_json
+from control_plane.resources.bootstrap import ads_bootstrap, static_bootstrap, to_json
 from control_plane.resources.names import RoutingMode
 from kvgate.config.dump import to_yaml
 from kvgate.config.model import Config, Endpoint, Etcd, HostPort, Pool, Route, RouteMatch
@@ -83,6 +83,7 @@ class Stack:
         if self.mode is RoutingMode.AFFINITY:
             wanted += [
                 ("control-plane admin", self.config.control_plane.admin),
+            ("control-plane xds", self.config.control_plane.xds),
                 *(("ext_proc", a) for a in self.config.ext_proc.addresses),
             ]
         busy = [f"{name} {addr}" for name, addr in wanted if port_in_use(addr.host, addr.port)]
@@ -145,7 +146,9 @@ class Stack:
             ],
             self.workdir / "control-plane.log",
         )
-        await self._launch(child, f"admin grpc://{admin}", lambda: grpc_serving(admin))
+        xds = self.config.control_plane.xds
+        await self._launch(child, f"xds grpc://{xds}  admin grpc://{admin}",
+                           lambda: grpc_serving(admin))
         self.control_plane = child
 
     def _write_config(self) -> Path:
@@ -173,7 +176,11 @@ class Stack:
 
     async def _start_envoy(self) -> None:
         bootstrap = self.workdir / "envoy.json"
-        bootstrap.write_text(to_json(static_bootstrap(self.config, mode=self.mode)))
+        if self.mode is RoutingMode.AFFINITY:  # everything else arrives over ADS
+            document = ads_bootstrap(self.config)
+        else:
+            document = static_bootstrap(self.config, mode=self.mode)
+        bootstrap.write_text(to_json(document))
         child = envoy_child(bootstrap, self.workdir / "envoy.log")
         await self._launch(
             child,

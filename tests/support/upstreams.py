@@ -35,9 +35,9 @@ class Upstream:
             self._runner = None
 
     async def _handle(self, request: web.Request) -> web.Response:
-        if request.path == "/health":
+        if request.path in ("/health", "/metrics"):  # the control plane's probes and scrapes
             self.probes += 1
-            return web.Response(text="ok")
+            return web.Response(text="ok\n" if request.path == "/health" else "")
         self.requests += 1
         self.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
         return web.json_response(

@@ -1,0 +1,156 @@
+"""Admin API answers as plain dicts (for --json) and as aligned tables (for people)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from control_plane.admin.v1 import admin_pb2 as pb
+
+
+def _opt(message: Any, name: str) -> Any:
+    """An optional proto field as None when unset (JSON null), so scripts see every key."""
+    return getattr(message, name) if message.HasField(name) else None
+
+
+def endpoint_dict(e: pb.Endpoint) -> dict[str, Any]:
+    return {
+        "pool": e.pool, "address": e.address, "kv_pool": e.kv_pool, "weight": e.weight,
+        "state": e.state, "admin": e.admin, "healthy": e.healthy,
+        "drain_deadline": _opt(e, "drain_deadline"),
+    }
+
+
+def endpoint_status_dict(s: pb.EndpointStatus) -> dict[str, Any]:
+    load = {n: _opt(s.load, n) for n in ("running", "waiting", "kv_cache_usage", "hit_rate")}
+    return {**endpoint_dict(s.endpoint), "sessions": s.sessions, "load": load}
+
+
+def binding_dict(b: pb.SessionBinding) -> dict[str, Any]:
+    return {"session": b.session, "pool": b.pool, "endpoint": b.endpoint,
+            "revision": b.revision, "lease": b.lease}
+
+
+def status_dict(s: pb.StatusResponse) -> dict[str, Any]:
+    nodes = [{
+        "node_id": n.node_id, "cluster": n.cluster, "connected_at": n.connected_at,
+        "acked": dict(sorted(n.acked.items())), "nacks": n.nacks,
+        "last_nack": _opt(n, "last_nack"), "last_nack_version": _opt(n, "last_nack_version"),
+    } for n in s.nodes]
+    return {
+        "identity": s.identity, "leader": _opt(s, "leader"),
+        "config_version": s.config_version, "config_source": s.config_source,
+        "last_reload_error": _opt(s, "last_reload_error"), "nodes": nodes,
+        "endpoints": [endpoint_status_dict(e) for e in s.endpoints],
+        "endpoints_error": _opt(s, "endpoints_error"),
+    }
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, indent=2, sort_keys=False)
+
+
+# -- text ----------------------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+    lines = [headers, *rows]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def duration(seconds: float) -> str:
+    """Like the YAML's durations: 9m59s, 2h5m, 45s."""
+    seconds = max(0, round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "",
+             f"{secs}s" if secs or not (hours or minutes) else ""]
+    return "".join(parts)
+
+
+def moment(unix: float, now: float | None = None) -> str:
+    """A unix time as UTC plus how far away it is: `18:50:00Z (in 9m59s)`."""
+    now = time.time() if now is None else now
+    stamp = datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+    delta = unix - now
+    relative = f"in {duration(delta)}" if delta >= 0 else f"{duration(-delta)} ago"
+    return f"{stamp} ({relative})"
+
+
+def _number(value: float | None, percent: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 100:.1f}%" if percent else f"{value:g}"
+
+
+def endpoints_table(found: Sequence[pb.EndpointStatus]) -> str:
+    if not found:
+        return "no endpoints"
+    rows = []
+    for s in found:
+        e = s.endpoint
+        note = f"deadline {moment(e.drain_deadline)}" if e.HasField("drain_deadline") else ""
+        if e.state == "failed" and e.admin != "failed":
+            note = "failing health checks"
+        rows.append([
+            e.pool, e.address, e.kv_pool, e.state, str(s.sessions),
+            _number(_opt(s.load, "running")), _number(_opt(s.load, "waiting")),
+            _number(_opt(s.load, "kv_cache_usage"), percent=True),
+            _number(_opt(s.load, "hit_rate"), percent=True), note,
+        ])
+    return table(["POOL", "ENDPOINT", "KV_POOL", "STATE", "SESSIONS", "RUNNING", "WAITING",
+                  "KV_USAGE", "HIT_RATE", "NOTE"], rows)
+
+
+def endpoint_line(e: pb.Endpoint) -> str:
+    text = f"{e.pool} {e.address}: {e.state}"
+    if e.state != e.admin:
+        text += f" (operator set {e.admin})"
+    if e.HasField("drain_deadline"):
+        text += f", sessions move at {moment(e.drain_deadline)}"
+    elif e.state == "draining":
+        text += ", sessions stay until idle"
+    return text
+
+
+def sessions_table(found: Sequence[pb.SessionBinding]) -> str:
+    if not found:
+        return "no sessions"
+    rows = [[b.pool, b.session, b.endpoint, str(b.revision), str(b.lease)] for b in found]
+    return table(["POOL", "SESSION", "ENDPOINT", "REVISION", "LEASE"], rows)
+
+
+def status_text(s: pb.StatusResponse) -> str:
+    leader = s.leader if s.HasField("leader") else "none elected"
+    lines = [
+        f"control plane  {s.identity}" + ("  (leader)" if s.leader == s.identity else ""),
+        f"leader         {leader}",
+        f"config         {s.config_source} version {s.config_version}",
+    ]
+    if s.HasField("last_reload_error"):
+        lines.append(f"last reload    FAILED: {s.last_reload_error}")
+    lines.append("")
+    if s.nodes:
+        rows = []
+        for n in s.nodes:
+            acked = ", ".join(f"{t.rsplit('.', 1)[-1]}={v}" for t, v in sorted(n.acked.items()))
+            nack = "-"
+            if n.nacks:
+                nack = f"{n.nacks}× last {n.last_nack_version or '?'}: {n.last_nack or ''}"
+            rows.append([n.node_id, n.cluster, moment(n.connected_at), acked or "-", nack])
+        lines.append(table(["ENVOY NODE", "CLUSTER", "CONNECTED", "ACKED", "NACKS"], rows))
+    else:
+        lines.append("no Envoy connected to this replica")
+    lines.append("")
+    if s.HasField("endpoints_error"):
+        lines.append(f"endpoints: {s.endpoints_error}")
+    else:
+        lines.append(endpoints_table(s.endpoints))
+    return "\n".join(lines)
