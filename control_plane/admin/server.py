@@ -1,0 +1,79 @@
+"""The admin gRPC server: the Admin service, the standard health service and server reflection.
+
+Loopback only unless told otherwise; listening anywhere else requires a bearer token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import grpc
+import structlog
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from control_plane.admin.auth import TokenError, TokenInterceptor, is_loopback, load_token
+from control_plane.admin.servicer import AdminServicer
+from control_plane.admin.v1 import admin_pb2, admin_pb2_grpc
+from control_plane.operations import Operations
+from control_plane.status import ControlPlaneStatus
+from kvgate.config.model import HostPort
+
+__all__ = ["AdminServer", "TokenError", "load_token"]
+
+log = structlog.get_logger("kvgate.admin")
+
+ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name  # kvgate.admin.v1.Admin
+
+
+class AdminServer:
+    def __init__(
+        self,
+        operations: Operations,
+        status: Callable[[], ControlPlaneStatus],
+        listen: HostPort,
+        token: str | None,
+    ) -> None:
+        if not is_loopback(listen.host) and not token:
+            # Refused here, before anything binds: an open admin API could drain the whole fleet.
+            raise TokenError(
+                f"admin API on {listen} is reachable off this machine and needs a token: "
+                "set KVGATE_ADMIN_TOKEN or --admin-token-file, or listen on 127.0.0.1"
+            )
+        self._servicer = AdminServicer(operations, status)
+        self._listen = listen
+        self._token = token or None
+        self._health = health.aio.HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self.port: int | None = None  # bound port, known after start() (listen port 0 works)
+
+    @property
+    def address(self) -> HostPort:
+        return HostPort(self._listen.host, self.port or self._listen.port)
+
+    async def start(self) -> int:
+        interceptors = [TokenInterceptor(self._token)] if self._token else []
+        server = grpc.aio.server(interceptors=interceptors)
+        admin_pb2_grpc.add_AdminServicer_to_server(self._servicer, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (ADMIN_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+        )
+        port = server.add_insecure_port(str(self._listen))
+        if port == 0:
+            raise OSError(f"admin API: cannot listen on {self._listen}")
+        await server.start()
+        self._server, self.port = server, port
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set(ADMIN_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        # Whether a token is enforced, never the token itself.
+        log.info("admin_api_ready", address=str(self.address), token=bool(self._token))
+        return port
+
+    async def stop(self, grace: float | None = 2.0) -> None:
+        if self._server is None:
+            return
+        await self._health.enter_graceful_shutdown()
+        await self._server.stop(grace)
+        self._server = None
+        log.info("admin_api_stopped", address=str(self.address))

@@ -1,0 +1,221 @@
+"""The Admin gRPC servicer: translates between protos and `Operations`, which holds the logic."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import grpc
+import structlog
+
+from control_plane.admin.v1 import admin_pb2 as pb
+from control_plane.admin.v1 import admin_pb2_grpc
+from control_plane.operations import (
+    EndpointStatus,
+    Invalid,
+    NotFound,
+    OperationError,
+    Operations,
+    SessionBinding,
+)
+from control_plane.status import ControlPlaneStatus, NodeStatus
+from kvgate.endpoints import EndpointRecord
+from kvgate.etcd import EtcdUnavailable
+
+log = structlog.get_logger("kvgate.admin")
+
+Request = TypeVar("Request")
+Response = TypeVar("Response")
+Method = Callable[["AdminServicer", Request, grpc.aio.ServicerContext], Awaitable[Response]]
+
+
+class BadRequest(Exception):
+    """The request itself is malformed (missing field, negative number): INVALID_ARGUMENT."""
+
+
+# The one place where failures become gRPC status codes. Operations' Invalid is about the fleet's
+# current state (endpoint not active, session bound in several pools), hence FAILED_PRECONDITION.
+_STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
+    (BadRequest, grpc.StatusCode.INVALID_ARGUMENT),
+    (NotFound, grpc.StatusCode.NOT_FOUND),
+    (Invalid, grpc.StatusCode.FAILED_PRECONDITION),
+    (OperationError, grpc.StatusCode.FAILED_PRECONDITION),
+    (EtcdUnavailable, grpc.StatusCode.UNAVAILABLE),
+)
+
+
+def _mapped(method: Method[Request, Response]) -> Method[Request, Response]:
+    @functools.wraps(method)
+    async def wrapper(
+        self: AdminServicer, request: Request, context: grpc.aio.ServicerContext
+    ) -> Response:
+        try:
+            return await method(self, request, context)
+        except Exception as exc:
+            for kind, code in _STATUS:
+                if isinstance(exc, kind):
+                    log.info("admin_refused", method=method.__name__, code=code.name,
+                             reason=str(exc))
+                    await context.abort(code, str(exc) or kind.__name__)
+            log.exception("admin_failed", method=method.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {exc}")
+            raise  # unreachable: abort raises; keeps type checkers sure nothing is returned
+
+    return wrapper
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    def __init__(
+        self, operations: Operations, status: Callable[[], ControlPlaneStatus]
+    ) -> None:
+        self._ops = operations
+        self._status = status
+
+    @_mapped
+    async def ListEndpoints(
+        self, request: pb.ListEndpointsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListEndpointsResponse:
+        found = await self._ops.list_endpoints(_optional(request, "pool"))
+        return pb.ListEndpointsResponse(endpoints=[endpoint_status(s) for s in found])
+
+    @_mapped
+    async def DrainEndpoint(
+        self, request: pb.DrainEndpointRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DrainEndpointResponse:
+        deadline = request.deadline_seconds if request.HasField("deadline_seconds") else None
+        if deadline is not None and not 0 <= deadline < float("inf"):
+            raise BadRequest(f"deadline_seconds must be >= 0, got {deadline}")
+        record = await self._ops.drain(
+            _address(request), _optional(request, "pool"), deadline
+        )
+        log.info("admin_drain", pool=record.pool, endpoint=record.address, deadline_s=deadline)
+        return pb.DrainEndpointResponse(endpoint=endpoint(record))
+
+    @_mapped
+    async def UndrainEndpoint(
+        self, request: pb.UndrainEndpointRequest, context: grpc.aio.ServicerContext
+    ) -> pb.UndrainEndpointResponse:
+        record = await self._ops.undrain(_address(request), _optional(request, "pool"))
+        log.info("admin_undrain", pool=record.pool, endpoint=record.address)
+        return pb.UndrainEndpointResponse(endpoint=endpoint(record))
+
+    @_mapped
+    async def FailEndpoint(
+        self, request: pb.FailEndpointRequest, context: grpc.aio.ServicerContext
+    ) -> pb.FailEndpointResponse:
+        record = await self._ops.fail(_address(request), _optional(request, "pool"))
+        log.info("admin_fail", pool=record.pool, endpoint=record.address)
+        return pb.FailEndpointResponse(endpoint=endpoint(record))
+
+    @_mapped
+    async def ListSessions(
+        self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ListSessionsResponse:
+        found = await self._ops.list_sessions(
+            _optional(request, "pool"), _optional(request, "endpoint"), request.limit
+        )
+        return pb.ListSessionsResponse(sessions=[session_binding(b) for b in found])
+
+    @_mapped
+    async def ShowSession(
+        self, request: pb.ShowSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ShowSessionResponse:
+        if not request.session.strip():
+            raise BadRequest("session is required")
+        found = await self._ops.show_session(request.session)
+        return pb.ShowSessionResponse(bindings=[session_binding(b) for b in found])
+
+    @_mapped
+    async def MoveSession(
+        self, request: pb.MoveSessionRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MoveSessionResponse:
+        if not request.session.strip():
+            raise BadRequest("session is required")
+        if not request.endpoint.strip():
+            raise BadRequest("endpoint is required")
+        moved = await self._ops.move_session(
+            request.session, request.endpoint.strip(), _optional(request, "pool")
+        )
+        log.info("admin_move_session", session=moved.binding.session, pool=moved.binding.pool,
+                 endpoint=moved.binding.endpoint)
+        return pb.MoveSessionResponse(binding=session_binding(moved))
+
+    @_mapped
+    async def Status(
+        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.StatusResponse:
+        response = control_plane_status(self._status())
+        try:
+            found = await self._ops.list_endpoints()
+        except EtcdUnavailable as exc:
+            # The control plane's own view (Envoys, versions) is still worth showing.
+            response.endpoints_error = f"etcd unavailable: {exc}"
+        else:
+            response.endpoints.extend(endpoint_status(s) for s in found)
+        return response
+
+
+def _optional(request: object, name: str) -> str | None:
+    """An optional string field: unset or blank → None (the CLI sends blanks as unset anyway)."""
+    if not request.HasField(name):  # type: ignore[attr-defined]
+        return None
+    value = str(getattr(request, name)).strip()
+    return value or None
+
+
+def _address(request: object) -> str:
+    address = str(getattr(request, "address", "")).strip()
+    if not address:
+        raise BadRequest("address is required (ip:port)")
+    return address
+
+
+# -- dataclasses → protos ------------------------------------------------------------------------
+
+
+def endpoint(record: EndpointRecord) -> pb.Endpoint:
+    message = pb.Endpoint(
+        pool=record.pool, address=record.address, kv_pool=record.kv_pool, weight=record.weight,
+        admin=record.admin, healthy=record.healthy, state=record.state,
+    )
+    if record.drain_deadline is not None:
+        message.drain_deadline = record.drain_deadline
+    return message
+
+
+def endpoint_status(status: EndpointStatus) -> pb.EndpointStatus:
+    load = pb.Load()
+    for name in ("running", "waiting", "kv_cache_usage", "hit_rate"):
+        value = getattr(status.load, name)
+        if value is not None:
+            setattr(load, name, value)
+    return pb.EndpointStatus(endpoint=endpoint(status.record), sessions=status.sessions, load=load)
+
+
+def session_binding(found: SessionBinding) -> pb.SessionBinding:
+    b = found.binding
+    return pb.SessionBinding(session=b.session, pool=b.pool, endpoint=b.endpoint,
+                             revision=b.revision, lease=found.lease)
+
+
+def node_status(node: NodeStatus) -> pb.NodeStatus:
+    message = pb.NodeStatus(node_id=node.node_id, cluster=node.cluster,
+                            connected_at=node.connected_at, acked=node.acked, nacks=node.nacks)
+    if node.last_nack is not None:
+        message.last_nack = node.last_nack
+    if node.last_nack_version is not None:
+        message.last_nack_version = node.last_nack_version
+    return message
+
+
+def control_plane_status(status: ControlPlaneStatus) -> pb.StatusResponse:
+    message = pb.StatusResponse(
+        identity=status.identity, config_version=status.config_version,
+        config_source=status.config_source, nodes=[node_status(n) for n in status.nodes],
+    )
+    if status.leader is not None:
+        message.leader = status.leader
+    if status.last_reload_error is not None:
+        message.last_reload_error = status.last_reload_error
+    return message

@@ -1,0 +1,212 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Endpoint(_message.Message):
+    __slots__ = ("pool", "address", "kv_pool", "weight", "admin", "healthy", "state", "drain_deadline")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    KV_POOL_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    address: str
+    kv_pool: str
+    weight: int
+    admin: str
+    healthy: bool
+    state: str
+    drain_deadline: float
+    def __init__(self, pool: _Optional[str] = ..., address: _Optional[str] = ..., kv_pool: _Optional[str] = ..., weight: _Optional[int] = ..., admin: _Optional[str] = ..., healthy: _Optional[bool] = ..., state: _Optional[str] = ..., drain_deadline: _Optional[float] = ...) -> None: ...
+
+class Load(_message.Message):
+    __slots__ = ("running", "waiting", "kv_cache_usage", "hit_rate")
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    running: float
+    waiting: float
+    kv_cache_usage: float
+    hit_rate: float
+    def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., hit_rate: _Optional[float] = ...) -> None: ...
+
+class EndpointStatus(_message.Message):
+    __slots__ = ("endpoint", "sessions", "load")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    endpoint: Endpoint
+    sessions: int
+    load: Load
+    def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., sessions: _Optional[int] = ..., load: _Optional[_Union[Load, _Mapping]] = ...) -> None: ...
+
+class ListEndpointsRequest(_message.Message):
+    __slots__ = ("pool",)
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    def __init__(self, pool: _Optional[str] = ...) -> None: ...
+
+class ListEndpointsResponse(_message.Message):
+    __slots__ = ("endpoints",)
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    endpoints: _containers.RepeatedCompositeFieldContainer[EndpointStatus]
+    def __init__(self, endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ...) -> None: ...
+
+class DrainEndpointRequest(_message.Message):
+    __slots__ = ("address", "pool", "deadline_seconds")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    pool: str
+    deadline_seconds: float
+    def __init__(self, address: _Optional[str] = ..., pool: _Optional[str] = ..., deadline_seconds: _Optional[float] = ...) -> None: ...
+
+class DrainEndpointResponse(_message.Message):
+    __slots__ = ("endpoint",)
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    endpoint: Endpoint
+    def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ...) -> None: ...
+
+class UndrainEndpointRequest(_message.Message):
+    __slots__ = ("address", "pool")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    pool: str
+    def __init__(self, address: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
+
+class UndrainEndpointResponse(_message.Message):
+    __slots__ = ("endpoint",)
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    endpoint: Endpoint
+    def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ...) -> None: ...
+
+class FailEndpointRequest(_message.Message):
+    __slots__ = ("address", "pool")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    pool: str
+    def __init__(self, address: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
+
+class FailEndpointResponse(_message.Message):
+    __slots__ = ("endpoint",)
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    endpoint: Endpoint
+    def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ...) -> None: ...
+
+class SessionBinding(_message.Message):
+    __slots__ = ("session", "pool", "endpoint", "revision", "lease")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    pool: str
+    endpoint: str
+    revision: int
+    lease: int
+    def __init__(self, session: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., revision: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
+
+class ListSessionsRequest(_message.Message):
+    __slots__ = ("pool", "endpoint", "limit")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    endpoint: str
+    limit: int
+    def __init__(self, pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListSessionsResponse(_message.Message):
+    __slots__ = ("sessions",)
+    SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    sessions: _containers.RepeatedCompositeFieldContainer[SessionBinding]
+    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionBinding, _Mapping]]] = ...) -> None: ...
+
+class ShowSessionRequest(_message.Message):
+    __slots__ = ("session",)
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    def __init__(self, session: _Optional[str] = ...) -> None: ...
+
+class ShowSessionResponse(_message.Message):
+    __slots__ = ("bindings",)
+    BINDINGS_FIELD_NUMBER: _ClassVar[int]
+    bindings: _containers.RepeatedCompositeFieldContainer[SessionBinding]
+    def __init__(self, bindings: _Optional[_Iterable[_Union[SessionBinding, _Mapping]]] = ...) -> None: ...
+
+class MoveSessionRequest(_message.Message):
+    __slots__ = ("session", "endpoint", "pool")
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    session: str
+    endpoint: str
+    pool: str
+    def __init__(self, session: _Optional[str] = ..., endpoint: _Optional[str] = ..., pool: _Optional[str] = ...) -> None: ...
+
+class MoveSessionResponse(_message.Message):
+    __slots__ = ("binding",)
+    BINDING_FIELD_NUMBER: _ClassVar[int]
+    binding: SessionBinding
+    def __init__(self, binding: _Optional[_Union[SessionBinding, _Mapping]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("node_id", "cluster", "connected_at", "acked", "nacks", "last_nack", "last_nack_version")
+    class AckedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_AT_FIELD_NUMBER: _ClassVar[int]
+    ACKED_FIELD_NUMBER: _ClassVar[int]
+    NACKS_FIELD_NUMBER: _ClassVar[int]
+    LAST_NACK_FIELD_NUMBER: _ClassVar[int]
+    LAST_NACK_VERSION_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    cluster: str
+    connected_at: float
+    acked: _containers.ScalarMap[str, str]
+    nacks: int
+    last_nack: str
+    last_nack_version: str
+    def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., connected_at: _Optional[float] = ..., acked: _Optional[_Mapping[str, str]] = ..., nacks: _Optional[int] = ..., last_nack: _Optional[str] = ..., last_nack_version: _Optional[str] = ...) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("identity", "leader", "config_version", "config_source", "nodes", "last_reload_error", "endpoints", "endpoints_error")
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    LAST_RELOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    ENDPOINTS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    identity: str
+    leader: str
+    config_version: str
+    config_source: str
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeStatus]
+    last_reload_error: str
+    endpoints: _containers.RepeatedCompositeFieldContainer[EndpointStatus]
+    endpoints_error: str
+    def __init__(self, identity: _Optional[str] = ..., leader: _Optional[str] = ..., config_version: _Optional[str] = ..., config_source: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., last_reload_error: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ..., endpoints_error: _Optional[str] = ...) -> None: ...
