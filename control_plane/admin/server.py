@@ -33,6 +33,7 @@ class AdminServer:
         status: Callable[[], ControlPlaneStatus],
         listen: HostPort,
         token: str | None,
+        health_servicer: health.aio.HealthServicer | None = None,
     ) -> None:
         if not is_loopback(listen.host) and not token:
             # Refused here, before anything binds: an open admin API could drain the whole fleet.
@@ -43,7 +44,8 @@ class AdminServer:
         self._servicer = AdminServicer(operations, status)
         self._listen = listen
         self._token = token or None
-        self._health = health.aio.HealthServicer()
+        # A caller that already reports health (NOT_SERVING while stopping) passes its own.
+        self._health = health_servicer or health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
         self.port: int | None = None  # bound port, known after start() (listen port 0 works)
 
