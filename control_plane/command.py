@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
 
+from control_plane.admin.server import TokenError, load_token
 from control_plane.service import ControlPlaneOptions, ControlPlaneService
 from kvgate.config import ConfigError, load_file
 from kvgate.config.fields import Fields
@@ -56,21 +56,17 @@ def run(args: argparse.Namespace) -> int:
     if fields.problems or admin is None or xds is None:
         print("\n".join(str(p) for p in fields.problems), file=sys.stderr)
         return 2
-    token = _token(args.admin_token_file)
+    try:
+        token = load_token(file=args.admin_token_file)
+    except TokenError as exc:
+        print(f"control plane: {exc}", file=sys.stderr)
+        return 2
     config = replace(config, control_plane=replace(config.control_plane, xds=xds, admin=admin))
     options = ControlPlaneOptions(
         config_path=Path(args.config), etcd=etcd, admin=admin, metrics=metrics,
         admin_token=token, **({"identity": args.identity} if args.identity else {}),
     )
     return asyncio.run(_serve(ControlPlaneService(config, options)))
-
-
-def _token(path: str | None) -> str | None:
-    if path:
-        text = Path(path).read_text().strip()
-    else:
-        text = os.environ.get("KVGATE_ADMIN_TOKEN", "").strip()
-    return text or None
 
 
 async def _serve(service: ControlPlaneService) -> int:

@@ -138,8 +138,10 @@ class Operations:
         bindings = await self.show_session(session)
         if pool is not None:
             bindings = [b for b in bindings if b.binding.pool == pool]
+            if not bindings:
+                raise NotFound(f"session {session!r} has no binding in pool {pool!r}")
         if len(bindings) != 1:
-            pools = ", ".join(b.binding.pool for b in bindings) or "none"
+            pools = ", ".join(b.binding.pool for b in bindings)
             raise Invalid(f"session is bound in pools: {pools}; name one with --pool")
         current = bindings[0]
         try:

@@ -14,9 +14,10 @@ from pathlib import Path
 import grpc
 import structlog
 from envoy.service.discovery.v3 import ads_pb2_grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health
 from prometheus_client import CollectorRegistry, Gauge
 
+from control_plane.admin.server import AdminServer
 from control_plane.failover import Failover
 from control_plane.health import HealthChecker
 from control_plane.leader import LeaderElection
@@ -86,7 +87,7 @@ class ControlPlaneService:
         self.last_reload_error: str | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._xds: grpc.aio.Server | None = None
-        self._admin: grpc.aio.Server | None = None
+        self._admin: AdminServer | None = None
         self._health = health.aio.HealthServicer()
         self._metrics_server: MetricsServer | None = None
         self._reload_wanted = asyncio.Event()
@@ -129,11 +130,9 @@ class ControlPlaneService:
                  identity=self._options.identity)
 
     async def _start_admin(self) -> None:
-        self._admin = grpc.aio.server()
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._admin)
-        self._listen(self._admin, self._options.admin)
+        self._admin = AdminServer(self.operations, self.status, self._options.admin,
+                                  self._options.admin_token, self._health)
         await self._admin.start()
-        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
 
     @staticmethod
     def _listen(server: grpc.aio.Server, address: HostPort) -> int:
@@ -234,9 +233,10 @@ class ControlPlaneService:
 
     async def stop(self, grace: float = 2.0) -> None:
         await self._health.enter_graceful_shutdown()
-        for server in (self._admin, self._xds):
-            if server is not None:
-                await server.stop(grace)
+        if self._admin is not None:
+            await self._admin.stop(grace)
+        if self._xds is not None:
+            await self._xds.stop(grace)
         await self.checker.stop()
         for task in reversed(self._tasks):
             task.cancel()

@@ -9,6 +9,8 @@ from pathlib import Path
 import grpc
 import httpx
 import pytest
+from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from prometheus_client import CollectorRegistry
 
 from control_plane.resources.bootstrap import ads_bootstrap, to_json
 from control_plane.resources.snapshot import gateway_resources
@@ -16,11 +18,9 @@ from control_plane.resources.types import CLUSTER, LISTENER
 from control_plane.xds.cache import SnapshotCache
 from control_plane.xds.metrics import XdsMetrics
 from control_plane.xds.server import AdsServer, NodeRegistry
-from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 from kvgate.config import Config
 from kvgate.config.model import HostPort
 from kvgate.runtime.envoy import envoy_child, envoy_ready
-from prometheus_client import CollectorRegistry
 from tests.support.stack import gateway_config, running_stack
 
 
