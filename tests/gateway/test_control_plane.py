@@ -1,0 +1,164 @@
+"""The control plane run as users run it: reloads, `kvgate status`, a leader dying."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import httpx
+import yaml
+
+from kvgate.config.dump import to_dict
+from kvgate.config.model import HostPort
+from kvgate.etcd import EtcdClient
+from kvgate.runtime.child import Child
+from kvgate.runtime.ports import free_port
+from kvgate.up.stack import grpc_serving
+from tests.support.stack import gateway_config, running_stack
+
+
+async def _status(admin: str) -> dict:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvgate", "status", "--json", "--admin", admin,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, err.decode()
+    return json.loads(out)
+
+
+async def _envoy_hosts(http: httpx.AsyncClient, admin: str) -> set[str]:
+    text = (await http.get(f"http://{admin}/clusters")).text
+    return {line.split("::")[1] for line in text.splitlines()
+            if line.startswith("kvgate_pool_coder::") and line.count("::") >= 3
+            and line.split("::")[2] == "cx_active"}
+
+
+async def _homes(http: httpx.AsyncClient, sessions: list[str]) -> dict[str, str]:
+    homes = {}
+    for session in sessions:
+        reply = await http.get("/v1/chat", headers={"x-session-id": session})
+        assert reply.status_code == 200
+        homes[session] = reply.json()["upstream"]
+    return homes
+
+
+async def test_reload_adds_and_removes_engines_and_rejects_bad_files(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    a, b, c = await upstreams(3)
+    config = gateway_config([a.address, b.address], prefix=prefix)
+    async with running_stack(config, tmp_path) as stack:
+        path = stack.workdir / "kvgate.effective.yaml"
+        admin = str(stack.config.control_plane.admin)
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+            sessions = [f"r-{i}" for i in range(16)]
+            homes = await _homes(http, sessions)
+            assert await _envoy_hosts(http, str(config.envoy_admin)) == {a.address, b.address}
+            data = yaml.safe_load(path.read_text())
+            data["pools"][0]["endpoints"].append({"address": c.address, "kv_pool": "kv-a"})
+            loop = asyncio.get_running_loop()
+            path.write_text(yaml.safe_dump(data))
+            written = loop.time()
+            while await _envoy_hosts(http, str(config.envoy_admin)) != {
+                a.address, b.address, c.address
+            }:
+                assert loop.time() - written < 1.0, "Envoy not updated within a second"
+                await asyncio.sleep(0.02)
+            assert await _homes(http, sessions) == homes  # adding moves nobody
+            newcomers = await _homes(http, [f"n-{i}" for i in range(30)])
+            assert c.address in newcomers.values()
+
+            data["pools"][0]["endpoints"] = [e for e in data["pools"][0]["endpoints"]
+                                             if not (isinstance(e, dict)
+                                                     and e["address"] == c.address)]
+            path.write_text(yaml.safe_dump(data))
+            written = loop.time()
+            while await _envoy_hosts(http, str(config.envoy_admin)) != {a.address, b.address}:
+                assert loop.time() - written < 1.0, "Envoy not updated within a second"
+                await asyncio.sleep(0.02)
+            assert await _homes(http, sessions) == homes  # sessions on other engines stay
+            moved = await _homes(http, [s for s, h in newcomers.items() if h == c.address])
+            assert c.address not in moved.values()
+
+            path.write_text("pools: [{name: coder, endpoints: [10.0.0.1:99999]}]\n")
+            deadline = loop.time() + 5
+            while not (await _status(admin))["last_reload_error"]:
+                assert loop.time() < deadline
+                await asyncio.sleep(0.1)
+            status = await _status(admin)
+            assert "port must be 1..65535" in status["last_reload_error"]
+            assert await _envoy_hosts(http, str(config.envoy_admin)) == {a.address, b.address}
+            assert await _homes(http, sessions) == homes
+            assert len(status["nodes"]) == 1 and status["nodes"][0]["nacks"] == 0
+            assert {e["address"]: e["state"] for e in status["endpoints"]} == {
+                a.address: "active", b.address: "active"
+            }
+            assert status["leader"] == status["identity"]
+
+
+async def test_leader_killed_follower_takes_over_and_traffic_never_stops(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    ups = await upstreams(3)
+    config = gateway_config([u.address for u in ups], prefix=prefix)
+    async with running_stack(config, tmp_path / "stack") as stack:
+        second_config = to_dict(stack.config)
+        second_admin = HostPort("127.0.0.1", free_port())
+        second_config["control_plane"] = {"xds": f"127.0.0.1:{free_port()}",
+                                          "admin": str(second_admin)}
+        path = tmp_path / "second.yaml"
+        path.write_text(yaml.safe_dump(second_config))
+        second = Child("control-plane-2", [
+            sys.executable, "-m", "control_plane", "-c", str(path), "--identity", "second",
+        ], tmp_path / "second.log")
+        await second.start()
+        try:
+            await second.wait_ready(lambda: grpc_serving(second_admin), 30)
+            client = EtcdClient(stack.etcd_endpoints)
+            leader_key = f"{prefix}leader".encode()
+            try:
+                first_leader = (await client.get(leader_key)).value.decode()  # type: ignore[union-attr]
+                assert first_leader != "second"  # the stack's replica started first
+                errors: list[int] = []
+                stop = asyncio.Event()
+                sent = 0
+
+                async def traffic() -> None:
+                    nonlocal sent
+                    async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+                        while not stop.is_set():
+                            reply = await http.get("/v1/chat",
+                                                   headers={"x-session-id": f"t-{sent % 10}"})
+                            sent += 1
+                            if reply.status_code != 200:
+                                errors.append(reply.status_code)
+
+                runner = asyncio.create_task(traffic())
+                assert stack.control_plane is not None
+                stack.control_plane.kill()
+                loop = asyncio.get_running_loop()
+                killed = loop.time()
+                while True:
+                    holder = await client.get(leader_key)
+                    if holder is not None and holder.value == b"second":
+                        break
+                    assert loop.time() - killed < 8, "no follower took over"
+                    await asyncio.sleep(0.1)
+                took_over = loop.time() - killed
+                at_takeover = sent
+                while sent < at_takeover + 50:  # traffic keeps flowing under the new leader
+                    assert loop.time() - killed < 20
+                    await asyncio.sleep(0.02)
+                stop.set()
+                await runner
+            finally:
+                await client.close()
+            assert errors == []
+            assert took_over < 5
+            status = await _status(str(second_admin))
+            assert status["leader"] == "second" and status["identity"] == "second"
+        finally:
+            await second.stop()
