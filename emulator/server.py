@@ -102,7 +102,12 @@ class EngineServer:
 
     def make_app(self) -> web.Application:
         """The aiohttp application (routes, middlewares, the x-engine-id signal)."""
-        app = web.Application(middlewares=[self._middleware], client_max_size=256 * 1024 * 1024)
+        app = web.Application(
+            middlewares=[self._middleware],
+            client_max_size=256 * 1024 * 1024,
+            # Long session ids (8 KiB) and big headers must reach the engine as they do vLLM's.
+            handler_args={"max_field_size": 65536, "max_line_size": 65536},
+        )
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
