@@ -1,0 +1,179 @@
+"""Drives an OpenAI-compatible endpoint with a workload: open loop (each request is sent at its
+arrival time x the time scale), streaming `/v1/completions`, the session id in a header.
+
+Per request: TTFT (send to first streamed token, in emulated seconds = wall / time scale), output
+tokens, `usage.prompt_tokens_details.cached_tokens`, the engine (`x-engine-id`), errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from bench.engine_metrics import CacheCounters, scrape
+from bench.report import ModeStats
+from workload.model import Request, Workload
+from workload.text import TextMaker
+
+
+@dataclass(frozen=True, slots=True)
+class DriveOptions:
+    url: str  # gateway base URL, e.g. http://127.0.0.1:8080
+    time_scale: float = 1.0  # wall seconds per emulated second (the engines' --time-scale)
+    header: str = "x-session-id"
+    model: str | None = None  # None: the first of GET /v1/models
+    engines: Sequence[str] = ()  # engine base URLs whose /metrics to read
+    timeout_s: float = 600.0  # wall seconds per request
+    progress: bool = False
+    label: str = "bench"
+
+
+@dataclass(slots=True)
+class DriveResult:
+    stats: ModeStats
+    engines: dict[str, int] = field(default_factory=dict)  # x-engine-id -> requests
+    counters: CacheCounters | None = None  # /metrics delta over the measured part
+    late_s: float = 0.0  # worst lateness of a send behind its schedule (wall)
+    output_tokens: int = 0
+
+
+async def _first_model(http: aiohttp.ClientSession, url: str) -> str:
+    async with http.get(f"{url}/v1/models") as response:
+        response.raise_for_status()
+        return str((await response.json())["data"][0]["id"])
+
+
+async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request: Request,
+               prompt: str, measured: bool, result: DriveResult, sent_event: asyncio.Event,
+               ) -> None:
+    body = {"model": model, "prompt": prompt, "max_tokens": request.max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+    scale = o.time_scale or 1.0
+    sent = time.perf_counter()
+    first: float | None = None
+    usage: dict[str, object] | None = None
+    tokens = 0
+    try:
+        async with http.post(f"{o.url}/v1/completions", json=body,
+                             headers={o.header: request.session}) as response:
+            sent_event.set()  # the engine has the request (and counted it in /metrics)
+            engine = response.headers.get("x-engine-id", "?")
+            if response.status != 200:
+                await response.read()
+                raise aiohttp.ClientResponseError(response.request_info, (),
+                                                  status=response.status)
+            async for line in response.content:
+                if not line.startswith(b"data: "):
+                    continue
+                payload = line[6:].strip()
+                if payload == b"[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if chunk.get("choices"):
+                    tokens += 1
+                    if first is None:
+                        first = time.perf_counter()
+                if chunk.get("usage"):
+                    usage = chunk["usage"]
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        if measured:
+            result.stats.error(request.arrival)
+        return
+    finally:
+        sent_event.set()
+    done = time.perf_counter()
+    if first is None or usage is None:
+        if measured:
+            result.stats.error(request.arrival)
+        return
+    result.engines[engine] = result.engines.get(engine, 0) + 1
+    result.output_tokens += tokens
+    if measured:
+        details = usage.get("prompt_tokens_details") or {}
+        cached = int(details.get("cached_tokens") or 0)  # type: ignore[union-attr]
+        arrival = request.arrival
+        result.stats.add(arrival, (first - sent) / scale, arrival + (done - sent) / scale,
+                         int(usage["prompt_tokens"]), cached)  # type: ignore[call-overload]
+
+
+async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
+    """Send the whole workload; returns when every request has finished or failed."""
+    result = DriveResult(ModeStats())
+    texts = TextMaker()
+    requests = workload.requests
+    last = {id(r.chain): i for i, r in enumerate(requests)}
+    connector = aiohttp.TCPConnector(limit=2000, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=o.timeout_s)
+    bar = None
+    if o.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(requests), desc=o.label, unit="req", mininterval=0.5, leave=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
+        model = o.model or await _first_model(http, o.url)
+        before: CacheCounters | None = None
+        tasks: set[asyncio.Task[None]] = set()
+        start = time.perf_counter()
+        warm = True
+        warmup_sent: list[asyncio.Event] = []
+        for i, request in enumerate(requests):
+            measured = workload.measured(request)
+            prompt = texts.prompt(request)
+            if last[id(request.chain)] == i:
+                texts.forget(request)
+            delay = start + request.arrival * o.time_scale - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            else:
+                result.late_s = max(result.late_s, -delay)
+            if warm and measured:
+                warm = False
+                before = await _counters_after(http, o.engines, warmup_sent)
+            sent_event = asyncio.Event()
+            if warm:
+                warmup_sent.append(sent_event)
+            task = asyncio.create_task(
+                _one(http, o, model, request, prompt, measured, result, sent_event))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+            if bar is not None:
+                task.add_done_callback(lambda _: bar.update(1))
+        while tasks:
+            await asyncio.gather(*list(tasks))
+        if before is not None:
+            after = await scrape(http, o.engines)
+            result.counters = None if after is None else after - before
+    if bar is not None:
+        bar.close()
+    _split(result)
+    return result
+
+
+async def _counters_after(http: aiohttp.ClientSession, engines: Sequence[str],
+                          warmup_sent: list[asyncio.Event]) -> CacheCounters | None:
+    """The fleet's counters once every warm-up request has reached its engine (bounded wait)."""
+    if not engines:
+        return None
+    pending = [e.wait() for e in warmup_sent if not e.is_set()]
+    if pending:
+        try:
+            await asyncio.wait_for(asyncio.gather(*pending), timeout=10.0)
+        except TimeoutError:
+            pass
+    return await scrape(http, engines)
+
+
+def _split(result: DriveResult) -> None:
+    """HBM / DDR shares from the engines' counters (usage's cached_tokens has only the sum)."""
+    counters = result.counters
+    stats = result.stats
+    if counters is None or counters.queries <= 0:
+        stats.hbm_tokens = stats.ddr_tokens = None
+        return
+    stats.hbm_tokens = round(counters.hits / counters.queries * stats.prompt_tokens)
+    stats.ddr_tokens = round(counters.external_hits / counters.queries * stats.prompt_tokens)

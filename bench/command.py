@@ -1,0 +1,84 @@
+"""`kvgate bench`: the workload through a running gateway (`--gateway URL`), or through each
+routing mode of an emulated fleet this command starts (`--compare`)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.client import DriveOptions, drive
+from bench.compare import CompareOptions, compare
+from bench.fleet_options import add_fleet_arguments, emulator_options
+from bench.modes import parse_modes
+from bench.report import markdown_table, result_document, write_outputs
+from emulator.command import time_scale
+from workload.cli import add_workload_arguments, workload_from_args
+from workload.hashing import oracle_hit_rate
+
+DEFAULT_ENGINES = 4
+DEFAULT_BLOCK_FOR_ORACLE = 16  # a real vLLM's block, when the engines' block size is unknown
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--gateway", metavar="URL", help="a running OpenAI-compatible gateway")
+    target.add_argument("--compare", action="store_true",
+                        help="start an emulated fleet + gateway per routing mode and compare")
+    add_workload_arguments(parser)
+    add_fleet_arguments(parser, DEFAULT_ENGINES)
+    a = parser.add_argument
+    a("--time-scale", type=time_scale, default=1.0,
+      help="wall seconds per emulated second: the engines' --time-scale (%(default)s; "
+      "e.g. 1/30 with --compare)")
+    a("--header", default="x-session-id", help="session header (%(default)s)")
+    a("--model", help="model name (default: the first from /v1/models)")
+    a("--engine-urls", help="--gateway: comma-separated engine URLs whose /metrics to read")
+    a("--modes", type=parse_modes, default=parse_modes("all"),
+      help="--compare: comma-separated modes (all)")
+    a("--workdir", type=Path, help="--compare: logs and configs (default: a temporary dir)")
+    a("--out", type=Path, help="write <name>.json, .md and .png here")
+    a("--name", help="output file stem (default bench-<workload>)")
+    a("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        engine = emulator_options(args, args.time_scale)
+    except ValueError as exc:
+        print(f"kvgate bench: {exc}", file=sys.stderr)
+        return 2
+    workload = workload_from_args(args, engine.instances)
+    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    say(f"workload {workload.name}: {len(workload.requests)} requests over "
+        f"{workload.duration:.0f} emulated s ({workload.duration * args.time_scale:.0f} s wall)")
+    progress = not args.quiet and sys.stderr.isatty()
+    if args.compare:
+        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
+        options = CompareOptions(engine, workdir, progress, args.header)
+        results = asyncio.run(compare(workload, args.modes, options, say))
+        block = engine.block_size
+    else:
+        engines = [u.strip() for u in (args.engine_urls or "").split(",") if u.strip()]
+        drive_options = DriveOptions(args.gateway.rstrip("/"), args.time_scale, args.header,
+                                     args.model, engines, progress=progress)
+        results = {"gateway": asyncio.run(drive(workload, drive_options))}
+        block = args.block_size
+    measured = [workload.measured(r) for r in workload.requests]
+    oracle = oracle_hit_rate(workload.requests, block or DEFAULT_BLOCK_FOR_ORACLE, measured)
+    describe = {**workload.describe, "engines": engine.instances, "block_size": block,
+                "time_scale": args.time_scale, "tool": "kvgate bench"
+                + (" --compare" if args.compare else f" --gateway {args.gateway}")}
+    stats = {str(m): r.stats for m, r in results.items()}
+    document = result_document(describe, stats, oracle)
+    print(markdown_table(document))
+    if args.out is not None:
+        title = (f"kvgate bench{' --compare' if args.compare else ''}: {workload.name}, "
+                 f"{engine.instances} engines, {len(workload.requests)} requests")
+        name = args.name or f"bench-{workload.name}"
+        for path in write_outputs(args.out, name, document,
+                                  {m: s.ttfts for m, s in stats.items()}, title):
+            say(f"wrote {path}")
+    return 0

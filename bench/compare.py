@@ -1,0 +1,79 @@
+"""`kvgate bench --compare`: per routing mode, a fresh emulated fleet and gateway (`Stack`), the
+same workload through it, then everything stopped."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.client import DriveOptions, DriveResult, drive
+from bench.fleet_options import emulator_flags
+from bench.modes import Mode
+from control_plane.resources.names import RoutingMode
+from emulator.options import EmulatorOptions
+from kvgate.config import Config, load_text
+from kvgate.runtime.ports import free_port
+from kvgate.up.stack import Stack
+from workload.model import Workload
+
+_ROUTING = {
+    Mode.ROUND_ROBIN: RoutingMode.ROUND_ROBIN,
+    Mode.RING_HASH: RoutingMode.RING_HASH,
+    Mode.AFFINITY: RoutingMode.AFFINITY,
+    Mode.AFFINITY_DDR: RoutingMode.AFFINITY,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class CompareOptions:
+    engine: EmulatorOptions  # instances, block size, HBM, ... and time_scale
+    workdir: Path
+    progress: bool = False
+    header: str = "x-session-id"
+
+
+def gateway_config(header: str) -> Config:
+    """Every port free; no pools, so the Stack starts the emulated fleet itself."""
+    return load_text(json.dumps({
+        "listener": {"port": free_port()},
+        "envoy_admin": {"port": free_port()},
+        "control_plane": {"xds": f"127.0.0.1:{free_port()}", "admin": f"127.0.0.1:{free_port()}"},
+        "ext_proc": {"address": [f"127.0.0.1:{free_port()}"],
+                     "metrics": f"127.0.0.1:{free_port()}"},
+        "session": {"headers": [header]},
+    }))
+
+
+def stack_for(mode: Mode, options: CompareOptions) -> Stack:
+    engine = options.engine
+    args = ("--time-scale", repr(engine.time_scale), *emulator_flags(engine))
+    if not mode.ddr_pool:
+        args = (*args, "--no-ddr-pool")
+    return Stack(gateway_config(options.header), options.workdir / str(mode).replace("+", "-"),
+                 mode=_ROUTING[mode], emulated_engines=engine.instances, emulator_args=args)
+
+
+async def compare(workload: Workload, modes: Sequence[Mode], options: CompareOptions,
+                  say: Callable[[str], None] = lambda line: None) -> dict[Mode, DriveResult]:
+    results: dict[Mode, DriveResult] = {}
+    for mode in modes:
+        stack = stack_for(mode, options)
+        say(f"{mode}: starting {options.engine.instances} engines and the gateway")
+        await stack.start()
+        try:
+            pool = stack.config.pools[0]
+            drive_options = DriveOptions(
+                url=f"http://{stack.config.listener}", time_scale=options.engine.time_scale,
+                header=options.header, engines=[f"http://{e.key}" for e in pool.endpoints],
+                progress=options.progress, label=str(mode),
+            )
+            results[mode] = await drive(workload, drive_options)
+        finally:
+            await stack.stop()
+        r = results[mode]
+        say(f"{mode}: {r.stats.figures()['requests']} measured requests, "
+            f"{r.stats.errors} errors, engines used {len(r.engines)}, "
+            f"worst send lateness {r.late_s * 1000:.0f} ms wall")
+    return results

@@ -1,0 +1,49 @@
+"""Engine-fleet options shared by `kvgate simulate` and `kvgate bench --compare`, so both
+model the same engines (the emulator's own options and defaults)."""
+
+from __future__ import annotations
+
+import argparse
+
+from emulator.options import EmulatorOptions
+
+DEFAULT_BLOCK_SIZE = 128  # vLLM-Ascend's block, as on the bank's fleet
+
+_FIELDS: tuple[tuple[str, type, str], ...] = (
+    ("hbm_tokens", int, "HBM KV capacity per engine, tokens"),
+    ("ddr_tokens", int, "DDR pool capacity, tokens (default 8 x the fleet's HBM)"),
+    ("prefill_tokens_per_s", float, "prefill rate per engine"),
+    ("decode_ms_per_token", float, "decode time per output token"),
+    ("prefill_overhead_ms", float, "fixed TTFT overhead"),
+    ("ddr_gbps", float, "DDR->HBM bandwidth per engine, GB/s"),
+    ("max_num_seqs", int, "concurrent requests per engine"),
+)
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser, engines: int) -> None:
+    group = parser.add_argument_group("engines (the emulator's model and defaults)")
+    group.add_argument("--engines", type=int, default=engines, help="engines (%(default)s)")
+    group.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
+                       help="KV block, tokens (%(default)s)")
+    defaults = EmulatorOptions()
+    for name, kind, text in _FIELDS:
+        group.add_argument(f"--{name.replace('_', '-')}", type=kind,
+                           default=getattr(defaults, name), help=f"{text} (%(default)s)")
+
+
+def emulator_options(args: argparse.Namespace, time_scale: float = 1.0) -> EmulatorOptions:
+    options = EmulatorOptions(instances=args.engines, block_size=args.block_size,
+                              time_scale=time_scale,
+                              **{name: getattr(args, name) for name, _, _ in _FIELDS})
+    options.validate()
+    return options
+
+
+def emulator_flags(options: EmulatorOptions) -> tuple[str, ...]:
+    """The same options as `python -m emulator` flags (instances and time scale excluded)."""
+    flags: list[str] = ["--block-size", str(options.block_size)]
+    for name, _, _ in _FIELDS:
+        value = getattr(options, name)
+        if value is not None:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    return tuple(flags)

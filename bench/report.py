@@ -1,0 +1,137 @@
+"""Per-request samples → per-mode figures → JSON, markdown table and PNG chart."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(slots=True)
+class ModeStats:
+    """Accumulates the measured (post-warm-up) requests of one mode."""
+
+    ttfts: list[float] = field(default_factory=list)  # emulated seconds, successful requests
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    hbm_tokens: int | None = 0  # None: the split is unknown (no engine metrics)
+    ddr_tokens: int | None = 0
+    errors: int = 0
+    first_arrival: float = math.inf
+    last_finish: float = 0.0
+
+    def add(self, arrival: float, ttft: float, finish: float, prompt: int, cached: int,
+            hbm: int | None = None, ddr: int | None = None) -> None:
+        self.ttfts.append(ttft)
+        self.prompt_tokens += prompt
+        self.cached_tokens += cached
+        self.hbm_tokens = None if hbm is None or self.hbm_tokens is None else self.hbm_tokens + hbm
+        self.ddr_tokens = None if ddr is None or self.ddr_tokens is None else self.ddr_tokens + ddr
+        self.first_arrival = min(self.first_arrival, arrival)
+        self.last_finish = max(self.last_finish, finish)
+
+    def error(self, arrival: float) -> None:
+        self.errors += 1
+        self.first_arrival = min(self.first_arrival, arrival)
+
+    def figures(self) -> dict[str, Any]:
+        prompt = self.prompt_tokens or 1
+        span = self.last_finish - self.first_arrival
+        return {
+            "hit_rate": self.cached_tokens / prompt,
+            "hbm_hit_rate": None if self.hbm_tokens is None else self.hbm_tokens / prompt,
+            "ddr_hit_rate": None if self.ddr_tokens is None else self.ddr_tokens / prompt,
+            "ttft_p50_s": percentile(self.ttfts, 50),
+            "ttft_p90_s": percentile(self.ttfts, 90),
+            "ttft_p99_s": percentile(self.ttfts, 99),
+            "requests": len(self.ttfts) + self.errors,
+            "errors": self.errors,
+            "throughput_rps": len(self.ttfts) / span if span > 0 else 0.0,
+        }
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile (0.0 for no values)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    rank = max(1, math.ceil(pct / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def result_document(workload: Mapping[str, Any], modes: Mapping[str, ModeStats],
+                    oracle: float) -> dict[str, Any]:
+    return {"workload": dict(workload), "modes": {m: s.figures() for m, s in modes.items()},
+            "oracle_hit_rate": oracle}
+
+
+def _pct(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.1f} %"
+
+
+def markdown_table(document: Mapping[str, Any]) -> str:
+    rows = ["| mode | hit rate | HBM | DDR | TTFT p50 | TTFT p90 | TTFT p99 | requests | errors "
+            "| req/s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for mode, f in document["modes"].items():
+        rows.append(
+            f"| {mode} | {_pct(f['hit_rate'])} | {_pct(f['hbm_hit_rate'])} | "
+            f"{_pct(f['ddr_hit_rate'])} | {f['ttft_p50_s']:.2f} s | {f['ttft_p90_s']:.2f} s | "
+            f"{f['ttft_p99_s']:.2f} s | {f['requests']} | {f['errors']} | "
+            f"{f['throughput_rps']:.2f} |"
+        )
+    rows.append(f"\noracle hit rate (infinite cache, perfect routing): "
+                f"{_pct(document['oracle_hit_rate'])}")
+    return "\n".join(rows) + "\n"
+
+
+def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], path: Path,
+          title: str) -> None:
+    """TTFT distribution (CDF, log scale) and hit rate per mode, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for mode, values in ttfts.items():
+        ordered = sorted(v for v in values if v > 0)
+        if ordered:
+            ys = [(i + 1) / len(ordered) for i in range(len(ordered))]
+            left.plot(ordered, ys, label=mode)
+    left.set_xscale("log")
+    left.set_xlabel("TTFT (emulated seconds, log scale)")
+    left.set_ylabel("share of requests")
+    left.set_title("TTFT distribution (CDF)")
+    left.grid(True, which="both", alpha=0.3)
+    left.legend()
+    modes = list(document["modes"])
+    hbm = [100 * (document["modes"][m]["hbm_hit_rate"] or 0) for m in modes]
+    ddr = [100 * (document["modes"][m]["ddr_hit_rate"] or 0) for m in modes]
+    total = [100 * document["modes"][m]["hit_rate"] for m in modes]
+    right.bar(modes, hbm, label="HBM")
+    right.bar(modes, ddr, bottom=hbm, label="DDR pool")
+    for i, value in enumerate(total):
+        right.text(i, value + 1, f"{value:.1f} %", ha="center")
+    right.axhline(100 * document["oracle_hit_rate"], color="k", linestyle="--", label="oracle")
+    right.set_ylim(0, 105)
+    right.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
+    right.set_title("hit rate")
+    right.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(out: Path, stem: str, document: Mapping[str, Any],
+                  ttfts: Mapping[str, Sequence[float]], title: str) -> list[Path]:
+    """``<stem>.json``, ``<stem>.md``, ``<stem>.png`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
+    paths[0].write_text(json.dumps(document, indent=2) + "\n")
+    paths[1].write_text(f"# {title}\n\n{markdown_table(document)}")
+    chart(document, ttfts, paths[2], title)
+    return paths

@@ -1,0 +1,91 @@
+"""`kvgate simulate`: the workload through each routing mode of a simulated fleet."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.fleet_options import add_fleet_arguments, emulator_options
+from bench.modes import parse_modes
+from bench.report import ModeStats, markdown_table, result_document, write_outputs
+from simulator.run import FleetEvent, SimConfig, simulate
+from workload.cli import add_workload_arguments, workload_from_args
+from workload.hashing import oracle_hit_rate
+
+DEFAULT_ENGINES = 16
+
+
+def fleet_event(kind: str) -> Callable[[str], FleetEvent]:
+    """Parser of ``ENGINE@T`` (engine index, emulated second) for --fail / --drain."""
+
+    def parse(text: str) -> FleetEvent:
+        engine, _, at = text.partition("@")
+        try:
+            return FleetEvent(kind, int(engine), float(at))
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"expected ENGINE@T (e.g. 3@1200), got {text!r}") from None
+
+    return parse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_workload_arguments(parser)
+    add_fleet_arguments(parser, DEFAULT_ENGINES)
+    a = parser.add_argument
+    a("--modes", type=parse_modes, default=parse_modes("all"),
+      help="comma-separated: round_robin,ring_hash,affinity,affinity+ddr (all)")
+    a("--fail", type=fleet_event("fail"), action="append", default=[], metavar="ENGINE@T",
+      help="engine index ENGINE fails at emulated second T (repeatable)")
+    a("--drain", type=fleet_event("drain"), action="append", default=[], metavar="ENGINE@T",
+      help="engine index ENGINE is drained at emulated second T (repeatable)")
+    a("--load-factor", type=float, default=1.25, help="kvgate bounded load (%(default)s)")
+    a("--out", type=Path, help="write <name>.json, .md and .png here")
+    a("--name", help="output file stem (default simulate-<workload>)")
+    a("--no-oracle", action="store_true", help="skip the oracle hit rate (saves a pass)")
+    a("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = emulator_options(args)
+    except ValueError as exc:
+        print(f"kvgate simulate: {exc}", file=sys.stderr)
+        return 2
+    started = time.perf_counter()
+    workload = workload_from_args(args, options.instances)
+    built = time.perf_counter()
+    print(f"workload {workload.name}: {len(workload.requests)} requests over "
+          f"{workload.duration:.0f} s ({built - started:.1f} s to build)", file=sys.stderr)
+    config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
+                       progress=not args.quiet and sys.stderr.isatty())
+    stats: dict[str, ModeStats] = {}
+    for mode in args.modes:
+        t0 = time.perf_counter()
+        stats[mode] = simulate(workload, mode, config).stats
+        print(f"  {mode}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    measured = [workload.measured(r) for r in workload.requests]
+    oracle = 0.0 if args.no_oracle else oracle_hit_rate(workload.requests, options.block_size,
+                                                        measured)
+    describe = {**workload.describe, "engines": options.instances,
+                "block_size": options.block_size, "hbm_tokens": options.hbm_tokens,
+                "ddr_tokens": options.pool_tokens, "fail": [vars_of(e) for e in args.fail],
+                "drain": [vars_of(e) for e in args.drain], "tool": "kvgate simulate"}
+    document = result_document(describe, stats, oracle)
+    print(markdown_table(document))
+    print(f"simulated in {time.perf_counter() - started:.1f} s wall", file=sys.stderr)
+    if args.out is not None:
+        title = (f"kvgate simulate: {workload.name}, {options.instances} engines, "
+                 f"{len(workload.requests)} requests")
+        name = args.name or f"simulate-{workload.name}"
+        for path in write_outputs(args.out, name, document,
+                                  {m: s.ttfts for m, s in stats.items()}, title):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+def vars_of(event: FleetEvent) -> dict[str, object]:
+    return {"engine": event.engine, "time": event.time}

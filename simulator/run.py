@@ -1,0 +1,159 @@
+"""The event loop: requests in arrival order, first-token and finish events on a heap.
+
+Each engine is the emulator's ``EngineModel`` (prefix cache, FCFS slots and prefill queue, the
+same TTFT formula), the DDR pool the emulator's ``DdrPool``; the engine's schedule is closed form,
+so an arrival is admitted at once and its first token and finish are pushed on the heap. A DDR
+write happens at the first token, as in the emulator. A failed engine loses its HBM and its
+requests still waiting for a first token (they count as errors); a draining engine keeps its
+sessions but gets no new ones (kvgate) or leaves the load balancer (Envoy modes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from bench.modes import Mode
+from bench.report import ModeStats
+from emulator.ddr_pool import DdrPool
+from emulator.engine_model import Admission, EngineModel
+from emulator.options import EmulatorOptions
+from simulator.routing import make_router
+from workload.hashing import BlockHasher
+from workload.model import Workload
+
+_FIRST, _FINISH, _FLEET = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent:
+    """``fail`` or ``drain`` engine ``engine`` (an index) at emulated time ``time``."""
+
+    kind: str
+    engine: int
+    time: float
+
+
+@dataclass(slots=True)
+class SimConfig:
+    engine: EmulatorOptions  # instances = engines; block size, HBM, DDR, speed
+    load_factor: float = 1.25
+    idle_ttl: float = 3600.0
+    events: Sequence[FleetEvent] = ()
+    progress: bool = False
+
+
+@dataclass(slots=True)
+class SimResult:
+    stats: ModeStats
+    per_engine_requests: list[int] = field(default_factory=list)
+    assignments: list[int] = field(default_factory=list)  # engine per request, -1 = unrouted
+
+
+def engine_address(index: int) -> str:
+    return f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}:8000"
+
+
+def simulate(workload: Workload, mode: Mode, config: SimConfig) -> SimResult:
+    """Run one mode over the whole workload."""
+    return asyncio.run(simulate_async(workload, mode, config))
+
+
+async def simulate_async(workload: Workload, mode: Mode, config: SimConfig) -> SimResult:
+    options = config.engine
+    n = options.instances
+    engine_config = options.engine_config()
+    engines = [EngineModel(engine_config) for _ in range(n)]
+    generation = [0] * n
+    addresses = [engine_address(i) for i in range(n)]
+    index = {a: i for i, a in enumerate(addresses)}
+    pool = DdrPool(options.pool_tokens, options.block_size) if mode.ddr_pool else None
+    clock = [0.0]
+    router = make_router(mode, addresses, lambda: clock[0], config.load_factor, config.idle_ttl)
+    hasher = BlockHasher(options.block_size)
+    requests = workload.requests
+    last = {id(r.chain): i for i, r in enumerate(requests)}
+    stats = ModeStats()
+    per_engine = [0] * n
+    assignments = [-1] * len(requests)
+    heap: list[tuple[float, int, int, object]] = []
+    seq = 0
+    for event in config.events:
+        if not 0 <= event.engine < n:
+            raise ValueError(f"no engine {event.engine} (engines are 0..{n - 1})")
+        heapq.heappush(heap, (event.time, seq, _FLEET, event))
+        seq += 1
+
+    def handle(kind: int, data: object) -> None:
+        if kind == _FLEET:
+            assert isinstance(data, FleetEvent)
+            e = data.engine
+            if data.kind == "fail":
+                generation[e] += 1
+                engines[e] = EngineModel(engine_config)  # HBM lost; back empty only if undrained
+                router.set_state(addresses[e], "failed")
+            else:
+                router.set_state(addresses[e], "draining")
+            return
+        e, gen, admission, i = data  # type: ignore[misc]
+        if gen != generation[e]:
+            if kind == _FIRST and workload.measured(requests[i]):
+                stats.error(requests[i].arrival)
+            return
+        if kind == _FINISH:
+            engines[e].finish(admission)
+            return
+        if pool is not None:
+            pool.insert(admission.to_pool)
+        request = requests[i]
+        if workload.measured(request):
+            slot = admission.slot
+            stats.add(request.arrival, slot.ttft, slot.finish, admission.prompt_tokens,
+                      admission.cached_tokens, admission.hbm_hit_tokens, admission.ddr_hit_tokens)
+
+    bar = _progress(config.progress, len(requests), mode)
+    for i, request in enumerate(requests):
+        now = request.arrival
+        while heap and heap[0][0] <= now:
+            _, _, kind, data = heapq.heappop(heap)
+            handle(kind, data)
+        clock[0] = now
+        hashes = hasher.hashes(request)
+        if last[id(request.chain)] == i:
+            hasher.forget(request)
+        address = await router.route(request.session)
+        if address is None:
+            if workload.measured(request):
+                stats.error(now)
+            continue
+        e = index[address]
+        per_engine[e] += 1
+        assignments[i] = e
+        engine = engines[e]
+        probe = engine.probe_hashes(hashes, request.prompt_tokens)
+        ddr = pool.lookup(probe.ddr_candidates) if pool is not None else None
+        admission: Admission = engine.admit(now, probe, request.max_tokens, ddr)
+        heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST,
+                              (e, generation[e], admission, i)))
+        heapq.heappush(heap, (admission.slot.finish, seq + 1, _FINISH,
+                              (e, generation[e], admission, i)))
+        seq += 2
+        if bar is not None and i % 2000 == 0:
+            bar.update(i - bar.n)
+    while heap:
+        _, _, kind, data = heapq.heappop(heap)
+        handle(kind, data)
+    if bar is not None:
+        bar.update(len(requests) - bar.n)
+        bar.close()
+    return SimResult(stats, per_engine, assignments)
+
+
+def _progress(enabled: bool, total: int, mode: Mode):  # type: ignore[no-untyped-def]
+    if not enabled:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=f"simulate {mode}", unit="req", mininterval=0.5, leave=False)

@@ -1,0 +1,42 @@
+"""Small workloads and traces the bench/simulator tests share."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from workload.bank import BankCodingOptions, bank_coding
+from workload.model import Workload
+
+
+def small_bank(sessions: int = 12, duration_s: float = 240.0, seed: int = 0,
+               context: int = 3000) -> Workload:
+    workload = bank_coding(BankCodingOptions(
+        sessions=sessions, duration_s=duration_s, ramp_s=60.0, seed=seed,
+        context_median_tokens=context, context_min_tokens=1000, context_max_tokens=8000,
+        think_median_s=20.0, answer_median_tokens=60, answer_max_tokens=200,
+    ))
+    workload.warmup_s = 0.0
+    return workload
+
+
+def write_trace(path: Path, conversations: int = 8, turns: int = 3, seed: int = 0) -> Path:
+    """A Mooncake-format trace: each conversation re-sends its history plus new blocks."""
+    rng = random.Random(seed)
+    next_id = 1
+    records = []
+    for c in range(conversations):
+        ids = [0]  # shared system prompt block
+        t = c * 2000
+        for _ in range(turns):
+            for _ in range(rng.randint(1, 3)):
+                ids.append(next_id)
+                next_id += 1
+            length = 512 * (len(ids) - 1) + rng.randint(1, 512)
+            records.append({"timestamp": t, "input_length": length,
+                            "output_length": rng.randint(5, 50), "hash_ids": list(ids)})
+            t += rng.randint(5000, 20000)
+    records.sort(key=lambda r: r["timestamp"])
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path

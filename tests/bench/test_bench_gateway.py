@@ -1,0 +1,68 @@
+"""`kvgate bench --gateway` against an emulated engine (an OpenAI-compatible endpoint)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bench.client import DriveOptions, drive
+from bench.modes import Mode
+from bench_helpers import small_bank
+from emulator.fleet import Fleet
+from emulator.options import EmulatorOptions
+from kvgate.cli import main
+from simulator.run import SimConfig, simulate_async
+
+SCALE = 0.01  # 240 emulated seconds in 2.4 wall seconds
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[str]:
+    options = EmulatorOptions(instances=1, time_scale=SCALE, block_size=16, no_ddr_pool=True)
+    async with Fleet(options) as fleet:
+        yield fleet.engines[0]
+
+
+async def test_drive_measures_hits_like_the_simulator_and_excludes_warmup(engine: str) -> None:
+    workload = small_bank(sessions=10)
+    workload.warmup_s = 60.0
+    measured = sum(1 for r in workload.requests if workload.measured(r))
+    assert 0 < measured < len(workload.requests)
+    url = f"http://{engine}"
+    result = await drive(workload, DriveOptions(url, time_scale=SCALE, engines=[url]))
+    f = result.stats.figures()
+    assert (f["requests"], f["errors"]) == (measured, 0)
+    assert result.engines == {engine: len(workload.requests)}
+    assert result.counters is not None and result.counters.queries > 0
+    # cached_tokens (usage) and the /metrics delta agree; no DDR tier here
+    assert f["hbm_hit_rate"] == pytest.approx(f["hit_rate"], abs=0.03)
+    assert f["ddr_hit_rate"] == 0.0
+    expected = (await simulate_async(workload, Mode.AFFINITY,
+                        SimConfig(EmulatorOptions(instances=1, block_size=16)))).stats.figures()
+    assert f["hit_rate"] == pytest.approx(expected["hit_rate"], abs=0.02)
+    assert f["hit_rate"] > 0.3
+    assert 0 < f["ttft_p50_s"] <= f["ttft_p99_s"] < 60
+
+
+async def test_bench_command_writes_outputs(engine: str, tmp_path: Path) -> None:
+    args = ["bench", "--gateway", f"http://{engine}", "--engine-urls", f"http://{engine}",
+            "--sessions", "4", "--duration-s", "120", "--time-scale", str(SCALE),
+            "--block-size", "16", "--out", str(tmp_path), "--quiet"]
+    assert await asyncio.to_thread(main, args) == 0
+    document = json.loads((tmp_path / "bench-bank-coding.json").read_text())
+    assert list(document["modes"]) == ["gateway"]
+    assert document["modes"]["gateway"]["errors"] == 0
+    assert document["modes"]["gateway"]["requests"] > 0
+
+
+async def test_unreachable_gateway_counts_errors() -> None:
+    workload = small_bank(sessions=2, duration_s=20)
+    from kvgate.runtime.ports import free_port
+
+    url = f"http://127.0.0.1:{free_port()}"
+    result = await drive(workload, DriveOptions(url, time_scale=SCALE, model="m"))
+    assert result.stats.errors == len(workload.requests)

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.modes import Mode, parse_modes
+from bench.report import ModeStats, percentile, result_document, write_outputs
+
+KEYS = {"hit_rate", "hbm_hit_rate", "ddr_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+        "requests", "errors", "throughput_rps"}
+
+
+def test_percentiles_are_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert (percentile(values, 50), percentile(values, 90), percentile(values, 99)) == (
+        50.0, 90.0, 99.0)
+    assert percentile([], 50) == 0.0
+
+
+def test_figures_and_outputs_have_the_documented_shape(tmp_path: Path) -> None:
+    stats = ModeStats()
+    for i in range(10):
+        stats.add(arrival=float(i), ttft=0.1 * (i + 1), finish=float(i) + 2, prompt=1000,
+                  cached=600, hbm=400, ddr=200)
+    stats.error(11.0)
+    document = result_document({"name": "w"}, {"affinity+ddr": stats}, 0.7)
+    assert set(document) == {"workload", "modes", "oracle_hit_rate"}
+    f = document["modes"]["affinity+ddr"]
+    assert set(f) == KEYS
+    assert (f["hit_rate"], f["hbm_hit_rate"], f["ddr_hit_rate"]) == pytest.approx((0.6, 0.4, 0.2))
+    assert (f["requests"], f["errors"]) == (11, 1)
+    assert f["ttft_p50_s"] == pytest.approx(0.5)
+    assert f["throughput_rps"] == pytest.approx(10 / 11)
+    paths = write_outputs(tmp_path, "x", document, {"affinity+ddr": stats.ttfts}, "t")
+    assert json.loads(paths[0].read_text()) == document
+    assert "| affinity+ddr | 60.0 % | 40.0 % | 20.0 % |" in paths[1].read_text()
+    assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_modes_parse() -> None:
+    assert parse_modes("all") == tuple(Mode)
+    assert parse_modes("affinity+ddr,round_robin") == (Mode.AFFINITY_DDR, Mode.ROUND_ROBIN)
+    with pytest.raises(ValueError, match="unknown mode"):
+        parse_modes("random")

@@ -1,0 +1,95 @@
+from __future__ import annotations
+
+from collections import defaultdict
+
+import pytest
+
+from bench.modes import ALL_MODES, Mode
+from emulator.options import EmulatorOptions
+from simulator.run import FleetEvent, SimConfig, simulate
+from bench_helpers import small_bank
+from workload.hashing import oracle_hit_rate
+from workload.model import Workload
+
+
+def _config(engines: int = 4, **kw: object) -> SimConfig:
+    return SimConfig(EmulatorOptions(instances=engines, block_size=16), **kw)  # type: ignore[arg-type]
+
+
+def test_modes_rank_as_the_cache_model_says_and_never_beat_the_oracle() -> None:
+    workload = small_bank(sessions=24)
+    oracle = oracle_hit_rate(workload.requests, 16, [True] * len(workload.requests))
+    figures = {m: simulate(workload, m, _config()).stats.figures() for m in ALL_MODES}
+    for mode, f in figures.items():
+        assert f["requests"] == len(workload.requests) and f["errors"] == 0, mode
+        assert f["hit_rate"] <= oracle + 1e-9, mode
+        assert f["hit_rate"] == pytest.approx(f["hbm_hit_rate"] + f["ddr_hit_rate"])
+    assert figures[Mode.ROUND_ROBIN]["hit_rate"] < figures[Mode.AFFINITY]["hit_rate"] - 0.2
+    assert figures[Mode.AFFINITY]["ddr_hit_rate"] == 0.0
+    assert figures[Mode.AFFINITY_DDR]["hit_rate"] >= figures[Mode.AFFINITY]["hit_rate"]
+    assert figures[Mode.AFFINITY_DDR]["hit_rate"] == pytest.approx(oracle, abs=0.02)
+
+
+def _engines_by_session(workload: Workload, assignments: list[int]) -> dict[str, set[int]]:
+    engines: dict[str, set[int]] = defaultdict(set)
+    for request, engine in zip(workload.requests, assignments, strict=True):
+        engines[request.session].add(engine)
+    return engines
+
+
+def test_affinity_keeps_each_session_on_one_engine_and_round_robin_spreads() -> None:
+    workload = small_bank(sessions=24)
+    config = _config()
+    rr = simulate(workload, Mode.ROUND_ROBIN, config)
+    assert max(rr.per_engine_requests) - min(rr.per_engine_requests) <= 1  # strict rotation
+    assert any(len(e) > 1 for e in _engines_by_session(workload, rr.assignments).values())
+    for mode in (Mode.RING_HASH, Mode.AFFINITY, Mode.AFFINITY_DDR):
+        result = simulate(workload, mode, config)
+        by_session = _engines_by_session(workload, result.assignments)
+        assert all(len(e) == 1 for e in by_session.values()), mode
+        assert len(set().union(*by_session.values())) >= 3, mode  # sessions spread
+
+
+def test_a_failed_engine_gets_no_more_requests_and_its_sessions_move() -> None:
+    workload = small_bank(sessions=40, duration_s=400)
+    fail_at = 150.0
+    before = simulate(workload, Mode.AFFINITY_DDR, _config())
+    victim = max(range(4), key=lambda i: before.per_engine_requests[i])
+    after = simulate(workload, Mode.AFFINITY_DDR,
+                     _config(events=[FleetEvent("fail", victim, fail_at)]))
+    moved = set()
+    started: dict[str, float] = {}
+    for request, b, a in zip(workload.requests, before.assignments, after.assignments,
+                             strict=True):
+        started.setdefault(request.session, request.arrival)
+        if request.arrival < fail_at:
+            assert a == b
+        else:
+            assert a not in (victim, -1)
+            if b == victim:
+                moved.add(request.session)
+            elif started[request.session] < fail_at:
+                assert a == b  # bound sessions elsewhere stay put
+    assert moved
+    # the moved sessions find their prefixes in the shared DDR pool
+    assert after.stats.figures()["ddr_hit_rate"] > before.stats.figures()["ddr_hit_rate"]
+
+
+def test_drain_takes_no_new_sessions_but_keeps_its_own() -> None:
+    workload = small_bank(sessions=40, duration_s=400)
+    drain_at = 100.0
+    result = simulate(workload, Mode.AFFINITY, _config(events=[FleetEvent("drain", 0, drain_at)]))
+    started: dict[str, float] = {}
+    kept = 0
+    for request, engine in zip(workload.requests, result.assignments, strict=True):
+        started.setdefault(request.session, request.arrival)
+        if engine == 0 and request.arrival >= drain_at:
+            assert started[request.session] < drain_at  # an old session, kept
+            kept += 1
+    assert kept > 0
+    assert sum(1 for t in started.values() if t >= drain_at) > 10
+
+
+def test_unknown_engine_in_an_event_is_refused() -> None:
+    with pytest.raises(ValueError, match="no engine 9"):
+        simulate(small_bank(sessions=2), Mode.AFFINITY, _config(events=[FleetEvent("fail", 9, 1)]))

@@ -1,0 +1,45 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench_helpers import write_trace
+from workload.hashing import BlockHasher, oracle_hit_rate
+from workload.trace import mooncake_trace
+
+
+def test_trace_blocks_become_prompts_sharing_exactly_the_traces_blocks(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in [
+        {"timestamp": 0, "input_length": 1100, "output_length": 7, "hash_ids": [0, 5, 6]},
+        {"timestamp": 1500, "input_length": 2000, "output_length": 9, "hash_ids": [0, 5, 6, 9]},
+        {"timestamp": 2500, "input_length": 600, "output_length": 0, "hash_ids": [0, 8]},
+    ]) + "\n")
+    workload = mooncake_trace(path)
+    a, b, c = workload.requests
+    assert [r.prompt_tokens for r in workload.requests] == [1100, 2000, 600]
+    assert [r.session for r in workload.requests] == ["mooncake-5", "mooncake-5", "mooncake-8"]
+    assert (a.arrival, b.arrival, c.max_tokens) == (0.0, 1.5, 1)
+    hasher = BlockHasher(512)
+    ha, hb, hc = (hasher.hashes(r) for r in (a, b, c))
+    assert ha == hb[:2]  # a's third block is partial (76 tokens): only two full blocks
+    assert hc[0] == ha[0] and hc[0:1] == hb[0:1] and len(hc) == 1
+    # infinite cache: b reuses a's 2 full blocks, c reuses block 0
+    assert oracle_hit_rate(workload.requests, 512, [True] * 3) == pytest.approx(
+        (2 * 512 + 512) / 3700)
+
+
+def test_generated_trace_replays_in_time_order(tmp_path: Path) -> None:
+    workload = mooncake_trace(write_trace(tmp_path / "t.jsonl"), limit=10)
+    assert len(workload.requests) == 10
+    assert [r.arrival for r in workload.requests] == sorted(r.arrival for r in workload.requests)
+
+
+def test_bad_trace_line_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}\n'
+                    '{"timestamp": 0}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        mooncake_trace(path)

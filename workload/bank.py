@@ -1,0 +1,101 @@
+"""`bank-coding`: developers in multi-turn sessions with a code assistant, ramping to a peak.
+
+Each turn's prompt = shared system prompt + the session's code files + the conversation so far
+(earlier questions and answers) + a new question; turn t+1's prompt therefore extends turn t's.
+Arrivals are open loop (independent of how fast the fleet answers, so every routing mode sees the
+same requests): a developer asks again after the previous answer has streamed (answer tokens x
+the decode rate) plus a think time. Session starts follow a ramp to a peak, then the peak holds.
+
+Defaults are assumptions drawn from published shapes of coding-assistant use, not fitted to any
+result; docs/benchmarks.md gives the reasoning for each.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass
+
+from workload.model import Request, Segment, Workload
+
+SYSTEM_KEY = 1  # the one system prompt every session shares
+
+
+@dataclass(frozen=True, slots=True)
+class BankCodingOptions:
+    sessions: int = 3200  # developer sessions starting within the run (200 per engine of 16)
+    duration_s: float = 3600.0  # one hour of peak (emulated seconds)
+    ramp_s: float = 900.0  # session starts ramp linearly up to the peak rate over this long
+    ramp_start: float = 0.2  # start rate at t=0 as a fraction of the peak rate
+    system_tokens: int = 1500  # IDE assistant system prompt + tool/format instructions
+    context_median_tokens: int = 12000  # the session's open code files (log-normal)
+    context_sigma: float = 0.6
+    context_min_tokens: int = 2000
+    context_max_tokens: int = 48000
+    turns_mean: float = 6.0  # turns per session (geometric)
+    turns_max: int = 40
+    question_median_tokens: int = 150  # new question, incl. a pasted snippet (log-normal)
+    question_sigma: float = 0.8
+    answer_median_tokens: int = 400  # answer length = max_tokens (log-normal)
+    answer_sigma: float = 0.6
+    answer_max_tokens: int = 2048
+    think_median_s: float = 60.0  # reading the answer, editing, asking again (log-normal)
+    think_sigma: float = 0.8
+    decode_s_per_token: float = 0.035  # how fast an answer streams (the engines' decode rate)
+    seed: int = 0
+
+
+def _lognormal(rng: random.Random, median: float, sigma: float, low: float, high: float) -> float:
+    return min(high, max(low, rng.lognormvariate(math.log(median), sigma)))
+
+
+def _start_time(u: float, o: BankCodingOptions) -> float:
+    """Inverse CDF of the session-start rate: linear ramp from ramp_start to 1, then flat."""
+    ramp = min(o.ramp_s, o.duration_s)
+    r0 = o.ramp_start
+    ramp_mass = r0 * ramp + (1 - r0) * ramp / 2
+    total = ramp_mass + (o.duration_s - ramp)
+    target = u * total
+    if target >= ramp_mass or ramp <= 0:
+        return ramp + (target - ramp_mass)
+    a = (1 - r0) / (2 * ramp)  # a t^2 + r0 t = target
+    if a == 0:
+        return target / r0
+    return (-r0 + math.sqrt(r0 * r0 + 4 * a * target)) / (2 * a)
+
+
+def _session(o: BankCodingOptions, index: int) -> list[Request]:
+    rng = random.Random(f"bank-coding:{o.seed}:{index}")
+    start = _start_time(rng.random(), o)
+    session = f"bank-{o.seed}-{index:07d}"
+    context = round(_lognormal(rng, o.context_median_tokens, o.context_sigma,
+                               o.context_min_tokens, o.context_max_tokens))
+    turns = 1
+    p_stop = 1.0 / max(1.0, o.turns_mean)
+    while turns < o.turns_max and rng.random() > p_stop:
+        turns += 1
+    chain: list[Segment] = [Segment(SYSTEM_KEY, o.system_tokens),
+                            Segment(rng.getrandbits(62) | 1 << 62, context)]
+    requests: list[Request] = []
+    t = start
+    for _ in range(turns):
+        if t >= o.duration_s:
+            break
+        question = round(_lognormal(rng, o.question_median_tokens, o.question_sigma, 8, 8000))
+        answer = round(_lognormal(rng, o.answer_median_tokens, o.answer_sigma, 16,
+                                  o.answer_max_tokens))
+        chain.append(Segment(rng.getrandbits(62) | 1 << 62, question))
+        requests.append(Request(t, session, chain, len(chain), answer))
+        chain.append(Segment(rng.getrandbits(62) | 1 << 62, answer))  # the reply, resent later
+        t += answer * o.decode_s_per_token + _lognormal(rng, o.think_median_s, o.think_sigma,
+                                                        5.0, 1800.0)
+    return requests
+
+
+def bank_coding(options: BankCodingOptions) -> Workload:
+    """The workload, sorted by arrival (ties by session)."""
+    if options.sessions < 0 or options.duration_s <= 0:
+        raise ValueError("sessions must be >= 0 and duration_s > 0")
+    requests = [r for i in range(options.sessions) for r in _session(options, i)]
+    requests.sort(key=lambda r: (r.arrival, r.session))
+    return Workload("bank-coding", requests, {"name": "bank-coding", **asdict(options)})

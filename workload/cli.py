@@ -1,0 +1,70 @@
+"""Workload options shared by `kvgate bench` and `kvgate simulate`, and building from them."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from workload.bank import BankCodingOptions, bank_coding
+from workload.model import Workload
+from workload.trace import mooncake_trace
+
+SESSIONS_PER_ENGINE = 200  # default bank-coding load: see docs/benchmarks.md
+WARMUP_SHARE = 0.1  # default warm-up: the first 10 % of the workload's span
+
+_BANK_HELP = {
+    "duration_s": "emulated seconds of traffic",
+    "ramp_s": "session starts ramp up to the peak rate over this long",
+    "ramp_start": "start rate at t=0 as a fraction of the peak rate",
+    "system_tokens": "shared system prompt, tokens",
+    "context_median_tokens": "median code context (files) per session, tokens (log-normal)",
+    "context_sigma": "log-normal sigma of the code context",
+    "context_min_tokens": "smallest code context",
+    "context_max_tokens": "largest code context",
+    "turns_mean": "mean turns per session (geometric)",
+    "turns_max": "most turns in a session",
+    "question_median_tokens": "median new question, tokens (log-normal)",
+    "question_sigma": "log-normal sigma of questions",
+    "answer_median_tokens": "median answer (max_tokens), tokens (log-normal)",
+    "answer_sigma": "log-normal sigma of answers",
+    "answer_max_tokens": "longest answer",
+    "think_median_s": "median think time between an answer and the next question, s",
+    "think_sigma": "log-normal sigma of think times",
+    "decode_s_per_token": "how fast an answer streams, s/token (for the next turn's time)",
+}
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("workload (default: bank-coding)")
+    group.add_argument("--trace", type=Path, metavar="FILE",
+                       help="replay a Mooncake-format trace instead of bank-coding")
+    group.add_argument("--trace-limit", type=int, metavar="N", help="only the first N requests")
+    group.add_argument("--sessions", type=int,
+                       help=f"bank-coding sessions (default {SESSIONS_PER_ENGINE} per engine)")
+    group.add_argument("--seed", type=int, default=0, help="workload seed (%(default)s)")
+    group.add_argument("--warmup", type=float, metavar="S",
+                       help="emulated seconds at the start excluded from the figures "
+                       f"(default {WARMUP_SHARE:.0%} of the workload's span)")
+    defaults = BankCodingOptions()
+    for f in dataclasses.fields(BankCodingOptions):
+        if f.name in ("sessions", "seed"):
+            continue
+        group.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(defaults, f.name)),
+                           default=getattr(defaults, f.name),
+                           help=f"bank-coding: {_BANK_HELP[f.name]} (%(default)s)")
+
+
+def workload_from_args(args: argparse.Namespace, engines: int) -> Workload:
+    if args.trace is not None:
+        workload = mooncake_trace(args.trace, args.trace_limit)
+    else:
+        values = {f.name: getattr(args, f.name) for f in dataclasses.fields(BankCodingOptions)
+                  if f.name not in ("sessions", "seed")}
+        sessions = args.sessions if args.sessions is not None else SESSIONS_PER_ENGINE * engines
+        workload = bank_coding(BankCodingOptions(sessions=sessions, seed=args.seed, **values))
+    span = workload.duration
+    workload.warmup_s = args.warmup if args.warmup is not None else WARMUP_SHARE * span
+    workload.describe["warmup_s"] = workload.warmup_s
+    workload.describe["requests"] = len(workload.requests)
+    return workload

@@ -1,0 +1,102 @@
+"""Block hashes of a segment chain, without text: the same sharing structure as the emulator's
+chained hashes over the real tokens (equal prefixes <=> equal hashes), at any block size.
+
+Block i's hash covers its parent's hash and the pieces ``(key, start, end)`` of the segments its
+tokens come from, so two prompts share block i exactly when their first ``(i+1) x block_size``
+tokens come from the same segments at the same offsets, which is when their texts are equal.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+
+import xxhash
+
+from workload.model import Request, Segment
+
+_ROOT = 0x6B766761_74652D73
+
+
+class _State:
+    """Hashing progress over one chain: full-block hashes so far, pieces of the partial block."""
+
+    __slots__ = ("filled", "hashes", "length", "pieces")
+
+    def __init__(self) -> None:
+        self.length = 0  # segments consumed
+        self.hashes: list[int] = []
+        self.pieces: list[int] = []  # flat key, start, end of the partial block
+        self.filled = 0  # tokens in the partial block
+
+
+class BlockHasher:
+    """Chained block hashes of requests' prompts; incremental along a session's chain."""
+
+    def __init__(self, block_size: int) -> None:
+        if block_size <= 0:
+            raise ValueError("block_size must be positive")
+        self.block_size = block_size
+        self._states: dict[int, _State] = {}
+
+    def hashes(self, request: Request) -> list[int]:
+        """Hashes of the prompt's full blocks (a new list the caller may keep)."""
+        state = self._states.get(id(request.chain))
+        if state is None or state.length > request.length:
+            state = self._states[id(request.chain)] = _State()
+        self._extend(state, request.chain[state.length : request.length])
+        state.length = request.length
+        return list(state.hashes)
+
+    def forget(self, request: Request) -> None:
+        """Drop a chain's progress (after its last request)."""
+        self._states.pop(id(request.chain), None)
+
+    def _extend(self, state: _State, segments: Iterable[Segment]) -> None:
+        bs = self.block_size
+        hashes = state.hashes
+        pieces = state.pieces
+        filled = state.filled
+        for key, tokens in segments:
+            offset = 0
+            while offset < tokens:
+                take = min(bs - filled, tokens - offset)
+                pieces += (key, offset, offset + take)
+                offset += take
+                filled += take
+                if filled == bs:
+                    parent = hashes[-1] if hashes else _ROOT
+                    raw = struct.pack(f"<Q{len(pieces)}q", parent, *pieces)
+                    hashes.append(xxhash.xxh3_64_intdigest(raw))
+                    pieces.clear()
+                    filled = 0
+        state.filled = filled
+
+
+def max_hit_blocks(num_tokens: int, block_size: int) -> int:
+    """The emulator's n-1 rule, in blocks."""
+    return max(0, num_tokens - 1) // block_size
+
+
+def oracle_hit_rate(requests: Sequence[Request], block_size: int,
+                    measured: Sequence[bool]) -> float:
+    """Share of measured prompt tokens an infinite cache with perfect routing would serve:
+    each prompt's longest run of leading blocks any earlier request computed (n-1 rule)."""
+    hasher = BlockHasher(block_size)
+    last = {id(r.chain): i for i, r in enumerate(requests)}
+    seen: set[int] = set()
+    hit = total = 0
+    for i, request in enumerate(requests):
+        hashes = hasher.hashes(request)
+        if last[id(request.chain)] == i:
+            hasher.forget(request)
+        n = request.prompt_tokens
+        limit = max_hit_blocks(n, block_size)
+        k = 0
+        while k < limit and hashes[k] in seen:
+            k += 1
+        seen.update(hashes)
+        if measured[i]:
+            hit += k * block_size
+            total += n
+    return hit / total if total else 0.0

@@ -1,0 +1,55 @@
+"""What a workload is: requests in arrival order, each a prefix of a chain of segments."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+
+class Segment(NamedTuple):
+    """A run of ``tokens`` tokens whose content is a deterministic function of ``key``.
+
+    Two segments with the same key are the same text (a shorter one is a prefix of a longer one),
+    segments with different keys share nothing.
+    """
+
+    key: int
+    tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request: its prompt is ``chain[:length]``; consecutive turns of a session share
+    ``chain`` (turn t+1's prompt extends turn t's), which lets hashing be incremental."""
+
+    arrival: float  # emulated seconds from the workload's start
+    session: str  # the session header's value
+    chain: Sequence[Segment]
+    length: int
+    max_tokens: int
+
+    @property
+    def segments(self) -> Sequence[Segment]:
+        return self.chain[: self.length]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(s.tokens for s in self.segments)
+
+
+@dataclass(slots=True)
+class Workload:
+    """Requests sorted by arrival, a description (for the JSON output), and the warm-up cut."""
+
+    name: str
+    requests: list[Request]
+    describe: dict[str, Any] = field(default_factory=dict)
+    warmup_s: float = 0.0  # requests arriving earlier are sent but excluded from the figures
+
+    @property
+    def duration(self) -> float:
+        return self.requests[-1].arrival if self.requests else 0.0
+
+    def measured(self, request: Request) -> bool:
+        return request.arrival >= self.warmup_s

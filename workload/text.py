@@ -1,0 +1,50 @@
+"""Segment text: words of at most six letters, each with a leading space, so the emulator's
+tokenizer (regex pieces `` ?[A-Za-z]{1,6}``) makes exactly one token of each word.
+
+A segment's text is the first ``tokens`` words of a stream seeded by its key, so a truncated
+segment is a prefix of the full one, as the trace's partial last blocks need.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+
+from workload.model import Request, Segment
+
+_VOCAB_SIZE = 8192
+
+
+def _vocabulary() -> list[str]:
+    rng = random.Random(0x6B76)
+    words: set[str] = set()
+    while len(words) < _VOCAB_SIZE:
+        words.add("".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 6))))
+    return [" " + w for w in sorted(words)]
+
+
+class TextMaker:
+    """Turns segments into prompt text; remembers each session's last prompt to extend it."""
+
+    def __init__(self) -> None:
+        self._words = _vocabulary()
+        self._last: dict[int, tuple[int, str]] = {}  # id(chain) -> (length, text)
+
+    def segment(self, segment: Segment) -> str:
+        rng = random.Random(segment.key)
+        return "".join(rng.choices(self._words, k=segment.tokens))
+
+    def prompt(self, request: Request) -> str:
+        """The request's prompt text (``sum(tokens)`` tokens for the emulator's tokenizer)."""
+        chain_id = id(request.chain)
+        done, text = self._last.get(chain_id, (0, ""))
+        if done > request.length:
+            done, text = 0, ""
+        parts = [text, *(self.segment(s) for s in request.chain[done : request.length])]
+        text = "".join(parts)
+        self._last[chain_id] = (request.length, text)
+        return text
+
+    def forget(self, request: Request) -> None:
+        """Drop the remembered prompt of the request's chain (after a session's last turn)."""
+        self._last.pop(id(request.chain), None)
