@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from bench_helpers import small_bank
 
 from bench.compare import CompareOptions, compare
 from bench.modes import ALL_MODES
-from bench_helpers import small_bank
 from emulator.options import EmulatorOptions
 from simulator.run import SimConfig, simulate_async
 

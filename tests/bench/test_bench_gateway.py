@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from bench_helpers import small_bank
 
 from bench.client import DriveOptions, drive
 from bench.modes import Mode
-from bench_helpers import small_bank
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
 from kvgate.cli import main

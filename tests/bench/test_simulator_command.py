@@ -4,13 +4,14 @@ import json
 from pathlib import Path
 
 import pytest
-
 from bench_helpers import write_trace
+
 from kvgate.cli import main
 
 
-def test_simulate_writes_the_three_outputs_for_every_mode(tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_simulate_writes_the_three_outputs_for_every_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = main(["simulate", "--engines", "3", "--sessions", "30", "--duration-s", "600",
                  "--block-size", "16", "--out", str(tmp_path), "--quiet"])
     assert code == 0

@@ -3,11 +3,11 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
+from bench_helpers import small_bank
 
 from bench.modes import ALL_MODES, Mode
 from emulator.options import EmulatorOptions
 from simulator.run import FleetEvent, SimConfig, simulate
-from bench_helpers import small_bank
 from workload.hashing import oracle_hit_rate
 from workload.model import Workload
 

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 from workload.bank import SYSTEM_KEY, BankCodingOptions, bank_coding
 
 
@@ -29,7 +31,7 @@ def test_turns_extend_the_previous_prompt_and_arrive_in_order() -> None:
         first = turns[0].segments
         assert first[0].key == SYSTEM_KEY and first[0].tokens == options.system_tokens
         assert options.context_min_tokens <= first[1].tokens <= options.context_max_tokens
-        for earlier, later in zip(turns, turns[1:], strict=False):
+        for earlier, later in itertools.pairwise(turns):
             assert list(later.segments[: earlier.length]) == list(earlier.segments)
             assert later.length == earlier.length + 2  # previous answer + new question
             # the next question comes after the answer has streamed, plus a think time

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 
+from bench_helpers import small_bank
+
 from emulator.prefix_cache import block_hashes
 from emulator.tokenize import Tokenizer
-from bench_helpers import small_bank
 from workload.hashing import BlockHasher
 from workload.model import Request, Segment
 from workload.text import TextMaker

@@ -4,8 +4,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from bench_helpers import write_trace
+
 from workload.hashing import BlockHasher, oracle_hit_rate
 from workload.trace import mooncake_trace
 
