@@ -129,6 +129,13 @@ def _print_ready(stack: Stack) -> None:
          f"m = c.models.list().data[0].id; print(c.chat.completions.create(model=m, "
          f"messages=[{{'role': 'user', 'content': 'hi'}}], "
          f"extra_headers={{'{header}': 'demo-1'}}).usage)\"")
+    admin = config.control_plane.admin
+    flag = "" if (admin.host, admin.port) == ("127.0.0.1", 18001) else f" --admin {admin}"
+    _say("")
+    _say("  operate it:")
+    _say(f"    kvgate status{flag}")
+    _say(f"    kvgate endpoints list{flag}      (drain | undrain | fail ADDRESS)")
+    _say(f"    kvgate sessions list{flag}       (show SESSION | move SESSION ENDPOINT)")
     _say("  Ctrl-C stops everything.")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -151,6 +152,15 @@ async def test_up_with_emulated_fleet_keeps_a_conversation_on_one_engine(tmp_pat
                 {"role": "assistant", "content": completion.choices[0].message.content or ""}
             )
         await client.close()
+        admin = ports["control_plane"]["admin"]
+        assert f"kvgate status --admin {admin}" in output
+        status = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kvgate", "status", "--json", "--admin", admin,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        report = json.loads((await asyncio.wait_for(status.communicate(), 30))[0])
+        states = [e["state"] for e in report["endpoints"]]
+        assert states == ["active"] * 4, report["endpoints"]
         assert len(engines) == 1
         assert cached[0][0] == 0
         assert all(hit >= 0.9 * (total - 200) for hit, total in cached[1:]), cached
