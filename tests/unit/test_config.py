@@ -97,3 +97,16 @@ def test_check_config_command(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False,
     )
     assert good.returncode == 0 and good.stdout.startswith("OK")
+
+
+def test_up_engines_flag_builds_one_pool() -> None:
+    from kvgate.config import Config
+    from kvgate.up.command import with_engines
+
+    config = with_engines(Config(), "http://10.0.0.1:8000, 10.0.0.2:8001")
+    assert [e.key for e in config.pools[0].endpoints] == ["10.0.0.1:8000", "10.0.0.2:8001"]
+    assert [(r.match.prefix, r.pool) for r in config.routes] == [("/", "default")]
+    with pytest.raises(ConfigError) as caught:
+        with_engines(Config(), "10.0.0.1:8000,engine-b:8000")
+    assert "--engines: line" in caught.value.render()
+    assert "pools[0].endpoints[1]: must be an IP address and port" in caught.value.render()
