@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +14,7 @@ from kvgate.config import ConfigError, load_file
 from kvgate.config.fields import Fields
 from kvgate.config.model import HostPort
 from kvgate.observability.logs import configure_logging
+from kvgate.runtime.serve import serve_until_signalled
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,21 +66,7 @@ def run(args: argparse.Namespace) -> int:
         config_path=Path(args.config), etcd=etcd, admin=admin, metrics=metrics,
         admin_token=token, **({"identity": args.identity} if args.identity else {}),
     )
-    return asyncio.run(_serve(ControlPlaneService(config, options)))
-
-
-async def _serve(service: ControlPlaneService) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    loop.add_signal_handler(signal.SIGHUP, service.request_reload)
-    try:
-        await service.start()
-    except Exception as exc:
-        print(f"control plane: {exc}", file=sys.stderr)
-        await service.stop(grace=0)
-        return 1
-    await stop.wait()
-    await service.stop()
-    return 0
+    service = ControlPlaneService(config, options)
+    return asyncio.run(
+        serve_until_signalled(service, "control plane", on_hangup=service.request_reload)
+    )

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 
 from ext_proc.service import ExtProcOptions, ExtProcService
 from kvgate.config import ConfigError, load_file
 from kvgate.config.fields import Fields
 from kvgate.observability.logs import configure_logging
+from kvgate.runtime.serve import serve_until_signalled
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,23 +45,7 @@ def run(args: argparse.Namespace) -> int:
         etcd = tuple(str(e) for e in config.etcd.endpoints or ())
     options = ExtProcOptions(listen=listen, metrics=metrics, etcd_endpoints=etcd)
     _install_uvloop()
-    return asyncio.run(_serve(ExtProcService(config, options)))
-
-
-async def _serve(service: ExtProcService) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await service.start()
-    except OSError as exc:
-        print(f"ext_proc: {exc}", file=sys.stderr)
-        await service.stop(grace=0)
-        return 1
-    await stop.wait()
-    await service.stop()
-    return 0
+    return asyncio.run(serve_until_signalled(ExtProcService(config, options), "ext_proc"))
 
 
 def _install_uvloop() -> None:

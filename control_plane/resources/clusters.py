@@ -42,16 +42,7 @@ def pool_cluster(
         name=pool_cluster_name(pool.name),
         connect_timeout=protos.duration(1.0),
         load_balancing_policy=_balancing(mode),
-        circuit_breakers=circuit_breaker_pb2.CircuitBreakers(
-            thresholds=[
-                circuit_breaker_pb2.CircuitBreakers.Thresholds(
-                    max_connections=protos.u32(_MANY),
-                    max_pending_requests=protos.u32(_MANY),
-                    max_requests=protos.u32(_MANY),
-                    max_retries=protos.u32(1024),
-                )
-            ]
-        ),
+        circuit_breakers=_generous_limits(max_retries=1024),
         common_lb_config=cluster_pb2.Cluster.CommonLbConfig(
             override_host_status=health_check_pb2.HealthStatusSet(statuses=OVERRIDABLE),
             # A failed engine is really gone; never spread traffic back onto it in "panic".
@@ -135,15 +126,7 @@ def grpc_cluster(
         typed_extension_protocol_options={
             "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": protos.pack(options)
         },
-        circuit_breakers=circuit_breaker_pb2.CircuitBreakers(
-            thresholds=[
-                circuit_breaker_pb2.CircuitBreakers.Thresholds(
-                    max_connections=protos.u32(_MANY),
-                    max_pending_requests=protos.u32(_MANY),
-                    max_requests=protos.u32(_MANY),
-                )
-            ]
-        ),
+        circuit_breakers=_generous_limits(),
     )
     if health_checked:
         cluster.health_checks.append(
@@ -156,6 +139,17 @@ def grpc_cluster(
             )
         )
     return cluster
+
+
+def _generous_limits(max_retries: int | None = None) -> circuit_breaker_pb2.CircuitBreakers:
+    thresholds = circuit_breaker_pb2.CircuitBreakers.Thresholds(
+        max_connections=protos.u32(_MANY),
+        max_pending_requests=protos.u32(_MANY),
+        max_requests=protos.u32(_MANY),
+    )
+    if max_retries is not None:
+        thresholds.max_retries.CopyFrom(protos.u32(max_retries))
+    return circuit_breaker_pb2.CircuitBreakers(thresholds=[thresholds])
 
 
 def _is_ip(host: str) -> bool:

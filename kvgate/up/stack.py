@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -189,7 +189,9 @@ class Stack:
         )
         self.envoy = child
 
-    async def _launch(self, child: Child, where: str, probe: Callable) -> None:  # type: ignore[type-arg]
+    async def _launch(
+        self, child: Child, where: str, probe: Callable[[], Awaitable[bool]]
+    ) -> None:
         self.report(f"  starting {child.name} ...")
         component = Component(child.name, where, child)
         self.components.append(component)

@@ -16,6 +16,7 @@ from kvgate.etcd import EtcdClient
 from kvgate.runtime.child import Child
 from kvgate.runtime.ports import free_port
 from kvgate.up.stack import grpc_serving
+from tests.support.polling import homes_of
 from tests.support.stack import gateway_config, running_stack
 
 
@@ -36,15 +37,6 @@ async def _envoy_hosts(http: httpx.AsyncClient, admin: str) -> set[str]:
             and line.split("::")[2] == "cx_active"}
 
 
-async def _homes(http: httpx.AsyncClient, sessions: list[str]) -> dict[str, str]:
-    homes = {}
-    for session in sessions:
-        reply = await http.get("/v1/chat", headers={"x-session-id": session})
-        assert reply.status_code == 200
-        homes[session] = reply.json()["upstream"]
-    return homes
-
-
 async def test_reload_adds_and_removes_engines_and_rejects_bad_files(
     tmp_path: Path, upstreams, prefix: str
 ) -> None:
@@ -55,7 +47,7 @@ async def test_reload_adds_and_removes_engines_and_rejects_bad_files(
         admin = str(stack.config.control_plane.admin)
         async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
             sessions = [f"r-{i}" for i in range(16)]
-            homes = await _homes(http, sessions)
+            before = await homes_of(http, sessions)
             assert await _envoy_hosts(http, str(config.envoy_admin)) == {a.address, b.address}
             data = yaml.safe_load(path.read_text())
             data["pools"][0]["endpoints"].append({"address": c.address, "kv_pool": "kv-a"})
@@ -67,8 +59,8 @@ async def test_reload_adds_and_removes_engines_and_rejects_bad_files(
             }:
                 assert loop.time() - written < 1.0, "Envoy not updated within a second"
                 await asyncio.sleep(0.02)
-            assert await _homes(http, sessions) == homes  # adding moves nobody
-            newcomers = await _homes(http, [f"n-{i}" for i in range(30)])
+            assert await homes_of(http, sessions) == before  # adding moves nobody
+            newcomers = await homes_of(http, [f"n-{i}" for i in range(30)])
             assert c.address in newcomers.values()
 
             data["pools"][0]["endpoints"] = [e for e in data["pools"][0]["endpoints"]
@@ -79,8 +71,8 @@ async def test_reload_adds_and_removes_engines_and_rejects_bad_files(
             while await _envoy_hosts(http, str(config.envoy_admin)) != {a.address, b.address}:
                 assert loop.time() - written < 1.0, "Envoy not updated within a second"
                 await asyncio.sleep(0.02)
-            assert await _homes(http, sessions) == homes  # sessions on other engines stay
-            moved = await _homes(http, [s for s, h in newcomers.items() if h == c.address])
+            assert await homes_of(http, sessions) == before  # sessions on other engines stay
+            moved = await homes_of(http, [s for s, h in newcomers.items() if h == c.address])
             assert c.address not in moved.values()
 
             path.write_text("pools: [{name: coder, endpoints: [10.0.0.1:99999]}]\n")
@@ -91,7 +83,7 @@ async def test_reload_adds_and_removes_engines_and_rejects_bad_files(
             status = await _status(admin)
             assert "port must be 1..65535" in status["last_reload_error"]
             assert await _envoy_hosts(http, str(config.envoy_admin)) == {a.address, b.address}
-            assert await _homes(http, sessions) == homes
+            assert await homes_of(http, sessions) == before
             assert len(status["nodes"]) == 1 and status["nodes"][0]["nacks"] == 0
             assert {e["address"]: e["state"] for e in status["endpoints"]} == {
                 a.address: "active", b.address: "active"

@@ -10,13 +10,7 @@ import pytest
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.model import Binding
 from kvgate.etcd import EtcdClient
-
-
-async def _eventually(check: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
+from tests.support.polling import eventually
 
 
 @pytest.fixture
@@ -45,7 +39,7 @@ async def test_concurrent_creates_agree_and_watch_propagates(stores) -> None:
     ))
     for i in range(20):
         assert results[2 * i].endpoint == results[2 * i + 1].endpoint
-    await _eventually(lambda: len(a) == 20 and len(b) == 20)
+    await eventually(lambda: len(a) == 20 and len(b) == 20)
     for i in range(20):
         assert a.get("p", f"s{i}") == b.get("p", f"s{i}")
     assert sum(a.load("p").values()) == 20
@@ -54,12 +48,12 @@ async def test_concurrent_creates_agree_and_watch_propagates(stores) -> None:
 async def test_move_is_compare_and_set(stores) -> None:
     a, b = await stores(), await stores()
     original = await a.create(Binding("s", "p", "10.0.0.1:1"))
-    await _eventually(lambda: b.get("p", "s") is not None)
+    await eventually(lambda: b.get("p", "s") is not None)
     moved = await a.move(original, "10.0.0.2:1")
     assert moved.endpoint == "10.0.0.2:1" and moved.revision > original.revision
     late = await b.move(original, "10.0.0.3:1")  # b still acts on the old binding
     assert late.endpoint == "10.0.0.2:1"
-    await _eventually(lambda: b.get("p", "s") == moved)
+    await eventually(lambda: b.get("p", "s") == moved)
 
 
 async def test_idle_binding_expires_used_one_stays(stores) -> None:

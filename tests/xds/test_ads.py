@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -21,14 +21,8 @@ from control_plane.xds.server import AdsServer, NodeRegistry
 from kvgate.config import Config
 from kvgate.config.model import HostPort
 from kvgate.runtime.envoy import envoy_child, envoy_ready
+from tests.support.polling import eventually
 from tests.support.stack import gateway_config, running_stack
-
-
-async def _eventually(check: Callable[[], bool], within: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + within
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 async def test_envoy_receives_every_resource_over_ads_and_routes_sticky(
@@ -123,7 +117,7 @@ async def test_nack_is_recorded_and_not_resent(ads: InProcessAds, upstreams, tmp
         await envoy.wait_ready(lambda: envoy_ready(config.envoy_admin), 30)
         good = ads.cache.current
         assert good is not None
-        await _eventually(lambda: any(n.acked.get(LISTENER) == good.versions[LISTENER]
+        await eventually(lambda: any(n.acked.get(LISTENER) == good.versions[LISTENER]
                                       for n in ads.registry.snapshot()))
         # A cluster Envoy must reject: a negative connect timeout passes our consistency
         # check (it is not a reference problem) but fails Envoy's validation.
@@ -131,7 +125,7 @@ async def test_nack_is_recorded_and_not_resent(ads: InProcessAds, upstreams, tmp
         broken = bad[CLUSTER]["kvgate_pool_coder"]
         broken.connect_timeout.seconds = -1  # type: ignore[attr-defined]
         await ads.cache.publish(bad)
-        await _eventually(lambda: any(n.last_nack for n in ads.registry.snapshot()))
+        await eventually(lambda: any(n.last_nack for n in ads.registry.snapshot()))
         node = ads.registry.snapshot()[0]
         assert node.nacks == 1 and "Expected positive duration" in (node.last_nack or "")
         assert node.acked[CLUSTER] == good.versions[CLUSTER]  # Envoy kept the good one
@@ -142,7 +136,7 @@ async def test_nack_is_recorded_and_not_resent(ads: InProcessAds, upstreams, tmp
         # A new, valid snapshot is sent and accepted.
         fixed = await ads.cache.publish(gateway_resources(
             gateway_config([ups[0].address, "127.0.0.1:1"])))
-        await _eventually(lambda: ads.registry.snapshot()[0].acked.get(CLUSTER)
+        await eventually(lambda: ads.registry.snapshot()[0].acked.get(CLUSTER)
                           == fixed.versions[CLUSTER])
     finally:
         await envoy.stop()
