@@ -1,0 +1,150 @@
+"""Engines dying and draining under session traffic, on emulated engines sharing a DDR pool."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from control_plane.operations import Operations
+from kvgate.etcd import EtcdClient
+from kvgate.session import normalize_session
+from tests.support.fleet import EngineProcesses
+from tests.support.stack import gateway_config, running_stack
+
+CODE = "".join(f"def handler_{i}(event):\n    return event.get('k{i}')\n" for i in range(60))
+
+
+def _chat(turn: int, session: str = "") -> dict[str, object]:
+    # Each session has its own code context, so its KV blocks are its own.
+    return {
+        "messages": [
+            {"role": "system", "content": f"# repository of {session}\n" + CODE},
+            {"role": "user", "content": f"Question {turn}: what does handler_{turn} do?"},
+        ],
+        "max_tokens": 4,
+    }
+
+
+async def _external_hits(http: httpx.AsyncClient, engine: str) -> float:
+    text = (await http.get(f"http://{engine}/metrics")).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "vllm:external_prefix_cache_hits":
+            return sum(s.value for s in family.samples if s.name.endswith("_total"))
+    return 0.0
+
+
+async def _bindings(etcd: list[str], prefix: str) -> dict[str, str]:
+    client = EtcdClient(etcd)
+    try:
+        kvs, _ = await client.get_prefix(f"{prefix}bindings/".encode())
+    finally:
+        await client.close()
+    return {kv.key.decode().rsplit("/", 1)[1]: json.loads(kv.value)["endpoint"] for kv in kvs}
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[EngineProcesses]:
+    engines = EngineProcesses(4, tmp_path / "fleet")
+    await engines.start()
+    yield engines
+    await engines.stop()
+
+
+async def test_engine_killed_under_traffic(tmp_path: Path, fleet: EngineProcesses, prefix: str):
+    config = gateway_config(fleet.engines, prefix=prefix, kv_pool="memcache-a")
+    health = config.pools[0].health
+    sessions = [f"dev-{i}" for i in range(12)]
+    async with running_stack(config, tmp_path / "stack") as stack:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
+            homes = {}
+            for s in sessions:
+                reply = await http.post("/v1/chat/completions", json=_chat(0, s),
+                                        headers={"x-session-id": s})
+                assert reply.status_code == 200
+                homes[s] = reply.headers["x-engine-id"]
+            victim = max(set(homes.values()), key=list(homes.values()).count)
+            orphans = [s for s, home in homes.items() if home == victim]
+            failures: list[str] = []
+            stop = asyncio.Event()
+
+            async def talk(session: str) -> None:
+                turn = 1
+                while not stop.is_set():
+                    reply = await http.post("/v1/chat/completions", json=_chat(turn, session),
+                                            headers={"x-session-id": session})
+                    if reply.status_code != 200:
+                        failures.append(f"{session}: {reply.status_code} {reply.text[:200]}")
+                    turn += 1
+
+            talkers = [asyncio.create_task(talk(s)) for s in sessions]
+            survivors = [e for e in fleet.engines if e != victim]
+            before = {e: await _external_hits(http, e) for e in survivors}
+            await asyncio.sleep(0.3)  # traffic in flight when the engine dies (not a wait)
+            loop = asyncio.get_running_loop()
+            killed_at = loop.time()
+            fleet.child_of(victim).kill()
+            uuids = {normalize_session(s.encode()): s for s in orphans}
+            while True:
+                bound = await _bindings(stack.etcd_endpoints, prefix)
+                if all(bound.get(u) not in (None, victim) for u in uuids):
+                    break
+                assert loop.time() - killed_at < 10, bound
+                await asyncio.sleep(0.05)
+            rebound_after = loop.time() - killed_at
+            stop.set()
+            await asyncio.gather(*talkers)
+            assert failures == []
+            assert rebound_after <= health.interval * health.unhealthy_threshold + 1.0 + 0.5
+            new_homes = {uuids[u]: e for u, e in bound.items() if u in uuids}
+            for s, home in new_homes.items():
+                reply = await http.post("/v1/chat/completions", json=_chat(99, s),
+                                        headers={"x-session-id": s})
+                assert reply.headers["x-engine-id"] == home
+            # The moved sessions found their KV in the shared DDR pool on their new engines.
+            after = {e: await _external_hits(http, e) for e in set(new_homes.values())}
+            assert all(after[e] > before[e] for e in after), (before, after)
+
+
+async def test_drain_with_deadline_then_undrain(
+    tmp_path: Path, fleet: EngineProcesses, prefix: str
+) -> None:
+    config = gateway_config(fleet.engines, prefix=prefix, kv_pool="memcache-a")
+    async with running_stack(config, tmp_path / "stack") as stack:
+        client = EtcdClient(stack.etcd_endpoints)
+        ops = Operations(client, prefix)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
+                async def home_of(session: str) -> str:
+                    reply = await http.post("/v1/chat/completions", json=_chat(0, session),
+                                            headers={"x-session-id": session})
+                    assert reply.status_code == 200
+                    return reply.headers["x-engine-id"]
+
+                homes = {f"old-{i}": await home_of(f"old-{i}") for i in range(12)}
+                drained = max(set(homes.values()), key=list(homes.values()).count)
+                staying = [s for s, h in homes.items() if h == drained]
+                await ops.drain(drained, deadline_s=2.0)
+                loop = asyncio.get_running_loop()
+                drained_at = loop.time()
+                # Let ext_proc see the drain (its watch) before new sessions arrive.
+                await asyncio.sleep(0.3)
+                fresh = [await home_of(f"new-{i}") for i in range(20)]
+                assert drained not in fresh
+                if loop.time() - drained_at < 1.5:
+                    assert {await home_of(s) for s in staying} == {drained}
+                while {await home_of(s) for s in staying} & {drained}:
+                    assert loop.time() - drained_at < 8, "drained sessions never moved"
+                    await asyncio.sleep(0.1)
+                assert loop.time() - drained_at >= 2.0  # not before the deadline
+                await ops.undrain(drained)
+                await asyncio.sleep(0.3)
+                later = [await home_of(f"later-{i}") for i in range(30)]
+                assert drained in later
+        finally:
+            await client.close()
