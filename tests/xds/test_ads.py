@@ -140,3 +140,29 @@ async def test_nack_is_recorded_and_not_resent(ads: InProcessAds, upstreams, tmp
                           == fixed.versions[CLUSTER])
     finally:
         await envoy.stop()
+
+
+async def test_many_envoys_at_once(ads: InProcessAds, upstreams, tmp_path: Path) -> None:
+    ups = await upstreams(1)
+    envoys = []
+    try:
+        for n in range(3):
+            config = gateway_config([ups[0].address])
+            if n == 0:
+                await ads.cache.publish(gateway_resources(config))
+            bootstrap = tmp_path / f"envoy-{n}.json"
+            bootstrap.write_text(to_json(ads_bootstrap(
+                config, f"gateway-{n}", xds=[HostPort("127.0.0.1", ads.port)])))
+            envoy = envoy_child(bootstrap, tmp_path / f"envoy-{n}.log")
+            envoys.append(envoy)
+            await envoy.start()
+            await envoy.wait_ready(lambda c=config: envoy_ready(c.envoy_admin), 30)
+        changed = await ads.cache.publish(gateway_resources(
+            gateway_config([ups[0].address, "127.0.0.1:1"])))
+        await eventually(lambda: sorted(
+            n.node_id for n in ads.registry.snapshot()
+            if n.acked.get(CLUSTER) == changed.versions[CLUSTER]
+        ) == ["gateway-0", "gateway-1", "gateway-2"])
+    finally:
+        for envoy in envoys:
+            await envoy.stop()
