@@ -37,6 +37,7 @@ class DriveOptions:
 class DriveResult:
     stats: ModeStats
     engines: dict[str, int] = field(default_factory=dict)  # x-engine-id -> requests
+    endpoints: list[str] = field(default_factory=list)  # the fleet's addresses, when known
     counters: CacheCounters | None = None  # /metrics delta over the measured part
     late_s: float = 0.0  # worst lateness of a send behind its schedule (wall)
     output_tokens: int = 0

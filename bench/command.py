@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
     describe = {**workload.describe, "engines": engine.instances, "block_size": block,
                 "time_scale": args.time_scale, "tool": "kvgate bench"
                 + (" --compare" if args.compare else f" --gateway {args.gateway}")}
+    endpoints = next((r.endpoints for r in results.values() if r.endpoints), None)
+    if endpoints:
+        describe["endpoints"] = endpoints  # `kvgate simulate --addresses` reproduces placements
     stats = {str(m): r.stats for m, r in results.items()}
     document = result_document(describe, stats, oracle)
     print(markdown_table(document))

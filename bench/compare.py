@@ -4,6 +4,7 @@ same workload through it, then everything stopped."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +15,7 @@ from bench.modes import Mode
 from control_plane.resources.names import RoutingMode
 from emulator.options import EmulatorOptions
 from kvgate.config import Config, load_text
-from kvgate.runtime.ports import free_port
+from kvgate.runtime.ports import free_port, port_in_use
 from kvgate.up.stack import Stack
 from workload.model import Workload
 
@@ -46,9 +47,22 @@ def gateway_config(header: str) -> Config:
     }))
 
 
-def stack_for(mode: Mode, options: CompareOptions) -> Stack:
+def free_port_run(count: int, host: str = "127.0.0.1") -> int:
+    """First of ``count`` consecutive free ports, below Linux's ephemeral range."""
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(20000, 32000 - count)
+        if not any(port_in_use(host, base + i) for i in range(count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports found")
+
+
+def stack_for(mode: Mode, options: CompareOptions, base_port: int) -> Stack:
+    """The gateway in ``mode`` with its own emulated fleet on ``base_port``.. (the same engine
+    addresses in every mode, so the rings place sessions alike and the simulator can match)."""
     engine = options.engine
-    args = ("--time-scale", repr(engine.time_scale), *emulator_flags(engine))
+    args = ("--time-scale", repr(engine.time_scale), "--port", str(base_port),
+            *emulator_flags(engine))
     if not mode.ddr_pool:
         args = (*args, "--no-ddr-pool")
     return Stack(gateway_config(options.header), options.workdir / str(mode).replace("+", "-"),
@@ -58,8 +72,9 @@ def stack_for(mode: Mode, options: CompareOptions) -> Stack:
 async def compare(workload: Workload, modes: Sequence[Mode], options: CompareOptions,
                   say: Callable[[str], None] = lambda line: None) -> dict[Mode, DriveResult]:
     results: dict[Mode, DriveResult] = {}
+    base_port = free_port_run(options.engine.instances)
     for mode in modes:
-        stack = stack_for(mode, options)
+        stack = stack_for(mode, options, base_port)
         say(f"{mode}: starting {options.engine.instances} engines and the gateway")
         await stack.start()
         try:
@@ -70,6 +85,7 @@ async def compare(workload: Workload, modes: Sequence[Mode], options: CompareOpt
                 progress=options.progress, label=str(mode),
             )
             results[mode] = await drive(workload, drive_options)
+            results[mode].endpoints = [e.key for e in pool.endpoints]
         finally:
             await stack.stop()
         r = results[mode]

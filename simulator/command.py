@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -11,7 +12,8 @@ from pathlib import Path
 from bench.fleet_options import add_fleet_arguments, emulator_options
 from bench.modes import parse_modes
 from bench.report import ModeStats, markdown_table, result_document, write_outputs
-from simulator.run import FleetEvent, SimConfig, simulate
+from simulator.parallel import simulate_modes
+from simulator.run import FleetEvent, SimConfig
 from workload.cli import add_workload_arguments, workload_from_args
 from workload.hashing import oracle_hit_rate
 
@@ -42,11 +44,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       help="engine index ENGINE fails at emulated second T (repeatable)")
     a("--drain", type=fleet_event("drain"), action="append", default=[], metavar="ENGINE@T",
       help="engine index ENGINE is drained at emulated second T (repeatable)")
+    a("--addresses", help="comma-separated engine host:port (default 10.x.y.z:8000); a real "
+      "fleet's addresses reproduce its placements, e.g. a bench --compare run's endpoints")
     a("--load-factor", type=float, default=1.25, help="kvgate bounded load (%(default)s)")
     a("--out", type=Path, help="write <name>.json, .md and .png here")
     a("--name", help="output file stem (default simulate-<workload>)")
     a("--no-oracle", action="store_true", help="skip the oracle hit rate (saves a pass)")
     a("--quiet", action="store_true", help="no progress bar")
+    a("--jobs", type=int, default=min(4, os.cpu_count() or 1),
+      help="modes simulated in parallel processes (%(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,13 +66,19 @@ def run(args: argparse.Namespace) -> int:
     built = time.perf_counter()
     print(f"workload {workload.name}: {len(workload.requests)} requests over "
           f"{workload.duration:.0f} s ({built - started:.1f} s to build)", file=sys.stderr)
+    addresses = [a.strip() for a in (args.addresses or "").split(",") if a.strip()]
+    if addresses and len(addresses) != options.instances:
+        print(f"kvgate simulate: {len(addresses)} --addresses for {options.instances} engines",
+              file=sys.stderr)
+        return 2
     config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
-                       progress=not args.quiet and sys.stderr.isatty())
+                       progress=not args.quiet and sys.stderr.isatty() and args.jobs <= 1,
+                       addresses=addresses)
     stats: dict[str, ModeStats] = {}
-    for mode in args.modes:
-        t0 = time.perf_counter()
-        stats[mode] = simulate(workload, mode, config).stats
-        print(f"  {mode}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    for mode, (mode_stats, seconds) in simulate_modes(workload, args.modes, config,
+                                                      args.jobs).items():
+        stats[mode] = mode_stats
+        print(f"  {mode}: {seconds:.1f} s", file=sys.stderr)
     measured = [workload.measured(r) for r in workload.requests]
     oracle = 0.0 if args.no_oracle else oracle_hit_rate(workload.requests, options.block_size,
                                                         measured)

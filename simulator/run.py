@@ -43,6 +43,9 @@ class SimConfig:
     idle_ttl: float = 3600.0
     events: Sequence[FleetEvent] = ()
     progress: bool = False
+    # Engine addresses (placement hashes them); default 10.x.y.z:8000. Give a real fleet's to
+    # reproduce its placements exactly.
+    addresses: Sequence[str] = ()
 
 
 @dataclass(slots=True)
@@ -67,7 +70,9 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig) -> S
     engine_config = options.engine_config()
     engines = [EngineModel(engine_config) for _ in range(n)]
     generation = [0] * n
-    addresses = [engine_address(i) for i in range(n)]
+    addresses = list(config.addresses) or [engine_address(i) for i in range(n)]
+    if len(addresses) != n:
+        raise ValueError(f"{len(addresses)} addresses for {n} engines")
     index = {a: i for i, a in enumerate(addresses)}
     pool = DdrPool(options.pool_tokens, options.block_size) if mode.ddr_pool else None
     clock = [0.0]

@@ -8,7 +8,7 @@ import pytest
 from bench_helpers import small_bank
 
 from bench.compare import CompareOptions, compare
-from bench.modes import ALL_MODES
+from bench.modes import ALL_MODES, Mode
 from emulator.options import EmulatorOptions
 from simulator.run import SimConfig, simulate_async
 
@@ -16,14 +16,21 @@ SCALE = 1 / 40
 
 
 async def test_compare_and_simulate_agree_per_mode(tmp_path: Path) -> None:
-    workload = small_bank(sessions=14, duration_s=240)
+    workload = small_bank(sessions=40, duration_s=240)
     engine = EmulatorOptions(instances=3, block_size=16, hbm_tokens=20_000, time_scale=SCALE)
     results = await compare(workload, ALL_MODES, CompareOptions(engine, tmp_path))
     sim_engine = EmulatorOptions(instances=3, block_size=16, hbm_tokens=20_000)
     rates = {}
     for mode in ALL_MODES:
         real = results[mode].stats.figures()
-        sim = (await simulate_async(workload, mode, SimConfig(sim_engine))).stats.figures()
+        # the same engine addresses, so the rings place sessions exactly as in the real run
+        config = SimConfig(sim_engine, addresses=results[mode].endpoints)
+        simulated = await simulate_async(workload, mode, config)
+        sim = simulated.stats.figures()
+        if mode is not Mode.ROUND_ROBIN:  # same ring, same bindings: the same engine per request
+            per_engine = dict(zip(results[mode].endpoints, simulated.per_engine_requests,
+                                  strict=True))
+            assert per_engine == results[mode].engines, mode
         assert real["errors"] == 0, mode
         assert real["requests"] == len(workload.requests), mode
         assert real["hit_rate"] == pytest.approx(sim["hit_rate"], abs=0.05), mode
@@ -31,5 +38,7 @@ async def test_compare_and_simulate_agree_per_mode(tmp_path: Path) -> None:
         rates[mode] = real["hit_rate"]
         used = results[mode].engines
         assert len(used) == 3, (mode, used)  # every engine served, through the gateway
+    # every mode ran on the same engine addresses
+    assert len({tuple(r.endpoints) for r in results.values()}) == 1
     # the comparison is not vacuous: modes differ on this workload
     assert rates["affinity+ddr"] - rates["round_robin"] > 0.15

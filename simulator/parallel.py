@@ -1,0 +1,66 @@
+"""Modes in parallel: one forked worker per chunk of modes (the workload is shared by fork,
+never pickled); results come back through a queue."""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+from collections.abc import Sequence
+
+from bench.modes import Mode
+from bench.report import ModeStats
+from simulator.run import SimConfig, simulate
+from workload.model import Workload
+
+
+def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig,
+                   jobs: int) -> dict[Mode, tuple[ModeStats, float]]:
+    """``{mode: (stats, seconds)}`` in ``modes`` order, using up to ``jobs`` processes."""
+    jobs = max(1, min(jobs, len(modes)))
+    if jobs == 1:
+        return {m: _timed(workload, m, config) for m in modes}
+    ctx = multiprocessing.get_context("fork")
+    results: multiprocessing.Queue[tuple[Mode, ModeStats, float] | tuple[Mode, None, str]] = (
+        ctx.Queue())
+
+    def work(chunk: Sequence[Mode]) -> None:
+        for mode in chunk:
+            try:
+                stats, seconds = _timed(workload, mode, config)
+                results.put((mode, stats, seconds))
+            except Exception as exc:  # reported by the parent
+                results.put((mode, None, repr(exc)))
+
+    workers = [ctx.Process(target=work, args=(modes[i::jobs],), daemon=True)
+               for i in range(jobs)]
+    for worker in workers:
+        worker.start()
+    done: dict[Mode, tuple[ModeStats, float]] = {}
+    try:
+        while len(done) < len(modes):
+            try:
+                mode, stats, extra = results.get(timeout=1.0)
+            except queue.Empty:
+                if not any(w.is_alive() for w in workers) and results.empty():
+                    raise RuntimeError("a simulation worker died") from None
+                continue
+            if stats is None:
+                raise RuntimeError(f"simulating {mode} failed: {extra}")
+            done[mode] = (stats, float(extra))
+    finally:
+        for worker in workers:
+            worker.join(timeout=5)
+            if worker.is_alive():
+                worker.terminate()
+                worker.join()
+        results.close()
+        results.join_thread()
+    return {m: done[m] for m in modes}
+
+
+def _timed(workload: Workload, mode: Mode, config: SimConfig) -> tuple[ModeStats, float]:
+    import time
+
+    start = time.perf_counter()
+    stats = simulate(workload, mode, config).stats
+    return stats, time.perf_counter() - start
