@@ -93,3 +93,15 @@ def test_drain_takes_no_new_sessions_but_keeps_its_own() -> None:
 def test_unknown_engine_in_an_event_is_refused() -> None:
     with pytest.raises(ValueError, match="no engine 9"):
         simulate(small_bank(sessions=2), Mode.AFFINITY, _config(events=[FleetEvent("fail", 9, 1)]))
+
+
+def test_parallel_modes_give_the_same_figures_as_one_process() -> None:
+    from simulator.parallel import simulate_modes
+
+    workload = small_bank(sessions=10)
+    modes = (Mode.RING_HASH, Mode.AFFINITY_DDR, Mode.ROUND_ROBIN)
+    one = simulate_modes(workload, modes, _config(), jobs=1)
+    two = simulate_modes(workload, modes, _config(), jobs=2)
+    assert list(two) == list(modes)
+    for mode in modes:
+        assert two[mode][0].figures() == one[mode][0].figures(), mode
