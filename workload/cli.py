@@ -45,7 +45,7 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=0, help="workload seed (%(default)s)")
     group.add_argument("--warmup", type=float, metavar="S",
                        help="emulated seconds at the start excluded from the figures "
-                       f"(default {WARMUP_SHARE:.0%} of the workload's span)")
+                       f"(default {100 * WARMUP_SHARE:.0f}%% of the workload's span)")
     defaults = BankCodingOptions()
     for f in dataclasses.fields(BankCodingOptions):
         if f.name in ("sessions", "seed"):

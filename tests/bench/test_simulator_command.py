@@ -37,3 +37,11 @@ def test_bad_event_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["simulate", "--fail", "one@two"])
     assert "ENGINE@T" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["simulate", "bench"])
+def test_help_renders(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    assert "--warmup" in capsys.readouterr().out
