@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from kvgate.placement.load import PoolLoad
 from kvgate.placement.view import PoolView
 
 
@@ -24,19 +25,30 @@ def place(
     Consistent hashing with bounded loads: an endpoint is skipped while it holds more than
     `load_factor` × its weighted share of the pool's sessions (counting the one being placed).
     """
-    ring, members = view.ring_for(prefer_kv_pool, exclude)
-    if ring is None:
+    choice = view.ring_for(prefer_kv_pool, exclude)
+    if choice is None:
         return None
-    total_weight = sum(view.weight(m) for m in members)
-    sessions = sum(loads.get(m, 0) for m in members) + 1
-    for address in ring.walk(hash_value):
+    total_weight = choice.total_weight
+    if exclude is not None and exclude in choice.hosts:
+        total_weight -= view.weight(exclude)
+    if isinstance(loads, PoolLoad) and prefer_kv_pool is None and exclude is None:
+        # The whole pool: its running total (sessions still on an inactive endpoint count too,
+        # which loosens the bound a little while they move).
+        sessions = loads.total + 1
+    else:
+        sessions = sum(loads.get(m, 0) for m in choice.hosts if m != exclude) + 1
+    for address in choice.ring.walk(hash_value):
+        if address == exclude:
+            continue
         bound = math.ceil(load_factor * sessions * view.weight(address) / total_weight)
         if loads.get(address, 0) < bound:
             return address
-    return ring.pick(hash_value)  # unreachable with load_factor ≥ 1; kept for safety
+    return None  # unreachable with load_factor ≥ 1
 
 
 def fallback_for(view: PoolView, hash_value: int, primary: str) -> str | None:
     """Where a retry should go if `primary` fails: its ring successor, same KV pool first."""
-    ring, _ = view.ring_for(view.kv_pool_of(primary), primary)
-    return None if ring is None else ring.pick(hash_value)
+    choice = view.ring_for(view.kv_pool_of(primary), primary)
+    if choice is None:
+        return None
+    return next((a for a in choice.ring.walk(hash_value) if a != primary), None)

@@ -16,6 +16,15 @@ class Member:
     state: str = "active"  # active | draining | failed
 
 
+@dataclass(frozen=True, slots=True)
+class RingChoice:
+    """A ring placement walks, with its hosts and their total weight (cached per view)."""
+
+    ring: EnvoyRing
+    hosts: frozenset[str]
+    total_weight: int
+
+
 @dataclass
 class PoolView:
     """Immutable in meaning: built once per change of the pool's membership or states."""
@@ -23,9 +32,9 @@ class PoolView:
     name: str
     members: Sequence[Member]
     _by_address: dict[str, Member] = field(init=False, repr=False)
-    _rings: dict[tuple[str | None, str | None], tuple[EnvoyRing | None, tuple[str, ...]]] = field(
-        init=False, repr=False, default_factory=dict
-    )
+    _rings: dict[str | None, RingChoice] = field(init=False, repr=False, default_factory=dict)
+    _active: list[Member] | None = field(init=False, repr=False, default=None)
+    _by_kv: dict[str, tuple[str, ...]] | None = field(init=False, repr=False, default=None)
 
     def __post_init__(self) -> None:
         self._by_address = {m.address: m for m in self.members}
@@ -43,20 +52,32 @@ class PoolView:
 
     @property
     def active(self) -> list[Member]:
-        return [m for m in self.members if m.state == "active"]
+        if self._active is None:
+            self._active = [m for m in self.members if m.state == "active"]
+        return self._active
 
-    def ring_for(
-        self, kv_pool: str | None, exclude: str | None
-    ) -> tuple[EnvoyRing | None, tuple[str, ...]]:
-        """The ring over active endpoints (of `kv_pool` when it has any), without `exclude`."""
-        key = (kv_pool, exclude)
-        cached = self._rings.get(key)
-        if cached is None:
-            candidates = [m for m in self.active if m.address != exclude]
-            if kv_pool is not None:
-                same = [m for m in candidates if m.kv_pool == kv_pool]
-                candidates = same or candidates
-            hosts = tuple(m.address for m in candidates)
-            ring = EnvoyRing([(m.address, m.weight) for m in candidates]) if candidates else None
-            cached = self._rings[key] = (ring, hosts)
-        return cached
+    def ring_for(self, kv_pool: str | None, exclude: str | None) -> RingChoice | None:
+        """The ring over active endpoints of `kv_pool` if any besides `exclude` has one, else
+        over all active endpoints; None if no endpoint but `exclude` is active. `exclude` stays
+        on the ring (callers skip it): one ring per KV pool, not one per excluded endpoint."""
+        same = self._kv_members().get(kv_pool, ()) if kv_pool is not None else ()
+        key = kv_pool if len(same) > 1 or (len(same) == 1 and same[0] != exclude) else None
+        choice = self._rings.get(key)
+        if choice is None:
+            candidates = [m for m in self.active if key is None or m.kv_pool == key]
+            choice = self._rings[key] = RingChoice(
+                EnvoyRing([(m.address, m.weight) for m in candidates]),
+                frozenset(m.address for m in candidates),
+                sum(m.weight for m in candidates),
+            )
+        if not choice.hosts or choice.hosts == {exclude}:
+            return None
+        return choice
+
+    def _kv_members(self) -> dict[str, tuple[str, ...]]:
+        if self._by_kv is None:
+            grouped: dict[str, list[str]] = {}
+            for m in self.active:
+                grouped.setdefault(m.kv_pool, []).append(m.address)
+            self._by_kv = {kv: tuple(addresses) for kv, addresses in grouped.items()}
+        return self._by_kv
