@@ -55,7 +55,7 @@ class Failover:
                 if record.drain_deadline is not None and record.drain_deadline <= now:
                     out.add(member.address)
         known = {m.address for m in view.members}
-        out |= {b.endpoint for b in self._bindings.index.bindings(pool)} - known  # removed
+        out |= set(self._bindings.index.load(pool)) - known  # removed from the config
         return out
 
     async def sweep(self) -> int:
