@@ -12,7 +12,7 @@ from control_plane.admin.server import TokenError, load_token
 from control_plane.service import ControlPlaneOptions, ControlPlaneService
 from kvgate.config import ConfigError, load_file
 from kvgate.config.fields import Fields
-from kvgate.config.model import HostPort
+from kvgate.config.flags import address_flag, etcd_flag
 from kvgate.observability.logs import configure_logging
 from kvgate.runtime.serve import serve_until_signalled
 
@@ -31,11 +31,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning"])
 
 
-def _address(fields: Fields, text: str | None, flag: str, default: HostPort | None
-             ) -> HostPort | None:
-    return fields.host_port(text, (flag,), require_ip=False) if text else default
-
-
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
@@ -43,16 +38,14 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         return 1
-    etcd = tuple(e.strip() for e in (args.etcd or "").split(",") if e.strip()) or tuple(
-        str(e) for e in config.etcd.endpoints or ()
-    )
+    etcd = etcd_flag(args.etcd, config)
     if not etcd:
         print(f"{args.config}: etcd.endpoints: required (or pass --etcd)", file=sys.stderr)
         return 1
     fields = Fields()
-    admin = _address(fields, args.admin, "--admin", config.control_plane.admin)
-    xds = _address(fields, args.xds, "--xds", config.control_plane.xds)
-    metrics = _address(fields, args.metrics, "--metrics", None)
+    admin = address_flag(fields, args.admin, "--admin", config.control_plane.admin)
+    xds = address_flag(fields, args.xds, "--xds", config.control_plane.xds)
+    metrics = address_flag(fields, args.metrics, "--metrics", None)
     if fields.problems or admin is None or xds is None:
         print("\n".join(str(p) for p in fields.problems), file=sys.stderr)
         return 2

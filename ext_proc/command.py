@@ -9,6 +9,7 @@ import sys
 from ext_proc.service import ExtProcOptions, ExtProcService
 from kvgate.config import ConfigError, load_file
 from kvgate.config.fields import Fields
+from kvgate.config.flags import address_flag, etcd_flag
 from kvgate.observability.logs import configure_logging
 from kvgate.runtime.serve import serve_until_signalled
 
@@ -32,17 +33,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"{args.config}: pools: no pools configured; nothing to route to", file=sys.stderr)
         return 1
     fields = Fields()
-    listen = (fields.host_port(args.listen, ("--listen",), require_ip=False)
-              if args.listen else config.ext_proc.addresses[0])
-    metrics = (fields.host_port(args.metrics, ("--metrics",), require_ip=False)
-               if args.metrics else config.ext_proc.metrics)
+    listen = address_flag(fields, args.listen, "--listen", config.ext_proc.addresses[0])
+    metrics = address_flag(fields, args.metrics, "--metrics", config.ext_proc.metrics)
     if fields.problems or listen is None:
         print("\n".join(str(p) for p in fields.problems), file=sys.stderr)
         return 2
-    if args.etcd:
-        etcd = tuple(e.strip() for e in args.etcd.split(",") if e.strip())
-    else:
-        etcd = tuple(str(e) for e in config.etcd.endpoints or ())
+    etcd = etcd_flag(args.etcd, config)
     options = ExtProcOptions(listen=listen, metrics=metrics, etcd_endpoints=etcd)
     _install_uvloop()
     return asyncio.run(serve_until_signalled(ExtProcService(config, options), "ext_proc"))
