@@ -201,7 +201,7 @@ class ControlPlaneService:
         seen = _mtime(path)
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._reload_wanted.wait(), 0.5)
+                await asyncio.wait_for(self._reload_wanted.wait(), 0.2)  # a stat() per tick
             changed = self._options.watch_file and _mtime(path) != seen
             if not (self._reload_wanted.is_set() or changed):
                 continue
