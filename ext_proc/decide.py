@@ -54,7 +54,7 @@ class Decider:
         self._store = store
         self._directory = directory
         self._load_factor = load_factor
-        self._inflight: dict[str, asyncio.Future[Binding]] = {}
+        self._inflight: dict[str, asyncio.Future[Binding]] = {}  # placements being written
 
     async def decide(self, pool: str, raw_session: bytes | None) -> Decision:
         session = normalize_session(raw_session) if raw_session is not None else None
@@ -79,22 +79,23 @@ class Decider:
     async def _commit(
         self, pool: str, session: str, hash_value: int, current: Binding | None
     ) -> Binding:
+        """One placement per session at a time: the same session's first requests arrive
+        together, and all of them wait for the one write. The write runs as its own task so a
+        request Envoy gives up on does not abandon it halfway."""
         key = binding_key(pool, session)
-        waiting = self._inflight.get(key)
-        if waiting is not None:  # the same session's first requests arrive together
-            return await asyncio.shield(waiting)
-        future: asyncio.Future[Binding] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
-        try:
-            binding = await self._place_and_store(pool, session, hash_value, current)
-            future.set_result(binding)
-            return binding
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved here so a lone waiter-less failure is not logged
-            raise
-        finally:
-            del self._inflight[key]
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.ensure_future(
+                self._place_and_store(pool, session, hash_value, current)
+            )
+            self._inflight[key] = task
+            task.add_done_callback(lambda done: self._settle(key, done))
+        return await asyncio.shield(task)
+
+    def _settle(self, key: str, task: asyncio.Future[Binding]) -> None:
+        self._inflight.pop(key, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure nobody awaited any more is not logged as lost
 
     async def _place_and_store(
         self, pool: str, session: str, hash_value: int, current: Binding | None
