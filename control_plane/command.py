@@ -10,9 +10,8 @@ from pathlib import Path
 
 from control_plane.admin.server import TokenError, load_token
 from control_plane.service import ControlPlaneOptions, ControlPlaneService
-from kvgate.config import ConfigError, load_file
 from kvgate.config.fields import Fields
-from kvgate.config.flags import address_flag, etcd_flag
+from kvgate.config.flags import address_flag, etcd_flag, load_or_report
 from kvgate.observability.logs import configure_logging
 from kvgate.runtime.serve import serve_until_signalled
 
@@ -33,10 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
-    try:
-        config = load_file(args.config)
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
+    config = load_or_report(args.config)
+    if config is None:
         return 1
     etcd = etcd_flag(args.etcd, config)
     if not etcd:

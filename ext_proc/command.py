@@ -7,9 +7,8 @@ import asyncio
 import sys
 
 from ext_proc.service import ExtProcOptions, ExtProcService
-from kvgate.config import ConfigError, load_file
 from kvgate.config.fields import Fields
-from kvgate.config.flags import address_flag, etcd_flag
+from kvgate.config.flags import address_flag, etcd_flag, load_or_report
 from kvgate.observability.logs import configure_logging
 from kvgate.runtime.serve import serve_until_signalled
 
@@ -24,10 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
-    try:
-        config = load_file(args.config)
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
+    config = load_or_report(args.config)
+    if config is None:
         return 1
     if not config.pools:
         print(f"{args.config}: pools: no pools configured; nothing to route to", file=sys.stderr)

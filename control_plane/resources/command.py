@@ -8,8 +8,8 @@ import sys
 
 from control_plane.resources.bootstrap import ads_bootstrap, static_bootstrap, to_json
 from control_plane.resources.names import RoutingMode
-from kvgate.config import ConfigError, load_file
 from kvgate.config.fields import Fields
+from kvgate.config.flags import load_or_report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,10 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = load_file(args.config)
-    except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
+    config = load_or_report(args.config)
+    if config is None:
         return 1
     if not config.pools and not args.ads:
         print(f"{args.config}: pools: no pools configured; nothing to route to", file=sys.stderr)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+
+from kvgate.config.errors import ConfigError
 from kvgate.config.fields import Fields
+from kvgate.config.load import load_file
 from kvgate.config.model import Config, HostPort
 
 
@@ -17,3 +21,12 @@ def etcd_flag(text: str | None, config: Config) -> tuple[str, ...]:
     """`--etcd a,b` if given, else the config's `etcd.endpoints` (possibly none)."""
     given = tuple(e.strip() for e in (text or "").split(",") if e.strip())
     return given or tuple(str(e) for e in config.etcd.endpoints or ())
+
+
+def load_or_report(path: str) -> Config | None:
+    """The config at `path`, or None after printing every problem to stderr."""
+    try:
+        return load_file(path)
+    except ConfigError as exc:
+        print(exc.render(), file=sys.stderr)
+        return None
