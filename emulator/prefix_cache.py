@@ -13,6 +13,7 @@ from __future__ import annotations
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
+from itertools import islice
 
 import xxhash
 
@@ -108,8 +109,10 @@ class PrefixCache:
                 continue
             if count <= 1:
                 refs[h] = 0
-                free[h] = None
-                free.move_to_end(h)
+                if count == 1:
+                    free[h] = None  # a held block is never in the queue: this appends
+                else:
+                    free.move_to_end(h)
             else:
                 refs[h] = count - 1
         self.reserved_blocks = max(0, self.reserved_blocks - extra_blocks)
@@ -118,10 +121,13 @@ class PrefixCache:
     def _evict(self) -> None:
         refs = self._refs
         free = self._free
-        while len(refs) + self.reserved_blocks > self.capacity_blocks and free:
-            h, _ = free.popitem(last=False)
-            del refs[h]
-            self.evictions += 1
+        excess = min(len(free), len(refs) + self.reserved_blocks - self.capacity_blocks)
+        if excess > 0:
+            victims = list(islice(free, excess))
+            for h in victims:
+                del free[h]
+                del refs[h]
+            self.evictions += excess
 
     @property
     def pinned_blocks(self) -> int:

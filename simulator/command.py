@@ -15,7 +15,7 @@ from bench.report import ModeStats, markdown_table, result_document, write_outpu
 from simulator.parallel import simulate_modes
 from simulator.run import FleetEvent, SimConfig
 from workload.cli import add_workload_arguments, workload_from_args
-from workload.hashing import oracle_hit_rate
+from workload.hashing import PromptBlocks, oracle_hit_rate
 
 DEFAULT_ENGINES = 16
 
@@ -74,19 +74,26 @@ def run(args: argparse.Namespace) -> int:
     config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
                        progress=not args.quiet and sys.stderr.isatty() and args.jobs <= 1,
                        addresses=addresses)
+    blocks = PromptBlocks(workload.requests, options.block_size)
+    print(f"prompts hashed into {options.block_size}-token blocks "
+          f"({time.perf_counter() - built:.1f} s)", file=sys.stderr)
+    oracle = [0.0]
+
+    def compute_oracle() -> None:
+        if not args.no_oracle:
+            measured = [workload.measured(r) for r in workload.requests]
+            oracle[0] = oracle_hit_rate(workload.requests, options.block_size, measured, blocks)
+
     stats: dict[str, ModeStats] = {}
-    for mode, (mode_stats, seconds) in simulate_modes(workload, args.modes, config,
-                                                      args.jobs).items():
+    for mode, (mode_stats, seconds) in simulate_modes(workload, args.modes, config, args.jobs,
+                                                      blocks, compute_oracle).items():
         stats[mode] = mode_stats
         print(f"  {mode}: {seconds:.1f} s", file=sys.stderr)
-    measured = [workload.measured(r) for r in workload.requests]
-    oracle = 0.0 if args.no_oracle else oracle_hit_rate(workload.requests, options.block_size,
-                                                        measured)
     describe = {**workload.describe, "engines": options.instances,
                 "block_size": options.block_size, "hbm_tokens": options.hbm_tokens,
                 "ddr_tokens": options.pool_tokens, "fail": [vars_of(e) for e in args.fail],
                 "drain": [vars_of(e) for e in args.drain], "tool": "kvgate simulate"}
-    document = result_document(describe, stats, oracle)
+    document = result_document(describe, stats, oracle[0])
     print(markdown_table(document))
     print(f"simulated in {time.perf_counter() - started:.1f} s wall", file=sys.stderr)
     if args.out is not None:

@@ -5,20 +5,28 @@ from __future__ import annotations
 
 import multiprocessing
 import queue
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from bench.modes import Mode
 from bench.report import ModeStats
 from simulator.run import SimConfig, simulate
+from workload.hashing import PromptBlocks
 from workload.model import Workload
 
 
-def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig,
-                   jobs: int) -> dict[Mode, tuple[ModeStats, float]]:
-    """``{mode: (stats, seconds)}`` in ``modes`` order, using up to ``jobs`` processes."""
+def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig, jobs: int,
+                   blocks: PromptBlocks | None = None,
+                   meanwhile: Callable[[], None] | None = None,
+                   ) -> dict[Mode, tuple[ModeStats, float]]:
+    """``{mode: (stats, seconds)}`` in ``modes`` order, using up to ``jobs`` processes.
+
+    ``meanwhile`` runs in this process while the workers simulate (the oracle, say)."""
     jobs = max(1, min(jobs, len(modes)))
     if jobs == 1:
-        return {m: _timed(workload, m, config) for m in modes}
+        if meanwhile is not None:
+            meanwhile()
+        return {m: _timed(workload, m, config, blocks) for m in modes}
     ctx = multiprocessing.get_context("fork")
     results: multiprocessing.Queue[tuple[Mode, ModeStats, float] | tuple[Mode, None, str]] = (
         ctx.Queue())
@@ -26,7 +34,7 @@ def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig,
     def work(chunk: Sequence[Mode]) -> None:
         for mode in chunk:
             try:
-                stats, seconds = _timed(workload, mode, config)
+                stats, seconds = _timed(workload, mode, config, blocks)
                 results.put((mode, stats, seconds))
             except Exception as exc:  # reported by the parent
                 results.put((mode, None, repr(exc)))
@@ -37,6 +45,8 @@ def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig,
         worker.start()
     done: dict[Mode, tuple[ModeStats, float]] = {}
     try:
+        if meanwhile is not None:
+            meanwhile()
         while len(done) < len(modes):
             try:
                 mode, stats, extra = results.get(timeout=1.0)
@@ -58,9 +68,8 @@ def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig,
     return {m: done[m] for m in modes}
 
 
-def _timed(workload: Workload, mode: Mode, config: SimConfig) -> tuple[ModeStats, float]:
-    import time
-
+def _timed(workload: Workload, mode: Mode, config: SimConfig,
+           blocks: PromptBlocks | None) -> tuple[ModeStats, float]:
     start = time.perf_counter()
-    stats = simulate(workload, mode, config).stats
+    stats = simulate(workload, mode, config, blocks).stats
     return stats, time.perf_counter() - start

@@ -21,7 +21,7 @@ from emulator.ddr_pool import DdrPool
 from emulator.engine_model import Admission, EngineModel
 from emulator.options import EmulatorOptions
 from simulator.routing import make_router
-from workload.hashing import BlockHasher
+from workload.hashing import PromptBlocks
 from workload.model import Workload
 
 _FIRST, _FINISH, _FLEET = 0, 1, 2
@@ -59,13 +59,17 @@ def engine_address(index: int) -> str:
     return f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}:8000"
 
 
-def simulate(workload: Workload, mode: Mode, config: SimConfig) -> SimResult:
-    """Run one mode over the whole workload."""
-    return asyncio.run(simulate_async(workload, mode, config))
+def simulate(workload: Workload, mode: Mode, config: SimConfig,
+             blocks: PromptBlocks | None = None) -> SimResult:
+    """Run one mode over the whole workload (``blocks``: its prompts, hashed beforehand)."""
+    return asyncio.run(simulate_async(workload, mode, config, blocks))
 
 
-async def simulate_async(workload: Workload, mode: Mode, config: SimConfig) -> SimResult:
+async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
+                         blocks: PromptBlocks | None = None) -> SimResult:
     options = config.engine
+    if blocks is None or blocks.block_size != options.block_size:
+        blocks = PromptBlocks(workload.requests, options.block_size)
     n = options.instances
     engine_config = options.engine_config()
     engines = [EngineModel(engine_config) for _ in range(n)]
@@ -77,9 +81,7 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig) -> S
     pool = DdrPool(options.pool_tokens, options.block_size) if mode.ddr_pool else None
     clock = [0.0]
     router = make_router(mode, addresses, lambda: clock[0], config.load_factor, config.idle_ttl)
-    hasher = BlockHasher(options.block_size)
     requests = workload.requests
-    last = {id(r.chain): i for i, r in enumerate(requests)}
     stats = ModeStats()
     per_engine = [0] * n
     assignments = [-1] * len(requests)
@@ -125,9 +127,6 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig) -> S
             _, _, kind, data = heapq.heappop(heap)
             handle(kind, data)
         clock[0] = now
-        hashes = hasher.hashes(request)
-        if last[id(request.chain)] == i:
-            hasher.forget(request)
         address = await router.route(request.session)
         if address is None:
             if workload.measured(request):
@@ -137,7 +136,7 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig) -> S
         per_engine[e] += 1
         assignments[i] = e
         engine = engines[e]
-        probe = engine.probe_hashes(hashes, request.prompt_tokens)
+        probe = engine.probe_hashes(blocks.hashes(i), blocks.tokens[i])
         ddr = pool.lookup(probe.ddr_candidates) if pool is not None else None
         admission: Admission = engine.admit(now, probe, request.max_tokens, ddr)
         heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
+from itertools import takewhile
 
 import xxhash
 
@@ -41,12 +42,16 @@ class BlockHasher:
 
     def hashes(self, request: Request) -> list[int]:
         """Hashes of the prompt's full blocks (a new list the caller may keep)."""
+        return list(self._advance(request))
+
+    def _advance(self, request: Request) -> list[int]:
+        """The chain's hash list, extended to cover this prompt; it grows with later turns."""
         state = self._states.get(id(request.chain))
         if state is None or state.length > request.length:
             state = self._states[id(request.chain)] = _State()
         self._extend(state, request.chain[state.length : request.length])
         state.length = request.length
-        return list(state.hashes)
+        return state.hashes
 
     def forget(self, request: Request) -> None:
         """Drop a chain's progress (after its last request)."""
@@ -57,8 +62,16 @@ class BlockHasher:
         hashes = state.hashes
         pieces = state.pieces
         filled = state.filled
+        whole = struct.Struct("<Q3q").pack  # one block cut from one segment, the common case
+        digest = xxhash.xxh3_64_intdigest
         for key, tokens in segments:
             offset = 0
+            if filled == 0 and tokens >= bs:
+                parent = hashes[-1] if hashes else _ROOT
+                for offset in range(0, tokens - bs + 1, bs):
+                    parent = digest(whole(parent, key, offset, offset + bs))
+                    hashes.append(parent)
+                offset += bs
             while offset < tokens:
                 take = min(bs - filled, tokens - offset)
                 pieces += (key, offset, offset + take)
@@ -73,28 +86,47 @@ class BlockHasher:
         state.filled = filled
 
 
+class PromptBlocks:
+    """Every request's prompt as block hashes, computed once for a whole workload so the modes
+    and the oracle share them (forked workers inherit them). Requests of one session refer to
+    one list: request i's blocks are ``chain(i)[:count(i)]``."""
+
+    def __init__(self, requests: Sequence[Request], block_size: int) -> None:
+        hasher = BlockHasher(block_size)
+        last = {id(r.chain): i for i, r in enumerate(requests)}
+        self.block_size = block_size
+        self.tokens = [r.prompt_tokens for r in requests]
+        self._chains: list[list[int]] = []
+        for i, request in enumerate(requests):
+            self._chains.append(hasher._advance(request))
+            if last[id(request.chain)] == i:
+                hasher.forget(request)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def hashes(self, i: int) -> list[int]:
+        """Request i's full-block hashes (a new list)."""
+        return self._chains[i][: self.tokens[i] // self.block_size]
+
+
 def max_hit_blocks(num_tokens: int, block_size: int) -> int:
     """The emulator's n-1 rule, in blocks."""
     return max(0, num_tokens - 1) // block_size
 
 
 def oracle_hit_rate(requests: Sequence[Request], block_size: int,
-                    measured: Sequence[bool]) -> float:
+                    measured: Sequence[bool], blocks: PromptBlocks | None = None) -> float:
     """Share of measured prompt tokens an infinite cache with perfect routing would serve:
     each prompt's longest run of leading blocks any earlier request computed (n-1 rule)."""
-    hasher = BlockHasher(block_size)
-    last = {id(r.chain): i for i, r in enumerate(requests)}
+    if blocks is None or blocks.block_size != block_size:
+        blocks = PromptBlocks(requests, block_size)
     seen: set[int] = set()
     hit = total = 0
-    for i, request in enumerate(requests):
-        hashes = hasher.hashes(request)
-        if last[id(request.chain)] == i:
-            hasher.forget(request)
-        n = request.prompt_tokens
-        limit = max_hit_blocks(n, block_size)
-        k = 0
-        while k < limit and hashes[k] in seen:
-            k += 1
+    for i in range(len(requests)):
+        hashes = blocks.hashes(i)
+        n = blocks.tokens[i]
+        k = len(list(takewhile(seen.__contains__, hashes[: max_hit_blocks(n, block_size)])))
         seen.update(hashes)
         if measured[i]:
             hit += k * block_size
