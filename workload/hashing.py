@@ -66,13 +66,15 @@ class BlockHasher:
         digest = xxhash.xxh3_64_intdigest
         for key, tokens in segments:
             offset = 0
-            if filled == 0 and tokens >= bs:
-                parent = hashes[-1] if hashes else _ROOT
-                for offset in range(0, tokens - bs + 1, bs):
-                    parent = digest(whole(parent, key, offset, offset + bs))
-                    hashes.append(parent)
-                offset += bs
             while offset < tokens:
+                if filled == 0 and tokens - offset >= bs:
+                    parent = hashes[-1] if hashes else _ROOT
+                    end = tokens - (tokens - offset) % bs
+                    for start in range(offset, end, bs):
+                        parent = digest(whole(parent, key, start, start + bs))
+                        hashes.append(parent)
+                    offset = end
+                    continue
                 take = min(bs - filled, tokens - offset)
                 pieces += (key, offset, offset + take)
                 offset += take
@@ -80,7 +82,7 @@ class BlockHasher:
                 if filled == bs:
                     parent = hashes[-1] if hashes else _ROOT
                     raw = struct.pack(f"<Q{len(pieces)}q", parent, *pieces)
-                    hashes.append(xxhash.xxh3_64_intdigest(raw))
+                    hashes.append(digest(raw))
                     pieces.clear()
                     filled = 0
         state.filled = filled
