@@ -12,6 +12,7 @@ A request goes: ``probe`` (HBM hit) -> caller looks ``probe.ddr_candidates`` up 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -45,6 +46,7 @@ class Probe:
     num_tokens: int
     hbm_blocks: int  # leading blocks found in HBM (n-1 cap applied)
     limit_blocks: int  # n-1 cap in blocks
+    cache_version: object = None  # the cache's contents when probed (admit re-matches if changed)
 
     @property
     def ddr_candidates(self) -> list[int]:
@@ -82,11 +84,7 @@ class Histogram:
 
     def observe(self, value: float) -> None:
         """Record one value."""
-        i = 0
-        bounds = self.bounds
-        while i < len(bounds) and value > bounds[i]:
-            i += 1
-        self.counts[i] += 1
+        self.counts[bisect_left(self.bounds, value)] += 1  # first bound >= value
         self.total += value
         self.count += 1
 
@@ -127,7 +125,8 @@ class EngineModel:
     def probe_hashes(self, hashes: list[int], num_tokens: int) -> Probe:
         """Like :meth:`probe`, for callers that already have block hashes (trace replay)."""
         limit = max_hit_blocks(num_tokens, self.config.block_size)
-        return Probe(hashes, num_tokens, self.cache.match(hashes, limit), limit)
+        cache = self.cache
+        return Probe(hashes, num_tokens, cache.match(hashes, limit), limit, cache.version)
 
     def admit(
         self,
@@ -145,7 +144,10 @@ class EngineModel:
         cache = self.cache
         # The cache may have changed while the caller awaited the pool: re-match, and count as
         # DDR hits only the pool blocks beyond what HBM has now.
-        hbm_blocks = cache.match(probe.hashes, probe.limit_blocks)
+        if probe.cache_version is not None and probe.cache_version == cache.version:
+            hbm_blocks = probe.hbm_blocks
+        else:
+            hbm_blocks = cache.match(probe.hashes, probe.limit_blocks)
         ddr_end = probe.hbm_blocks + (ddr_hit_blocks or 0)
         ddr_blocks = max(0, ddr_end - hbm_blocks)
         hit_blocks = hbm_blocks + ddr_blocks

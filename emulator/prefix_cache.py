@@ -59,6 +59,12 @@ class PrefixCache:
         self._free: OrderedDict[int, None] = OrderedDict()  # refcount-0 blocks, LRU first
         self.reserved_blocks = 0  # partial/decode blocks of running requests (never cached)
         self.evictions = 0
+        self._inserted = 0
+
+    @property
+    def version(self) -> tuple[int, int, int]:
+        """Changes whenever the set of cached blocks does (this cache, insertions, evictions)."""
+        return id(self), self._inserted, self.evictions
 
     def __len__(self) -> int:
         return len(self._refs)
@@ -95,6 +101,7 @@ class PrefixCache:
                     del free[h]
                 refs[h] = count + 1
         self.reserved_blocks += extra_blocks
+        self._inserted += new
         if new or extra_blocks:
             self._evict()
 

@@ -14,7 +14,7 @@ from kvgate.bindings.model import Binding, binding_key
 from kvgate.bindings.store import BindingStore
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement import fallback_for, place, session_hash
-from kvgate.session import normalize_session
+from kvgate.session import SessionIds
 
 
 class Outcome(StrEnum):
@@ -55,9 +55,10 @@ class Decider:
         self._directory = directory
         self._load_factor = load_factor
         self._inflight: dict[str, asyncio.Future[Binding]] = {}  # placements being written
+        self._sessions = SessionIds()
 
     async def decide(self, pool: str, raw_session: bytes | None) -> Decision:
-        session = normalize_session(raw_session) if raw_session is not None else None
+        session = self._sessions.normalize(raw_session) if raw_session is not None else None
         if session is None:
             return SESSIONLESS
         view = self._directory.view(pool)

@@ -26,3 +26,26 @@ def normalize_session(raw: bytes) -> str | None:
     digest[6] = (digest[6] & 0x0F) | 0x50  # version 5
     digest[8] = (digest[8] & 0x3F) | 0x80  # RFC 4122 variant
     return str(uuid.UUID(bytes=bytes(digest)))
+
+
+class SessionIds:
+    """:func:`normalize_session` with a bounded memo: every turn of a conversation sends the same
+    header, and a UUIDv5 costs a SHA-1. Long values are not kept (memory stays bounded whatever
+    clients send); the memo starts over when full."""
+
+    def __init__(self, capacity: int = 65_536, longest: int = 256) -> None:
+        self._memo: dict[bytes, str | None] = {}
+        self._capacity = capacity
+        self._longest = longest
+
+    def normalize(self, raw: bytes) -> str | None:
+        try:
+            return self._memo[raw]
+        except KeyError:
+            pass
+        session = normalize_session(raw)
+        if len(raw) <= self._longest:
+            if len(self._memo) >= self._capacity:
+                self._memo.clear()
+            self._memo[raw] = session
+        return session

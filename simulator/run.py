@@ -82,6 +82,7 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
     clock = [0.0]
     router = make_router(mode, addresses, lambda: clock[0], config.load_factor, config.idle_ttl)
     requests = workload.requests
+    measured = [workload.measured(r) for r in requests]
     stats = ModeStats()
     per_engine = [0] * n
     assignments = [-1] * len(requests)
@@ -106,7 +107,7 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
             return
         e, gen, admission, i = data  # type: ignore[misc]
         if gen != generation[e]:
-            if kind == _FIRST and workload.measured(requests[i]):
+            if kind == _FIRST and measured[i]:
                 stats.error(requests[i].arrival)
             return
         if kind == _FINISH:
@@ -114,8 +115,8 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
             return
         if pool is not None:
             pool.insert(admission.to_pool)
-        request = requests[i]
-        if workload.measured(request):
+        if measured[i]:
+            request = requests[i]
             slot = admission.slot
             stats.add(request.arrival, slot.ttft, slot.finish, admission.prompt_tokens,
                       admission.cached_tokens, admission.hbm_hit_tokens, admission.ddr_hit_tokens)
@@ -129,7 +130,7 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
         clock[0] = now
         address = await router.route(request.session)
         if address is None:
-            if workload.measured(request):
+            if measured[i]:
                 stats.error(now)
             continue
         e = index[address]

@@ -7,7 +7,7 @@ import uuid
 from control_plane.health import HealthTracker
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.model import Binding
-from kvgate.session import SESSION_NAMESPACE, normalize_session
+from kvgate.session import SESSION_NAMESPACE, SessionIds, normalize_session
 
 
 def test_uuid_kept_canonical_other_values_uuid5() -> None:
@@ -19,6 +19,15 @@ def test_uuid_kept_canonical_other_values_uuid5() -> None:
     weird = normalize_session(b"\xff\xfe" * 4096)
     assert weird is not None and uuid.UUID(weird).version == 5
     assert normalize_session(b"not-a-uuid-but-thirty-six-chars-long") != "not-a-uuid"
+
+
+def test_session_ids_memo_answers_like_normalize_and_stays_bounded() -> None:
+    ids = SessionIds(capacity=4, longest=64)
+    values = [b"chat-%d" % i for i in range(10)] + [b"", b"  ", b"x" * 500, b"chat-3"]
+    for raw in values * 2:
+        assert ids.normalize(raw) == normalize_session(raw)
+        assert len(ids._memo) <= 4
+    assert b"x" * 500 not in ids._memo  # long values are not kept
 
 
 async def test_memory_store_first_binding_wins_and_move_is_compare_and_set() -> None:
