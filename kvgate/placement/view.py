@@ -32,7 +32,9 @@ class PoolView:
     name: str
     members: Sequence[Member]
     _by_address: dict[str, Member] = field(init=False, repr=False)
-    _rings: dict[str | None, RingChoice] = field(init=False, repr=False, default_factory=dict)
+    _rings: dict[tuple[str | None, str | None], RingChoice] = field(
+        init=False, repr=False, default_factory=dict
+    )
     _active: list[Member] | None = field(init=False, repr=False, default=None)
     _by_kv: dict[str, tuple[str, ...]] | None = field(init=False, repr=False, default=None)
 
@@ -58,14 +60,23 @@ class PoolView:
 
     def ring_for(self, kv_pool: str | None, exclude: str | None) -> RingChoice | None:
         """The ring over active endpoints of `kv_pool` if any besides `exclude` has one, else
-        over all active endpoints; None if no endpoint but `exclude` is active. `exclude` stays
-        on the ring (callers skip it): one ring per KV pool, not one per excluded endpoint."""
+        over all active endpoints; None if no endpoint but `exclude` is active.
+
+        `exclude` stays on the ring (callers skip it), also once it has failed or is draining:
+        walking the ring it was on finds the successor Envoy's retry was already sent to, so a
+        re-bound session stays where its KV cache was just rebuilt."""
         same = self._kv_members().get(kv_pool, ()) if kv_pool is not None else ()
         key = kv_pool if len(same) > 1 or (len(same) == 1 and same[0] != exclude) else None
-        choice = self._rings.get(key)
+        gone = self._by_address.get(exclude) if exclude is not None else None
+        if gone is not None and (gone.state == "active" or key not in (None, gone.kv_pool)):
+            gone = None  # already on the ring, or not of this ring's KV pool
+        ring_key = (key, None if gone is None else gone.address)
+        choice = self._rings.get(ring_key)
         if choice is None:
-            candidates = [m for m in self.active if key is None or m.kv_pool == key]
-            choice = self._rings[key] = RingChoice(
+            candidates = [m for m in self.members
+                          if (m.state == "active" or m is gone)
+                          and (key is None or m.kv_pool == key)]
+            choice = self._rings[ring_key] = RingChoice(
                 EnvoyRing([(m.address, m.weight) for m in candidates]),
                 frozenset(m.address for m in candidates),
                 sum(m.weight for m in candidates),

@@ -74,6 +74,25 @@ def test_replacement_prefers_same_kv_pool_and_skips_inactive() -> None:
         assert fallback_for(view, h, "10.0.0.2:1") in {"10.0.0.3:1", "10.0.0.4:1"}
 
 
+@pytest.mark.parametrize("kv_pools", [["own-1", "own-2", "own-3", "own-4"], ["ddr"] * 4])
+@pytest.mark.parametrize("gone_as", ["failed", "draining"])
+def test_rebind_lands_where_the_retry_fallback_went(kv_pools: list[str], gone_as: str) -> None:
+    addresses = [f"10.0.1.{i}:8000" for i in range(1, 5)]
+    before = _view(*(Member(a, k) for a, k in zip(addresses, kv_pools, strict=True)))
+    victim = addresses[1]
+    after = _view(*(Member(a, k, state=gone_as if a == victim else "active")
+                    for a, k in zip(addresses, kv_pools, strict=True)))
+    hashes = [session_hash(f"s{n}".encode()) for n in range(400)]
+    orphans = [h for h in hashes if before.ring_for(None, None).ring.pick(h) == victim]
+    assert len(orphans) > 40
+    for h in orphans:
+        retried_to = fallback_for(before, h, victim)  # Envoy's retry, while the victim was up
+        rebound = place(after, h, {}, 1.25, prefer_kv_pool=before.kv_pool_of(victim),
+                        exclude=victim)
+        assert rebound == retried_to != victim
+        assert fallback_for(after, h, victim) == retried_to  # also while it drains
+
+
 def test_no_active_endpoint_places_nowhere() -> None:
     view = _view(Member("10.0.0.1:1", "kv", state="failed"))
     assert place(view, 1, {}, 1.25) is None
