@@ -15,7 +15,7 @@ from bench.modes import Mode
 from control_plane.resources.names import RoutingMode
 from emulator.options import EmulatorOptions
 from kvgate.config import Config, load_text
-from kvgate.runtime.ports import free_port, port_in_use
+from kvgate.runtime.ports import free_ports, port_in_use
 from kvgate.up.stack import Stack
 from workload.model import Workload
 
@@ -37,12 +37,12 @@ class CompareOptions:
 
 def gateway_config(header: str) -> Config:
     """Every port free; no pools, so the Stack starts the emulated fleet itself."""
+    listener, admin, xds, api, ext_proc, metrics = free_ports(6)
     return load_text(json.dumps({
-        "listener": {"port": free_port()},
-        "envoy_admin": {"port": free_port()},
-        "control_plane": {"xds": f"127.0.0.1:{free_port()}", "admin": f"127.0.0.1:{free_port()}"},
-        "ext_proc": {"address": [f"127.0.0.1:{free_port()}"],
-                     "metrics": f"127.0.0.1:{free_port()}"},
+        "listener": {"port": listener},
+        "envoy_admin": {"port": admin},
+        "control_plane": {"xds": f"127.0.0.1:{xds}", "admin": f"127.0.0.1:{api}"},
+        "ext_proc": {"address": [f"127.0.0.1:{ext_proc}"], "metrics": f"127.0.0.1:{metrics}"},
         "session": {"headers": [header]},
     }))
 

@@ -30,7 +30,7 @@ from kvgate.config import Config, load_text
 from kvgate.config.model import HostPort
 from kvgate.runtime.child import Child
 from kvgate.runtime.envoy import envoy_binary, envoy_ready
-from kvgate.runtime.ports import free_port
+from kvgate.runtime.ports import free_ports
 from kvgate.up.stack import Stack
 
 LUA = """
@@ -76,12 +76,13 @@ def upstream_bootstrap(ports: list[int], admin: int) -> dict[str, object]:
 
 
 def gateway_config(upstreams: list[int], replicas: int) -> Config:
+    ports = iter(free_ports(5 + replicas))
     text = json.dumps({
-        "listener": {"port": free_port()},
-        "envoy_admin": {"port": free_port()},
-        "control_plane": {"xds": f"127.0.0.1:{free_port()}", "admin": f"127.0.0.1:{free_port()}"},
-        "ext_proc": {"address": [f"127.0.0.1:{free_port()}" for _ in range(replicas)],
-                     "metrics": f"127.0.0.1:{free_port()}"},
+        "listener": {"port": next(ports)},
+        "envoy_admin": {"port": next(ports)},
+        "control_plane": {"xds": f"127.0.0.1:{next(ports)}", "admin": f"127.0.0.1:{next(ports)}"},
+        "ext_proc": {"address": [f"127.0.0.1:{next(ports)}" for _ in range(replicas)],
+                     "metrics": f"127.0.0.1:{next(ports)}"},
         "pools": [{"name": "bench", "endpoints": [f"127.0.0.1:{p}" for p in upstreams]}],
     })
     return load_text(text)
@@ -143,8 +144,7 @@ async def main(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
     script = work / "sessions.lua"
     script.write_text(LUA.format(sessions=args.sessions))
-    ports = [free_port() for _ in range(4)]
-    upstream_admin = free_port()
+    *ports, upstream_admin = free_ports(5)
     (work / "upstreams.json").write_text(json.dumps(upstream_bootstrap(ports, upstream_admin)))
     upstream = Child("upstreams", [envoy_binary(), "-c", str(work / "upstreams.json"),
                                     "--concurrency", "1", "--disable-hot-restart",

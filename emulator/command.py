@@ -9,14 +9,13 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
 
 import structlog
 
 from emulator.fleet import Fleet
 from emulator.options import DDR_POOL_FLEET_MULTIPLE, EmulatorOptions
+from kvgate.runtime.loop import run as run_loop
 
 log = structlog.get_logger("emulator.command")
 
@@ -193,14 +192,6 @@ async def serve(options: EmulatorOptions, ready_file: Path | None) -> int:
     return 0
 
 
-def _run(coro: Coroutine[Any, Any, int]) -> int:
-    try:
-        import uvloop  # optional speed-up, absent on Windows
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
-
-
 def run(args: argparse.Namespace) -> int:
     """Entry point used by ``kvgate emulate`` and ``python -m emulator``."""
     configure_logging(args.log_level)
@@ -211,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvgate emulate: {exc}", file=sys.stderr)
         return 2
     try:
-        return _run(serve(options, args.ready_file))
+        return run_loop(serve(options, args.ready_file))
     except OSError as exc:
         log.error("startup_failed", error=str(exc))
         return 1

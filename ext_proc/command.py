@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 
 from ext_proc.service import ExtProcOptions, ExtProcService
 from kvgate.config.fields import Fields
 from kvgate.config.flags import address_flag, etcd_flag, load_or_report
 from kvgate.observability.logs import configure_logging
+from kvgate.runtime.loop import run as run_loop
 from kvgate.runtime.serve import serve_until_signalled
 
 
@@ -37,15 +37,6 @@ def run(args: argparse.Namespace) -> int:
         return 2
     etcd = etcd_flag(args.etcd, config)
     options = ExtProcOptions(listen=listen, metrics=metrics, etcd_endpoints=etcd)
-    _install_uvloop()
-    return asyncio.run(serve_until_signalled(ExtProcService(config, options), "ext_proc"))
-
-
-def _install_uvloop() -> None:
-    try:
-        import uvloop
-    except ImportError:
-        return
-    uvloop.install()
+    return run_loop(serve_until_signalled(ExtProcService(config, options), "ext_proc"))
 
 

@@ -10,7 +10,6 @@ sessions but gets no new ones (kvgate) or leaves the load balancer (Envoy modes)
 
 from __future__ import annotations
 
-import asyncio
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from bench.report import ModeStats
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import Admission, EngineModel
 from emulator.options import EmulatorOptions
+from kvgate.runtime.loop import run as run_loop
 from simulator.routing import make_router
 from workload.hashing import PromptBlocks
 from workload.model import Workload
@@ -62,7 +62,7 @@ def engine_address(index: int) -> str:
 def simulate(workload: Workload, mode: Mode, config: SimConfig,
              blocks: PromptBlocks | None = None) -> SimResult:
     """Run one mode over the whole workload (``blocks``: its prompts, hashed beforehand)."""
-    return asyncio.run(simulate_async(workload, mode, config, blocks))
+    return run_loop(simulate_async(workload, mode, config, blocks))
 
 
 async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,

@@ -10,14 +10,13 @@ import pytest
 
 from kvgate.runtime.child import Child
 from kvgate.runtime.etcd import embedded_etcd, etcd_ready
-from kvgate.runtime.ports import free_port
+from kvgate.runtime.ports import free_ports
 from tests.support.upstreams import Upstream
 
 
 class EtcdServer:
     def __init__(self, workdir: Path) -> None:
-        self.client_port = free_port()
-        self.peer_port = free_port()
+        self.client_port, self.peer_port = free_ports(2)
         self.endpoint = f"127.0.0.1:{self.client_port}"
         self.child: Child = embedded_etcd(
             workdir / "etcd-data", self.client_port, self.peer_port, workdir / "etcd.log"

@@ -20,7 +20,7 @@ from kvgate.config.model import Config, Endpoint, Etcd, HostPort, Pool, Route, R
 from kvgate.runtime.child import Child, ChildFailed
 from kvgate.runtime.envoy import envoy_child, envoy_ready
 from kvgate.runtime.etcd import embedded_etcd, etcd_ready
-from kvgate.runtime.ports import free_port, port_in_use
+from kvgate.runtime.ports import free_port, free_ports, port_in_use
 
 
 @dataclass
@@ -126,7 +126,7 @@ class Stack:
     async def _start_etcd(self) -> None:
         if self.config.etcd.endpoints is not None:
             return
-        client_port, peer_port = free_port(), free_port()
+        client_port, peer_port = free_ports(2)
         child = embedded_etcd(
             self.workdir / "etcd-data", client_port, peer_port, self.workdir / "etcd.log"
         )

@@ -14,7 +14,7 @@ from kvgate.config.dump import to_dict
 from kvgate.config.model import HostPort
 from kvgate.etcd import EtcdClient
 from kvgate.runtime.child import Child
-from kvgate.runtime.ports import free_port
+from kvgate.runtime.ports import free_ports
 from kvgate.up.stack import grpc_serving
 from tests.support.polling import homes_of
 from tests.support.stack import gateway_config, running_stack
@@ -98,8 +98,9 @@ async def test_leader_killed_follower_takes_over_and_traffic_never_stops(
     config = gateway_config([u.address for u in ups], prefix=prefix)
     async with running_stack(config, tmp_path / "stack") as stack:
         second_config = to_dict(stack.config)
-        second_admin = HostPort("127.0.0.1", free_port())
-        second_config["control_plane"] = {"xds": f"127.0.0.1:{free_port()}",
+        admin_port, xds_port = free_ports(2)
+        second_admin = HostPort("127.0.0.1", admin_port)
+        second_config["control_plane"] = {"xds": f"127.0.0.1:{xds_port}",
                                           "admin": str(second_admin)}
         path = tmp_path / "second.yaml"
         path.write_text(yaml.safe_dump(second_config))

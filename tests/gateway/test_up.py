@@ -14,7 +14,7 @@ import httpx
 import yaml
 
 from kvgate.config.dump import to_dict
-from kvgate.runtime.ports import free_port
+from kvgate.runtime.ports import free_port, free_ports
 from tests.support.stack import gateway_config
 
 
@@ -112,11 +112,12 @@ async def test_up_with_bad_config_reports_field_path_and_starts_nothing(tmp_path
 async def test_up_with_emulated_fleet_keeps_a_conversation_on_one_engine(tmp_path: Path) -> None:
     import openai
 
+    listener, admin, xds, api, ext_proc, metrics = free_ports(6)
     ports = {
-        "listener": {"port": free_port()},
-        "envoy_admin": {"port": free_port()},
-        "control_plane": {"xds": f"127.0.0.1:{free_port()}", "admin": f"127.0.0.1:{free_port()}"},
-        "ext_proc": {"address": f"127.0.0.1:{free_port()}", "metrics": f"127.0.0.1:{free_port()}"},
+        "listener": {"port": listener},
+        "envoy_admin": {"port": admin},
+        "control_plane": {"xds": f"127.0.0.1:{xds}", "admin": f"127.0.0.1:{api}"},
+        "ext_proc": {"address": f"127.0.0.1:{ext_proc}", "metrics": f"127.0.0.1:{metrics}"},
     }
     path = tmp_path / "ports-only.yaml"
     path.write_text(yaml.safe_dump(ports))

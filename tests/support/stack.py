@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from kvgate.config import Config, load_text
-from kvgate.runtime.ports import free_port
+from kvgate.runtime.ports import free_ports
 from kvgate.up.stack import Stack
 
 
@@ -24,15 +24,16 @@ def gateway_config(
     kv_pool: str = "kv-a",
     message_timeout: str = "200ms",
 ) -> Config:
+    ports = iter(free_ports(5 + ext_procs))
     data: dict[str, object] = {
-        "listener": {"address": "127.0.0.1", "port": free_port()},
-        "envoy_admin": {"address": "127.0.0.1", "port": free_port()},
+        "listener": {"address": "127.0.0.1", "port": next(ports)},
+        "envoy_admin": {"address": "127.0.0.1", "port": next(ports)},
         "control_plane": {
-            "xds": f"127.0.0.1:{free_port()}", "admin": f"127.0.0.1:{free_port()}",
+            "xds": f"127.0.0.1:{next(ports)}", "admin": f"127.0.0.1:{next(ports)}",
         },
         "ext_proc": {
-            "address": [f"127.0.0.1:{free_port()}" for _ in range(ext_procs)],
-            "metrics": f"127.0.0.1:{free_port()}",
+            "address": [f"127.0.0.1:{next(ports)}" for _ in range(ext_procs)],
+            "metrics": f"127.0.0.1:{next(ports)}",
             "message_timeout": message_timeout,
         },
         "etcd": {"prefix": prefix, **({"endpoints": list(etcd)} if etcd else {})},
