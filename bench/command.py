@@ -13,7 +13,7 @@ from bench.client import DriveOptions, drive
 from bench.compare import CompareOptions, compare
 from bench.fleet_options import add_fleet_arguments, emulator_options
 from bench.modes import parse_modes
-from bench.report import markdown_table, result_document, write_outputs
+from bench.report import check_out_dir, markdown_table, result_document, write_outputs
 from emulator.command import time_scale
 from workload.cli import add_workload_arguments, workload_from_args
 from workload.hashing import oracle_hit_rate
@@ -47,10 +47,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         engine = emulator_options(args, args.time_scale)
+        if args.out is not None:
+            check_out_dir(args.out)
+        workload = workload_from_args(args, engine.instances)
     except ValueError as exc:
         print(f"kvgate bench: {exc}", file=sys.stderr)
         return 2
-    workload = workload_from_args(args, engine.instances)
+    except OSError as exc:
+        print(f"kvgate bench: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     say(f"workload {workload.name}: {len(workload.requests)} requests over "
         f"{workload.duration:.0f} emulated s ({workload.duration * args.time_scale:.0f} s wall)")

@@ -35,7 +35,12 @@ def emulator_options(args: argparse.Namespace, time_scale: float = 1.0) -> Emula
     options = EmulatorOptions(instances=args.engines, block_size=args.block_size,
                               time_scale=time_scale,
                               **{name: getattr(args, name) for name, _, _ in _FIELDS})
-    options.validate()
+    try:
+        options.validate()
+    except ValueError as exc:  # the emulator names its fields; say the flag given here
+        name, _, rest = str(exc).partition(" ")
+        flag = "engines" if name == "instances" else name.replace("_", "-")
+        raise ValueError(f"--{flag} {rest}") from None
     return options
 
 

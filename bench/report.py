@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +125,13 @@ def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], pat
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def check_out_dir(out: Path) -> None:
+    """Fail now, not after an hour of benchmark, if results cannot be written to ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=out, prefix=".kvgate-write-check-"):
+        pass
 
 
 def write_outputs(out: Path, stem: str, document: Mapping[str, Any],

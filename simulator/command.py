@@ -11,7 +11,13 @@ from pathlib import Path
 
 from bench.fleet_options import add_fleet_arguments, emulator_options
 from bench.modes import parse_modes
-from bench.report import ModeStats, markdown_table, result_document, write_outputs
+from bench.report import (
+    ModeStats,
+    check_out_dir,
+    markdown_table,
+    result_document,
+    write_outputs,
+)
 from simulator.parallel import simulate_modes
 from simulator.run import FleetEvent, SimConfig
 from workload.cli import add_workload_arguments, workload_from_args
@@ -56,13 +62,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
     try:
         options = emulator_options(args)
+        _check(args, options.instances)
+        if args.out is not None:
+            check_out_dir(args.out)
+        workload = workload_from_args(args, options.instances)
     except ValueError as exc:
         print(f"kvgate simulate: {exc}", file=sys.stderr)
         return 2
-    started = time.perf_counter()
-    workload = workload_from_args(args, options.instances)
+    except OSError as exc:
+        print(f"kvgate simulate: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     built = time.perf_counter()
     print(f"workload {workload.name}: {len(workload.requests)} requests over "
           f"{workload.duration:.0f} s ({built - started:.1f} s to build)", file=sys.stderr)
@@ -104,6 +116,21 @@ def run(args: argparse.Namespace) -> int:
                                   {m: s.ttfts for m, s in stats.items()}, title):
             print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def _check(args: argparse.Namespace, engines: int) -> None:
+    """The flags only this command has, before anything runs."""
+    for flag, events in (("--fail", args.fail), ("--drain", args.drain)):
+        for event in events:
+            if not 0 <= event.engine < engines:
+                raise ValueError(f"{flag} {event.engine}@{event.time:g}: no engine "
+                                 f"{event.engine} (engines are 0..{engines - 1})")
+            if event.time < 0:
+                raise ValueError(f"{flag} {event.engine}@{event.time:g}: time must be >= 0")
+    if args.load_factor < 1:
+        raise ValueError(f"--load-factor must be >= 1, got {args.load_factor:g}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
 
 
 def vars_of(event: FleetEvent) -> dict[str, object]:

@@ -44,6 +44,30 @@ class BankCodingOptions:
     decode_s_per_token: float = 0.035  # how fast an answer streams (the engines' decode rate)
     seed: int = 0
 
+    def problems(self) -> list[str]:
+        """What is wrong, each with the option's flag name; empty when the options are usable."""
+        o = self
+        checks = (
+            (o.sessions >= 0, "sessions", ">= 0"),
+            (o.duration_s > 0, "duration-s", "> 0"),
+            (o.ramp_s >= 0, "ramp-s", ">= 0"),
+            (0 < o.ramp_start <= 1, "ramp-start", "in (0, 1]"),
+            (o.system_tokens >= 0, "system-tokens", ">= 0"),
+            (o.context_median_tokens > 0, "context-median-tokens", "> 0"),
+            (0 <= o.context_min_tokens <= o.context_max_tokens, "context-min-tokens",
+             "between 0 and --context-max-tokens"),
+            (o.turns_mean >= 1, "turns-mean", ">= 1"),
+            (o.turns_max >= 1, "turns-max", ">= 1"),
+            (o.question_median_tokens > 0, "question-median-tokens", "> 0"),
+            (o.answer_median_tokens > 0, "answer-median-tokens", "> 0"),
+            (o.answer_max_tokens >= 16, "answer-max-tokens", ">= 16"),
+            (o.think_median_s > 0, "think-median-s", "> 0"),
+            (o.decode_s_per_token >= 0, "decode-s-per-token", ">= 0"),
+            (min(o.context_sigma, o.question_sigma, o.answer_sigma, o.think_sigma) >= 0,
+             "*-sigma", ">= 0"),
+        )
+        return [f"--{flag} must be {rule}" for ok, flag, rule in checks if not ok]
+
 
 def _lognormal(rng: random.Random, median: float, sigma: float, low: float, high: float) -> float:
     return min(high, max(low, rng.lognormvariate(math.log(median), sigma)))
@@ -94,8 +118,9 @@ def _session(o: BankCodingOptions, index: int) -> list[Request]:
 
 def bank_coding(options: BankCodingOptions) -> Workload:
     """The workload, sorted by arrival (ties by session)."""
-    if options.sessions < 0 or options.duration_s <= 0:
-        raise ValueError("sessions must be >= 0 and duration_s > 0")
+    problems = options.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
     requests = [r for i in range(options.sessions) for r in _session(options, i)]
     requests.sort(key=lambda r: (r.arrival, r.session))
     return Workload("bank-coding", requests, {"name": "bank-coding", **asdict(options)})

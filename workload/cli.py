@@ -56,6 +56,11 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def workload_from_args(args: argparse.Namespace, engines: int) -> Workload:
+    """The workload the flags describe; ValueError says which flag or trace line is wrong."""
+    if args.trace_limit is not None and args.trace_limit < 1:
+        raise ValueError("--trace-limit must be >= 1")
+    if args.warmup is not None and args.warmup < 0:
+        raise ValueError("--warmup must be >= 0")
     if args.trace is not None:
         workload = mooncake_trace(args.trace, args.trace_limit)
     else:

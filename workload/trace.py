@@ -14,16 +14,20 @@ from workload.model import Request, Segment, Workload
 TRACE_BLOCK_TOKENS = 512
 
 
-def _request(record: dict[str, object], line: int) -> Request:
+def _request(record: object, line: int) -> Request:
+    if not isinstance(record, dict):
+        raise ValueError(f"line {line}: expected a JSON object, got {type(record).__name__}")
     try:
-        ids = [int(b) for b in record["hash_ids"]]  # type: ignore[union-attr]
-        n = int(record["input_length"])  # type: ignore[call-overload]
-        arrival = float(record["timestamp"]) / 1000.0  # type: ignore[arg-type]
-        out = max(1, int(record["output_length"]))  # type: ignore[call-overload]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"trace line {line}: {exc!r}") from exc
+        ids = [int(b) for b in record["hash_ids"]]
+        n = int(record["input_length"])
+        arrival = float(record["timestamp"]) / 1000.0
+        out = max(1, int(record["output_length"]))
+    except KeyError as exc:
+        raise ValueError(f"line {line}: missing field {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"line {line}: {exc}") from None
     if not ids or n <= 0:
-        raise ValueError(f"trace line {line}: empty hash_ids or input_length")
+        raise ValueError(f"line {line}: empty hash_ids or input_length <= 0")
     chain: list[Segment] = []
     left = n
     for b in ids:
@@ -39,15 +43,28 @@ def _request(record: dict[str, object], line: int) -> Request:
 
 
 def mooncake_trace(path: Path, limit: int | None = None) -> Workload:
-    """Replay ``path`` (at most ``limit`` requests), sorted by arrival."""
+    """Replay ``path`` (at most ``limit`` requests), sorted by arrival.
+
+    Raises ValueError naming the file and line for anything that is not a trace record."""
     requests: list[Request] = []
-    with path.open() as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            requests.append(_request(json.loads(line), line_no))
-            if limit is not None and len(requests) >= limit:
-                break
+    try:
+        with path.open() as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"line {line_no}: not JSON ({exc.msg})") from None
+                requests.append(_request(record, line_no))
+                if limit is not None and len(requests) >= limit:
+                    break
+    except OSError as exc:
+        raise ValueError(f"trace {path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"trace {path}: {exc}") from None
+    if not requests:
+        raise ValueError(f"trace {path}: no requests")
     requests.sort(key=lambda r: r.arrival)
     describe = {"name": "mooncake-trace", "trace": path.name, "requests": len(requests),
                 "block_tokens": TRACE_BLOCK_TOKENS}

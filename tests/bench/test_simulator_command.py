@@ -45,3 +45,28 @@ def test_help_renders(command: str, capsys: pytest.CaptureFixture[str]) -> None:
         main([command, "--help"])
     assert exit_info.value.code == 0
     assert "--warmup" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--engines", "0"], "--engines must be >= 1"),
+    (["--fail", "99@10"], "--fail 99@10: no engine 99 (engines are 0..15)"),
+    (["--drain", "1@-5"], "--drain 1@-5: time must be >= 0"),
+    (["--sessions", "-5"], "--sessions must be >= 0"),
+    (["--ramp-start", "0", "--turns-mean", "0"],
+     "--ramp-start must be in (0, 1]; --turns-mean must be >= 1"),
+    (["--load-factor", "0.5"], "--load-factor must be >= 1"),
+    (["--jobs", "0"], "--jobs must be >= 1"),
+    (["--trace", "/nonexistent/trace.jsonl"], "trace /nonexistent/trace.jsonl: No such file"),
+    (["--trace", "{readme}"], "README.md: line 1: not JSON"),
+    (["--trace", "/dev/null"], "trace /dev/null: no requests"),
+    (["--out", "/proc/kvgate-results"], "--out /proc/kvgate-results: "),
+])
+def test_bad_input_says_what_and_where_before_running(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    readme = str(Path(__file__).parents[2] / "README.md")
+    code = main(["simulate", "--quiet", *(f.format(readme=readme) for f in flags)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and "Traceback" not in err
+    assert "workload" not in err  # refused before the workload was built
