@@ -43,10 +43,22 @@ class DriveResult:
     output_tokens: int = 0
 
 
+class GatewayUnreachable(Exception):
+    """The gateway did not answer ``GET /v1/models`` before the run: nothing was sent."""
+
+
 async def _first_model(http: aiohttp.ClientSession, url: str) -> str:
-    async with http.get(f"{url}/v1/models") as response:
-        response.raise_for_status()
-        return str((await response.json())["data"][0]["id"])
+    """The gateway's first model; also proves the gateway answers before any timing starts."""
+    try:
+        async with http.get(f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=30)) as r:
+            r.raise_for_status()
+            return str((await r.json())["data"][0]["id"])
+    except aiohttp.ClientResponseError as exc:
+        raise GatewayUnreachable(f"{url}/v1/models answered HTTP {exc.status}") from None
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise GatewayUnreachable(f"{url}/v1/models: {exc or type(exc).__name__}") from None
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise GatewayUnreachable(f"{url}/v1/models did not list a model") from None
 
 
 async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request: Request,
@@ -116,7 +128,8 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
 
         bar = tqdm(total=len(requests), desc=o.label, unit="req", mininterval=0.5, leave=False)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        model = o.model or await _first_model(http, o.url)
+        found = await _first_model(http, o.url)
+        model = o.model or found
         before: CacheCounters | None = None
         tasks: set[asyncio.Task[None]] = set()
         start = time.perf_counter()

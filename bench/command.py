@@ -8,8 +8,9 @@ import asyncio
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from bench.client import DriveOptions, drive
+from bench.client import DriveOptions, GatewayUnreachable, drive
 from bench.compare import CompareOptions, compare
 from bench.fleet_options import add_fleet_arguments, emulator_options
 from bench.modes import parse_modes
@@ -46,6 +47,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.gateway is not None:
+            _check_url(args.gateway)
         engine = emulator_options(args, args.time_scale)
         if args.out is not None:
             check_out_dir(args.out)
@@ -69,7 +72,11 @@ def run(args: argparse.Namespace) -> int:
         engines = [u.strip() for u in (args.engine_urls or "").split(",") if u.strip()]
         drive_options = DriveOptions(args.gateway.rstrip("/"), args.time_scale, args.header,
                                      args.model, engines, progress=progress)
-        results = {"gateway": asyncio.run(drive(workload, drive_options))}
+        try:
+            results = {"gateway": asyncio.run(drive(workload, drive_options))}
+        except GatewayUnreachable as exc:
+            print(f"kvgate bench: cannot use the gateway: {exc}", file=sys.stderr)
+            return 1
         block = args.block_size
     measured = [workload.measured(r) for r in workload.requests]
     oracle = oracle_hit_rate(workload.requests, block or DEFAULT_BLOCK_FOR_ORACLE, measured)
@@ -90,3 +97,10 @@ def run(args: argparse.Namespace) -> int:
                                   {m: s.ttfts for m, s in stats.items()}, title):
             say(f"wrote {path}")
     return 0
+
+
+def _check_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--gateway must be an http(s) URL such as http://127.0.0.1:8080, "
+                         f"got {url!r}")

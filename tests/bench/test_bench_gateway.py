@@ -8,13 +8,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from aiohttp import web
 from bench_helpers import small_bank
 
-from bench.client import DriveOptions, drive
+from bench.client import DriveOptions, GatewayUnreachable, drive
 from bench.modes import Mode
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
 from kvgate.cli import main
+from kvgate.runtime.ports import free_port
 from simulator.run import SimConfig, simulate_async
 
 SCALE = 0.01  # 240 emulated seconds in 2.4 wall seconds
@@ -59,10 +61,36 @@ async def test_bench_command_writes_outputs(engine: str, tmp_path: Path) -> None
     assert document["modes"]["gateway"]["requests"] > 0
 
 
-async def test_unreachable_gateway_counts_errors() -> None:
+async def test_unreachable_gateway_is_refused_before_the_run(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     workload = small_bank(sessions=2, duration_s=20)
-    from kvgate.runtime.ports import free_port
-
     url = f"http://127.0.0.1:{free_port()}"
-    result = await drive(workload, DriveOptions(url, time_scale=SCALE, model="m"))
-    assert result.stats.errors == len(workload.requests)
+    with pytest.raises(GatewayUnreachable, match="/v1/models"):
+        await drive(workload, DriveOptions(url, time_scale=SCALE, model="m"))
+    args = ["bench", "--gateway", url, "--sessions", "2", "--duration-s", "20", "--quiet"]
+    assert await asyncio.to_thread(main, args) == 1
+    assert f"cannot use the gateway: {url}/v1/models" in capsys.readouterr().err
+
+
+async def test_failing_requests_are_counted_as_errors() -> None:
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def refuse(_: web.Request) -> web.Response:
+        return web.Response(status=503)
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        workload = small_bank(sessions=2, duration_s=20)
+        result = await drive(workload, DriveOptions(f"http://127.0.0.1:{port}", SCALE))
+    finally:
+        await runner.cleanup()
+    assert result.stats.errors == len(workload.requests) > 0
