@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from control_plane.admin.server import TokenError, load_token
+from control_plane.admin.tls import TlsError, load_server_tls
 from control_plane.service import ControlPlaneOptions, ControlPlaneService
 from kvgate.config.fields import Fields
 from kvgate.config.flags import address_flag, etcd_flag, load_or_report
@@ -24,6 +25,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin", help="HOST:PORT of the admin API (default: control_plane.admin)")
     parser.add_argument("--admin-token-file", help="file holding the admin API bearer token "
                         "(default: $KVGATE_ADMIN_TOKEN); required off loopback")
+    parser.add_argument("--admin-tls-cert", metavar="FILE", help="PEM certificate (chain) for "
+                        "the admin API; with --admin-tls-key it serves TLS only")
+    parser.add_argument("--admin-tls-key", metavar="FILE", help="PEM private key of "
+                        "--admin-tls-cert")
     parser.add_argument("--metrics", help="HOST:PORT for /metrics and /healthz (default: none)")
     parser.add_argument("--identity", help="this replica's name in leader election "
                         "(default: hostname-pid)")
@@ -48,13 +53,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         token = load_token(file=args.admin_token_file)
-    except TokenError as exc:
+        tls = load_server_tls(args.admin_tls_cert, args.admin_tls_key)
+    except (TokenError, TlsError) as exc:
         print(f"control plane: {exc}", file=sys.stderr)
         return 2
     config = replace(config, control_plane=replace(config.control_plane, xds=xds, admin=admin))
     options = ControlPlaneOptions(
         config_path=Path(args.config), etcd=etcd, admin=admin, metrics=metrics,
-        admin_token=token, **({"identity": args.identity} if args.identity else {}),
+        admin_token=token, admin_tls=tls, **({"identity": args.identity} if args.identity else {}),
     )
     service = ControlPlaneService(config, options)
     return asyncio.run(

@@ -17,7 +17,7 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 from grpc_health.v1 import health
 from prometheus_client import CollectorRegistry, Gauge
 
-from control_plane.admin.server import AdminServer
+from control_plane.admin.server import AdminServer, ServerTls
 from control_plane.failover import Failover
 from control_plane.health import HealthChecker
 from control_plane.leader import LeaderElection
@@ -45,6 +45,7 @@ class ControlPlaneOptions:
     admin: HostPort
     metrics: HostPort | None = None
     admin_token: str | None = None
+    admin_tls: ServerTls | None = None
     identity: str = f"{socket.gethostname()}-{os.getpid()}"
     watch_file: bool = True  # reload when the file changes, not only on SIGHUP
 
@@ -131,7 +132,8 @@ class ControlPlaneService:
 
     async def _start_admin(self) -> None:
         self._admin = AdminServer(self.operations, self.status, self._options.admin,
-                                  self._options.admin_token, self._health)
+                                  self._options.admin_token, self._health,
+                                  self._options.admin_tls)
         await self._admin.start()
 
     @staticmethod

@@ -14,12 +14,13 @@ from grpc_reflection.v1alpha import reflection
 
 from control_plane.admin.auth import TokenError, TokenInterceptor, is_loopback, load_token
 from control_plane.admin.servicer import AdminServicer
+from control_plane.admin.tls import ServerTls, TlsError
 from control_plane.admin.v1 import admin_pb2, admin_pb2_grpc
 from control_plane.operations import Operations
 from control_plane.status import ControlPlaneStatus
 from kvgate.config.model import HostPort
 
-__all__ = ["AdminServer", "TokenError", "load_token"]
+__all__ = ["AdminServer", "ServerTls", "TlsError", "TokenError", "load_token"]
 
 log = structlog.get_logger("kvgate.admin")
 
@@ -34,6 +35,7 @@ class AdminServer:
         listen: HostPort,
         token: str | None,
         health_servicer: health.aio.HealthServicer | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         if not is_loopback(listen.host) and not token:
             # Refused here, before anything binds: an open admin API could drain the whole fleet.
@@ -44,6 +46,7 @@ class AdminServer:
         self._servicer = AdminServicer(operations, status)
         self._listen = listen
         self._token = token or None
+        self._tls = tls
         # A caller that already reports health (NOT_SERVING while stopping) passes its own.
         self._health = health_servicer or health.aio.HealthServicer()
         self._server: grpc.aio.Server | None = None
@@ -61,7 +64,13 @@ class AdminServer:
         reflection.enable_server_reflection(
             (ADMIN_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
-        port = server.add_insecure_port(str(self._listen))
+        if self._tls is None:
+            port = server.add_insecure_port(str(self._listen))
+        else:
+            try:
+                port = server.add_secure_port(str(self._listen), self._tls.credentials())
+            except RuntimeError as exc:  # grpc's own words for a key that fits no certificate
+                raise TlsError(f"admin TLS {self._tls.cert_file}: {exc}") from None
         if port == 0:
             raise OSError(f"admin API: cannot listen on {self._listen}")
         await server.start()
@@ -69,7 +78,12 @@ class AdminServer:
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set(ADMIN_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         # Whether a token is enforced, never the token itself.
-        log.info("admin_api_ready", address=str(self.address), token=bool(self._token))
+        log.info("admin_api_ready", address=str(self.address), token=bool(self._token),
+                 tls=self._tls is not None)
+        if self._tls is None and not is_loopback(self._listen.host):
+            log.warning("admin_api_plaintext", address=str(self.address),
+                        hint="the token crosses the network in clear: give --admin-tls-cert "
+                        "and --admin-tls-key")
         return port
 
     async def stop(self, grace: float | None = 2.0) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 
 from control_plane.admin.auth import TOKEN_ENV, TokenError, load_token
+from control_plane.admin.tls import CA_ENV, TlsError, channel_credentials
 from control_plane.admin.v1 import admin_pb2_grpc
 from kvgate.config.fields import Fields
 from kvgate.config.model import HostPort
@@ -38,6 +39,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--token-file", metavar="FILE", help=f"file holding the admin token (default: ${TOKEN_ENV})"
     )
+    parser.add_argument(
+        "--tls-ca", metavar="FILE",
+        help=f"the admin API serves TLS: trust certificates signed by this PEM CA (default: "
+        f"${CA_ENV}; without it the connection is plaintext)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
                         help="give up on the admin API after this long (default: 10)")
@@ -56,11 +62,14 @@ def admin_address(args: argparse.Namespace) -> HostPort:
 class AdminClient:
     """A blocking stub on one channel; every call carries the token and a deadline."""
 
-    def __init__(self, address: HostPort, token: str | None, timeout: float) -> None:
+    def __init__(self, address: HostPort, token: str | None, timeout: float,
+                 tls: grpc.ChannelCredentials | None = None) -> None:
         self.address = address
         self._token = token
         self._timeout = timeout
-        self._channel = grpc.insecure_channel(str(address))
+        self._tls = tls is not None
+        self._channel = (grpc.insecure_channel(str(address)) if tls is None
+                         else grpc.secure_channel(str(address), tls))
         self._stub = admin_pb2_grpc.AdminStub(self._channel)
 
     def close(self) -> None:
@@ -81,9 +90,12 @@ class AdminClient:
             # The server itself answers UNAVAILABLE when etcd is down; only a channel that never
             # connected means nothing is listening there.
             if not self._connected():
+                tls = ("a TLS connection failed: does it serve TLS with a certificate your "
+                       "--tls-ca signed?" if self._tls else
+                       f"if it serves TLS, pass --tls-ca or set {CA_ENV}")
                 return CliError(
                     f"cannot reach the {where} ({details}); is the control plane running? "
-                    f"(set --admin HOST:PORT or {ADMIN_ENV})", EXIT_UNREACHABLE,
+                    f"(set --admin HOST:PORT or {ADMIN_ENV}; {tls})", EXIT_UNREACHABLE,
                 )
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return CliError(f"{where} did not answer within {self._timeout:g}s", EXIT_FAILED)
@@ -113,12 +125,14 @@ def run_with_client(args: argparse.Namespace, action: Callable[[AdminClient], in
         token = load_token(file=args.token_file)
         if args.timeout <= 0:
             raise CliError("--timeout: must be > 0 seconds", EXIT_USAGE)
-        client = AdminClient(address, token, args.timeout)
+        ca = args.tls_ca or os.environ.get(CA_ENV) or None
+        client = AdminClient(address, token, args.timeout,
+                             channel_credentials(ca) if ca else None)
         try:
             return action(client)
         finally:
             client.close()
-    except TokenError as exc:
+    except (TokenError, TlsError) as exc:
         print(f"kvgate: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except CliError as exc:

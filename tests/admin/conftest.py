@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from control_plane.admin.server import AdminServer
+from control_plane.admin.server import AdminServer, ServerTls
 from control_plane.operations import Operations
 from kvgate.config import HostPort
 from kvgate.endpoints import seed_from_config
@@ -42,9 +42,10 @@ async def fleet(etcd: object, prefix: str) -> AsyncIterator[Fleet]:
 async def admin_server(fleet: Fleet) -> AsyncIterator[StartServer]:
     started: list[AdminServer] = []
 
-    async def start(host: str = "127.0.0.1", token: str | None = None) -> AdminServer:
+    async def start(host: str = "127.0.0.1", token: str | None = None,
+                    tls: ServerTls | None = None) -> AdminServer:
         ops = Operations(fleet.client, fleet.prefix, loads=fake_loads)
-        server = AdminServer(ops, fake_status, HostPort(host, 0), token)
+        server = AdminServer(ops, fake_status, HostPort(host, 0), token, tls=tls)
         await server.start()
         started.append(server)
         return server
