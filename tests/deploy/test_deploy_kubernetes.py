@@ -267,3 +267,36 @@ def test_etcd_example_is_a_three_member_statefulset(docs: list[dict[str, Any]],
         assert endpoint.port in {p["port"] for p in client["spec"]["ports"]}
         assert client["spec"]["selector"].items() <= (
             sts["spec"]["template"]["metadata"]["labels"].items())
+
+
+def _admits(policy: dict[str, Any], labels: dict[str, str], port: int) -> list[dict[str, Any]]:
+    """The `from` lists of `policy`'s ingress rules that let traffic reach `port` on a pod with
+    `labels` ([{}] stands for "from anywhere")."""
+    wanted = policy["spec"]["podSelector"].get("matchLabels", {})
+    if any(labels.get(k) != v for k, v in wanted.items()):
+        return []
+    return [rule.get("from", [{}]) for rule in policy["spec"].get("ingress", [])
+            if any(p["port"] == port for p in rule.get("ports", []))]
+
+
+def test_network_policies_deny_by_default_and_open_only_what_is_used(
+    docs: list[dict[str, Any]],
+) -> None:
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    deny = [p for p in policies if p["spec"]["podSelector"] == {} and "ingress" not in p["spec"]]
+    assert deny and deny[0]["spec"]["policyTypes"] == ["Ingress"]
+    local_only = {9002}  # ext_proc: Envoy in the same pod calls it over loopback
+    for name, template in pod_specs(docs):
+        labels = template["metadata"]["labels"]
+        for c in template["spec"]["containers"]:
+            for port in (p["containerPort"] for p in c.get("ports", [])):
+                sources = [s for p in policies for s in _admits(p, labels, port)]
+                if port in local_only:
+                    assert sources == [], (name, port)
+                else:
+                    assert sources, f"{name}/{c['name']}: nothing may reach port {port}"
+    control_plane = find(docs, "Deployment", "kvgate-control-plane")["spec"]["template"]
+    # The admin API and xDS are never open to the world (an empty `from` entry).
+    for port in (18000, 18001):
+        for sources in (_admits(p, control_plane["metadata"]["labels"], port) for p in policies):
+            assert all(entry for group in sources for entry in group), port
