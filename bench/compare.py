@@ -65,8 +65,12 @@ def stack_for(mode: Mode, options: CompareOptions, base_port: int) -> Stack:
             *emulator_flags(engine))
     if not mode.ddr_pool:
         args = (*args, "--no-ddr-pool")
+    # One Envoy worker: its round robin is then one rotation over the engines, as in the
+    # simulator; with two, each worker keeps its own and the kernel picks which connection
+    # lands on which, so round robin's chance hits would differ from run to run.
     return Stack(gateway_config(options.header), options.workdir / str(mode).replace("+", "-"),
-                 mode=_ROUTING[mode], emulated_engines=engine.instances, emulator_args=args)
+                 mode=_ROUTING[mode], emulated_engines=engine.instances, emulator_args=args,
+                 envoy_workers=1)
 
 
 async def compare(workload: Workload, modes: Sequence[Mode], options: CompareOptions,

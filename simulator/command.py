@@ -96,11 +96,17 @@ def run(args: argparse.Namespace) -> int:
             measured = [workload.measured(r) for r in workload.requests]
             oracle[0] = oracle_hit_rate(workload.requests, options.block_size, measured, blocks)
 
-    stats: dict[str, ModeStats] = {}
-    for mode, (mode_stats, seconds) in simulate_modes(workload, args.modes, config, args.jobs,
-                                                      blocks, compute_oracle).items():
-        stats[mode] = mode_stats
-        print(f"  {mode}: {seconds:.1f} s", file=sys.stderr)
+    def done(mode: str, seconds: float) -> None:
+        finished.append(mode)
+        print(f"  {mode}: {seconds:.1f} s ({len(finished)}/{len(args.modes)} modes)",
+              file=sys.stderr, flush=True)
+
+    finished: list[str] = []
+    print(f"simulating {len(args.modes)} modes, {min(args.jobs, len(args.modes))} at a time",
+          file=sys.stderr, flush=True)
+    results = simulate_modes(workload, args.modes, config, args.jobs, blocks, compute_oracle,
+                             done)
+    stats: dict[str, ModeStats] = {mode: s for mode, (s, _) in results.items()}
     describe = {**workload.describe, "engines": options.instances,
                 "block_size": options.block_size, "hbm_tokens": options.hbm_tokens,
                 "ddr_tokens": options.pool_tokens, "fail": [vars_of(e) for e in args.fail],

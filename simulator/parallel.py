@@ -18,15 +18,22 @@ from workload.model import Workload
 def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig, jobs: int,
                    blocks: PromptBlocks | None = None,
                    meanwhile: Callable[[], None] | None = None,
+                   on_done: Callable[[Mode, float], None] | None = None,
                    ) -> dict[Mode, tuple[ModeStats, float]]:
     """``{mode: (stats, seconds)}`` in ``modes`` order, using up to ``jobs`` processes.
 
-    ``meanwhile`` runs in this process while the workers simulate (the oracle, say)."""
+    ``meanwhile`` runs in this process while the workers simulate (the oracle, say);
+    ``on_done(mode, seconds)`` hears of each mode as it finishes."""
     jobs = max(1, min(jobs, len(modes)))
+    report = on_done or (lambda mode, seconds: None)
     if jobs == 1:
         if meanwhile is not None:
             meanwhile()
-        return {m: _timed(workload, m, config, blocks) for m in modes}
+        finished: dict[Mode, tuple[ModeStats, float]] = {}
+        for mode in modes:
+            finished[mode] = _timed(workload, mode, config, blocks)
+            report(mode, finished[mode][1])
+        return finished
     ctx = multiprocessing.get_context("fork")
     results: multiprocessing.Queue[tuple[Mode, ModeStats, float] | tuple[Mode, None, str]] = (
         ctx.Queue())
@@ -57,6 +64,7 @@ def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig,
             if stats is None:
                 raise RuntimeError(f"simulating {mode} failed: {extra}")
             done[mode] = (stats, float(extra))
+            report(mode, float(extra))
     finally:
         for worker in workers:
             worker.join(timeout=5)

@@ -41,6 +41,7 @@ class Stack:
     # With no pools configured: this many emulated engines sharing one DDR pool (`kvgate emulate`).
     emulated_engines: int = 0
     emulator_args: tuple[str, ...] = ()
+    envoy_workers: int = 2
     fleet: Child | None = None
     components: list[Component] = field(default_factory=list)
     ext_procs: list[Child] = field(default_factory=list)
@@ -181,7 +182,7 @@ class Stack:
         else:
             document = static_bootstrap(self.config, mode=self.mode)
         bootstrap.write_text(to_json(document))
-        child = envoy_child(bootstrap, self.workdir / "envoy.log")
+        child = envoy_child(bootstrap, self.workdir / "envoy.log", self.envoy_workers)
         await self._launch(
             child,
             f"http://{self.config.listener}  admin http://{self.config.envoy_admin}",
