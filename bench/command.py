@@ -12,11 +12,12 @@ from urllib.parse import urlsplit
 
 from bench.client import DriveOptions, GatewayUnreachable, drive
 from bench.compare import CompareOptions, compare
-from bench.fleet_options import add_fleet_arguments, emulator_options
+from bench.fleet_options import add_fleet_arguments
+from bench.inputs import InputError, engines_and_workload
 from bench.modes import parse_modes
-from bench.report import check_out_dir, markdown_table, result_document, write_outputs
+from bench.report import markdown_table, result_document, write_outputs
 from emulator.command import time_scale
-from workload.cli import add_workload_arguments, workload_from_args
+from workload.cli import add_workload_arguments
 from workload.hashing import oracle_hit_rate
 
 DEFAULT_ENGINES = 4
@@ -49,15 +50,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.gateway is not None:
             _check_url(args.gateway)
-        engine = emulator_options(args, args.time_scale)
-        if args.out is not None:
-            check_out_dir(args.out)
-        workload = workload_from_args(args, engine.instances)
-    except ValueError as exc:
+        engine, workload = engines_and_workload(args, args.time_scale)
+    except (InputError, ValueError) as exc:
         print(f"kvgate bench: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"kvgate bench: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     say(f"workload {workload.name}: {len(workload.requests)} requests over "

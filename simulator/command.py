@@ -9,18 +9,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.fleet_options import add_fleet_arguments, emulator_options
+from bench.fleet_options import add_fleet_arguments
+from bench.inputs import InputError, engines_and_workload
 from bench.modes import parse_modes
 from bench.report import (
     ModeStats,
-    check_out_dir,
     markdown_table,
     result_document,
     write_outputs,
 )
 from simulator.parallel import simulate_modes
 from simulator.run import FleetEvent, SimConfig
-from workload.cli import add_workload_arguments, workload_from_args
+from workload.cli import add_workload_arguments
 from workload.hashing import PromptBlocks, oracle_hit_rate
 
 DEFAULT_ENGINES = 16
@@ -64,16 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
-        options = emulator_options(args)
-        _check(args, options.instances)
-        if args.out is not None:
-            check_out_dir(args.out)
-        workload = workload_from_args(args, options.instances)
-    except ValueError as exc:
+        options, workload = engines_and_workload(
+            args, check=lambda engines: _check(args, engines.instances))
+    except InputError as exc:
         print(f"kvgate simulate: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        print(f"kvgate simulate: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     built = time.perf_counter()
     print(f"workload {workload.name}: {len(workload.requests)} requests over "
