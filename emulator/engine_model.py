@@ -7,11 +7,17 @@ model called directly).
 
 A request goes: ``probe`` (HBM hit) -> caller looks ``probe.ddr_candidates`` up in the pool ->
 ``admit`` (pins blocks, schedules, counts) -> caller writes ``admission.to_pool`` to the pool ->
-``finish`` when the last token is out (unpins).
+``finish`` when the response is over or abandoned (unpins now, if the schedule has not yet).
+
+As in vLLM, a waiting request holds no KV blocks and is matched against the cache when it is
+scheduled, not when it arrives: the cache is brought forward to the request's prefill start
+(releasing what finished by then) before the lookup, and its blocks are pinned from then until
+its last token. The schedule is closed form, so both instants are known at admission.
 """
 
 from __future__ import annotations
 
+import heapq
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +53,7 @@ class Probe:
     hbm_blocks: int  # leading blocks found in HBM (n-1 cap applied)
     limit_blocks: int  # n-1 cap in blocks
     cache_version: object = None  # the cache's contents when probed (admit re-matches if changed)
+    prefill_start: float = 0.0  # the instant the cache was looked up at
 
     @property
     def ddr_candidates(self) -> list[int]:
@@ -66,6 +73,7 @@ class Admission:
     output_tokens: int
     slot: Slot
     to_pool: list[int]  # computed full blocks, to be written to the DDR pool
+    ticket: int = 0  # which pinning this is, for an early finish
 
     @property
     def cached_tokens(self) -> int:
@@ -113,20 +121,45 @@ class EngineModel:
         self.stats = EngineStats()
         self.root = root_hash(config.model, config.block_size)
         self._inflight = 0
+        # Pinned requests by ticket, and (instant their blocks are unpinned, ticket); the cache
+        # reflects every start and finish up to ``_cache_time``.
+        self._pinned: dict[int, Admission] = {}
+        self._unpin_at: list[tuple[float, int]] = []
+        self._tickets = 0
+        self._cache_time = float("-inf")
 
     def hashes(self, tokens: Sequence[int]) -> list[int]:
         """Chained block hashes of a prompt for this instance's model and block size."""
         return block_hashes(tokens, self.config.block_size, self.root)
 
-    def probe(self, tokens: Sequence[int]) -> Probe:
-        """Look a prompt up in HBM."""
-        return self.probe_hashes(self.hashes(tokens), len(tokens))
+    def probe(self, now: float, tokens: Sequence[int]) -> Probe:
+        """Look up in HBM a prompt arriving at ``now``, as the cache will be at its prefill."""
+        return self.probe_hashes(now, self.hashes(tokens), len(tokens))
 
-    def probe_hashes(self, hashes: list[int], num_tokens: int) -> Probe:
+    def probe_hashes(self, now: float, hashes: list[int], num_tokens: int) -> Probe:
         """Like :meth:`probe`, for callers that already have block hashes (trace replay)."""
         limit = max_hit_blocks(num_tokens, self.config.block_size)
+        start = self._prefill_start(now)
+        self._advance(start)
         cache = self.cache
-        return Probe(hashes, num_tokens, cache.match(hashes, limit), limit, cache.version)
+        return Probe(hashes, num_tokens, cache.match(hashes, limit), limit, cache.version, start)
+
+    def _prefill_start(self, now: float) -> float:
+        return self.scheduler.prefill_start(now) if self.config.queueing else now
+
+    def _advance(self, when: float) -> None:
+        """Bring the cache to emulated time ``when``: unpin the requests finished by then."""
+        if when <= self._cache_time:
+            return  # time never goes back: later requests start their prefill later
+        self._cache_time = when
+        due = self._unpin_at
+        while due and due[0][0] <= when:
+            self._unpin(heapq.heappop(due)[1])
+
+    def _unpin(self, ticket: int) -> None:
+        admission = self._pinned.pop(ticket, None)
+        if admission is not None:  # None: finished early
+            self.cache.release(admission.hashes, admission.extra_blocks)
 
     def admit(
         self,
@@ -142,6 +175,7 @@ class EngineModel:
         """
         bs = self.config.block_size
         cache = self.cache
+        self._advance(self._prefill_start(now))
         # The cache may have changed while the caller awaited the pool: re-match, and count as
         # DDR hits only the pool blocks beyond what HBM has now.
         if probe.cache_version is not None and probe.cache_version == cache.version:
@@ -178,7 +212,8 @@ class EngineModel:
             stats.external_prefix_cache_hits += ddr_blocks * bs
         # Known at admission because the schedule is closed-form.
         stats.ttft.observe(slot.ttft)
-        return Admission(
+        self._tickets += 1
+        admission = Admission(
             hashes=probe.hashes,
             extra_blocks=extra,
             prompt_tokens=n,
@@ -187,12 +222,23 @@ class EngineModel:
             output_tokens=max_tokens,
             slot=slot,
             to_pool=probe.hashes[hit_blocks:],
+            ticket=self._tickets,
         )
+        self._pinned[self._tickets] = admission
+        heapq.heappush(self._unpin_at, (slot.finish, self._tickets))
+        return admission
 
     def finish(self, admission: Admission) -> None:
-        """The request is done (or abandoned): unpin its blocks."""
+        """The response is over or abandoned: unpin its blocks now if the schedule has not.
+
+        A discrete-event caller need not call it; blocks are unpinned at ``slot.finish``."""
         self._inflight -= 1
-        self.cache.release(admission.hashes, admission.extra_blocks)
+        self._unpin(admission.ticket)
+
+    def usage(self, now: float) -> float:
+        """``vllm:kv_cache_usage_perc`` at ``now`` (or at the latest scheduled prefill)."""
+        self._advance(now)
+        return self.cache.usage()
 
     def occupancy(self, now: float) -> tuple[int, int]:
         """``(running, waiting)`` for ``vllm:num_requests_running`` / ``_waiting``."""

@@ -73,13 +73,14 @@ class EngineCollector(Collector):
                       stats.generation_tokens)  # fmt: skip
         yield counter("vllm:request_success", "Count of successfully processed requests.",
                       stats.requests)  # fmt: skip
-        running, waiting = model.occupancy(self._now())
+        now = self._now()
+        running, waiting = model.occupancy(now)
         yield gauge("vllm:num_requests_running",
                     "Number of requests in model execution batches.", running)  # fmt: skip
         yield gauge("vllm:num_requests_waiting",
                     "Number of requests waiting to be processed.", waiting)  # fmt: skip
         yield gauge("vllm:kv_cache_usage_perc",
-                    "KV-cache usage. 1 means 100 percent usage.", model.cache.usage())  # fmt: skip
+                    "KV-cache usage. 1 means 100 percent usage.", model.usage(now))  # fmt: skip
 
         hist = stats.ttft
         buckets: list[tuple[str, float]] = []

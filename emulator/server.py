@@ -299,7 +299,7 @@ class EngineServer:
             self.model.finish(admission)
 
     async def _admit(self, tokens: list[int], max_tokens: int) -> Admission:
-        probe = self.model.probe(tokens)
+        probe = self.model.probe(self.clock.now(), tokens)
         ddr: int | None = None
         if self.pool is not None:
             try:

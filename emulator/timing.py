@@ -70,6 +70,13 @@ class Scheduler:
         self._not_started: list[float] = []  # slot start times still in the future (min-heap)
         self._not_finished: list[float] = []  # finish times still in the future (min-heap)
 
+    def prefill_start(self, now: float) -> float:
+        """When a request arriving at ``now`` would start its prefill (nothing is reserved)."""
+        start = now
+        if len(self._slot_free) >= self.max_num_seqs:
+            start = max(now, self._slot_free[0])
+        return max(start, self._prefill_free_at)
+
     def schedule(self, now: float, prefill_s: float, decode_s: float) -> Slot:
         """Reserve a slot and a prefill turn for a request arriving at ``now``."""
         # Prune here too: without scrapes calling occupancy() the heaps would grow forever.

@@ -1,8 +1,9 @@
-"""The event loop: requests in arrival order, first-token and finish events on a heap.
+"""The event loop: requests in arrival order, first tokens and fleet events on a heap.
 
 Each engine is the emulator's ``EngineModel`` (prefix cache, FCFS slots and prefill queue, the
 same TTFT formula), the DDR pool the emulator's ``DdrPool``; the engine's schedule is closed form,
-so an arrival is admitted at once and its first token and finish are pushed on the heap. A DDR
+so an arrival is admitted at once (the engine looks it up in HBM as of its prefill start and
+unpins its blocks at its finish by itself) and its first token is pushed on the heap. A DDR
 write happens at the first token, as in the emulator. A failed engine loses its HBM and its
 requests still waiting for a first token (they count as errors); a draining engine keeps its
 sessions but gets no new ones (kvgate) or leaves the load balancer (Envoy modes).
@@ -24,7 +25,7 @@ from simulator.routing import make_router
 from workload.hashing import PromptBlocks
 from workload.model import Workload
 
-_FIRST, _FINISH, _FLEET = 0, 1, 2
+_FIRST, _FLEET = 0, 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,11 +108,8 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
             return
         e, gen, admission, i = data  # type: ignore[misc]
         if gen != generation[e]:
-            if kind == _FIRST and measured[i]:
+            if measured[i]:
                 stats.error(requests[i].arrival)
-            return
-        if kind == _FINISH:
-            engines[e].finish(admission)
             return
         if pool is not None:
             pool.insert(admission.to_pool)
@@ -137,14 +135,12 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
         per_engine[e] += 1
         assignments[i] = e
         engine = engines[e]
-        probe = engine.probe_hashes(blocks.hashes(i), blocks.tokens[i])
+        probe = engine.probe_hashes(now, blocks.hashes(i), blocks.tokens[i])
         ddr = pool.lookup(probe.ddr_candidates) if pool is not None else None
         admission: Admission = engine.admit(now, probe, request.max_tokens, ddr)
         heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST,
                               (e, generation[e], admission, i)))
-        heapq.heappush(heap, (admission.slot.finish, seq + 1, _FINISH,
-                              (e, generation[e], admission, i)))
-        seq += 2
+        seq += 1
         if bar is not None and i % 2000 == 0:
             bar.update(i - bar.n)
     while heap:

@@ -84,7 +84,7 @@ def model(hbm_tokens: int = 10_000) -> EngineModel:
 def run(
     m: EngineModel, tokens: list[int], ddr: int | None = None, max_tokens: int = 1
 ) -> Admission:
-    admission = m.admit(0.0, m.probe(tokens), max_tokens, ddr)
+    admission = m.admit(0.0, m.probe(0.0, tokens), max_tokens, ddr)
     m.finish(admission)
     return admission
 
@@ -153,11 +153,35 @@ def test_blocks_held_by_running_requests_are_not_evicted() -> None:
 
 def test_reserved_decode_blocks_count_toward_capacity_and_usage() -> None:
     m = model(hbm_tokens=10 * BS)
-    adm = m.admit(0.0, m.probe(toks(40)), max_tokens=40, ddr_hit_blocks=None)
+    adm = m.admit(0.0, m.probe(0.0, toks(40)), max_tokens=40, ddr_hit_blocks=None)
     # 40 prompt + 40 output tokens = 5 blocks: 2 cached full blocks + 3 reserved.
-    assert adm.extra_blocks == 3 and m.cache.usage() == pytest.approx(0.5)
-    m.finish(adm)
-    assert m.cache.usage() == 0.0 and len(m.cache) == 2
+    assert adm.extra_blocks == 3 and m.usage(0.0) == pytest.approx(0.5)
+    # Held until the last token by the schedule, or until the caller finishes it early.
+    assert m.usage(adm.slot.finish - 1e-6) == pytest.approx(0.5)
+    assert m.usage(adm.slot.finish) == 0.0 and len(m.cache) == 2
+    early = m.admit(10.0, m.probe(10.0, toks(40)), max_tokens=40, ddr_hit_blocks=None)
+    assert m.usage(10.0) == pytest.approx(0.5)
+    m.finish(early)  # the client went away
+    assert m.usage(10.0) == 0.0
+    assert m.usage(early.slot.finish) == 0.0  # and the schedule does not unpin it twice
+
+
+def test_waiting_requests_hold_no_blocks_and_are_looked_up_when_they_start() -> None:
+    # A burst far beyond one engine's speed: each request waits for the serial prefill stage.
+    m = EngineModel(EngineConfig(model="m", block_size=BS, hbm_tokens=8 * BS,
+                                 timing=TimingParams(prefill_tokens_per_s=1000)))  # fmt: skip
+    prompts = [toks(3 * BS + 1, 1000 * i) for i in range(30)]
+    last = None
+    for prompt in prompts:
+        last = m.admit(0.0, m.probe(0.0, prompt), max_tokens=1)
+        # Only the prefilling request (none queued behind it) holds blocks: within capacity.
+        assert len(m.cache) + m.cache.reserved_blocks <= m.cache.capacity_blocks
+    assert last is not None
+    # The next arrival is looked up as of its own prefill start, after the whole burst: the
+    # first prompts are gone, the last one (done by then) is cached.
+    probe = m.probe(0.0, prompts[-1])
+    assert probe.prefill_start == last.slot.first_token and probe.hbm_blocks == 3
+    assert m.probe(0.0, prompts[0]).hbm_blocks == 0
 
 
 # ---- DDR pool ---------------------------------------------------------------------------------
@@ -177,11 +201,11 @@ def test_engine_on_a_sibling_hits_the_pool_after_its_own_hbm() -> None:
     pool = DdrPool(capacity_tokens=1000 * BS, block_size=BS)
     a, b = model(), model()
     prompt = toks(100)  # 6 full blocks, cap 6 (99 // 16)
-    adm = run(a, prompt, ddr=pool.lookup(a.probe(prompt).ddr_candidates))
+    adm = run(a, prompt, ddr=pool.lookup(a.probe(0.0, prompt).ddr_candidates))
     pool.insert(adm.to_pool)
     assert len(pool) == 6
     run(b, toks(40), ddr=0)  # b has the first 2 blocks in HBM already
-    probe = b.probe(prompt)
+    probe = b.probe(0.0, prompt)
     assert probe.hbm_blocks == 2 and probe.ddr_candidates == probe.hashes[2:6]
     adm_b = run(b, prompt, ddr=pool.lookup(probe.ddr_candidates))
     assert (adm_b.hbm_hit_tokens, adm_b.ddr_hit_tokens, adm_b.cached_tokens) == (32, 64, 96)
@@ -224,8 +248,8 @@ def test_engine_ttft_includes_queue_and_histogram_counts() -> None:
     m = EngineModel(EngineConfig(model="m", block_size=BS, hbm_tokens=10_000,
                                  timing=TimingParams(prefill_tokens_per_s=1000,
                                                      prefill_overhead_s=0.0)))  # fmt: skip
-    first = m.admit(0.0, m.probe(toks(100)), 1)
-    second = m.admit(0.0, m.probe(toks(100, 500)), 1)
+    first = m.admit(0.0, m.probe(0.0, toks(100)), 1)
+    second = m.admit(0.0, m.probe(0.0, toks(100, 500)), 1)
     assert first.slot.ttft == pytest.approx(0.1)
     assert second.slot.ttft == pytest.approx(0.2)  # waited for the first prefill
     assert m.stats.ttft.count == 2 and m.stats.ttft.total == pytest.approx(0.3)
