@@ -1,5 +1,7 @@
-"""Drives an OpenAI-compatible endpoint with a workload: open loop (each request is sent at its
-arrival time x the time scale), streaming `/v1/completions`, the session id in a header.
+"""Drives an OpenAI-compatible endpoint with a workload, streaming `/v1/completions`, the session
+id in a header. A request with a fixed arrival is sent at that time x the time scale (open loop);
+a later turn of a session is sent once the previous turn's answer is complete, after the user's
+think time (closed loop, as a developer waits for the answer the next prompt contains).
 
 Per request: TTFT (send to first streamed token, in emulated seconds = wall / time scale), output
 tokens, `usage.prompt_tokens_details.cached_tokens`, the engine (`x-engine-id`), errors.
@@ -63,11 +65,12 @@ async def _first_model(http: aiohttp.ClientSession, url: str) -> str:
 
 async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request: Request,
                prompt: str, measured: bool, result: DriveResult, sent_event: asyncio.Event,
-               ) -> None:
+               origin: float) -> None:
     body = {"model": model, "prompt": prompt, "max_tokens": request.max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
     scale = o.time_scale or 1.0
     sent = time.perf_counter()
+    arrival = (sent - origin) / scale
     first: float | None = None
     usage: dict[str, object] | None = None
     tokens = 0
@@ -95,21 +98,20 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
                     usage = chunk["usage"]
     except (aiohttp.ClientError, TimeoutError, ValueError):
         if measured:
-            result.stats.error(request.arrival)
+            result.stats.error(arrival)
         return
     finally:
         sent_event.set()
     done = time.perf_counter()
     if first is None or usage is None:
         if measured:
-            result.stats.error(request.arrival)
+            result.stats.error(arrival)
         return
     result.engines[engine] = result.engines.get(engine, 0) + 1
     result.output_tokens += tokens
     if measured:
         details = usage.get("prompt_tokens_details") or {}
         cached = int(details.get("cached_tokens") or 0)  # type: ignore[union-attr]
-        arrival = request.arrival
         result.stats.add(arrival, (first - sent) / scale, arrival + (done - sent) / scale,
                          int(usage["prompt_tokens"]), cached)  # type: ignore[call-overload]
 
@@ -120,6 +122,7 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
     texts = TextMaker()
     requests = workload.requests
     last = {id(r.chain): i for i, r in enumerate(requests)}
+    following = workload.next_turns()
     connector = aiohttp.TCPConnector(limit=2000, force_close=False)
     timeout = aiohttp.ClientTimeout(total=o.timeout_s)
     bar = None
@@ -130,38 +133,53 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         found = await _first_model(http, o.url)
         model = o.model or found
-        before: CacheCounters | None = None
         tasks: set[asyncio.Task[None]] = set()
         start = time.perf_counter()
-        warm = True
         warmup_sent: list[asyncio.Event] = []
-        for i, request in enumerate(requests):
+        # The fleet's counters before the first measured request (every sender waits for it).
+        before: asyncio.Task[CacheCounters | None] | None = None
+
+        async def send(i: int) -> None:
+            nonlocal before
+            request = requests[i]
             measured = workload.measured(request)
+            if measured:
+                if before is None:
+                    before = asyncio.create_task(_counters_after(http, o.engines, warmup_sent))
+                await before
             prompt = texts.prompt(request)
             if last[id(request.chain)] == i:
                 texts.forget(request)
+            sent_event = asyncio.Event()
+            if not measured:
+                warmup_sent.append(sent_event)
+            await _one(http, o, model, request, prompt, measured, result, sent_event, start)
+            if bar is not None:
+                bar.update(1)
+
+        async def session(i: int) -> None:
+            await send(i)
+            while (i := following[i]) >= 0:
+                await asyncio.sleep((requests[i].think_s or 0.0) * o.time_scale)
+                await send(i)
+
+        for i, request in enumerate(requests):
+            if request.think_s is not None:
+                continue  # sent by its session after the previous answer
             delay = start + request.arrival * o.time_scale - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             else:
                 result.late_s = max(result.late_s, -delay)
-            if warm and measured:
-                warm = False
-                before = await _counters_after(http, o.engines, warmup_sent)
-            sent_event = asyncio.Event()
-            if warm:
-                warmup_sent.append(sent_event)
-            task = asyncio.create_task(
-                _one(http, o, model, request, prompt, measured, result, sent_event))
+            task = asyncio.create_task(session(i))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-            if bar is not None:
-                task.add_done_callback(lambda _: bar.update(1))
         while tasks:
             await asyncio.gather(*list(tasks))
-        if before is not None:
+        counted = None if before is None else before.result()
+        if counted is not None:
             after = await scrape(http, o.engines)
-            result.counters = None if after is None else after - before
+            result.counters = None if after is None else after - counted
     if bar is not None:
         bar.close()
     _split(result)

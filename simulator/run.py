@@ -54,6 +54,8 @@ class SimResult:
     stats: ModeStats
     per_engine_requests: list[int] = field(default_factory=list)
     assignments: list[int] = field(default_factory=list)  # engine per request, -1 = unrouted
+    arrivals: list[float] = field(default_factory=list)  # when each request was sent
+    finishes: list[float] = field(default_factory=list)  # its last token (its arrival if unrouted)
 
 
 def engine_address(index: int) -> str:
@@ -87,6 +89,8 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
     stats = ModeStats()
     per_engine = [0] * n
     assignments = [-1] * len(requests)
+    arrivals = [0.0] * len(requests)
+    finishes = [0.0] * len(requests)
     heap: list[tuple[float, int, int, object]] = []
     seq = 0
     for event in config.events:
@@ -107,21 +111,41 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
                 router.set_state(addresses[e], "draining")
             return
         e, gen, admission, i = data  # type: ignore[misc]
+        slot = admission.slot
         if gen != generation[e]:
             if measured[i]:
-                stats.error(requests[i].arrival)
+                stats.error(slot.arrival)
             return
         if pool is not None:
             pool.insert(admission.to_pool)
         if measured[i]:
-            request = requests[i]
-            slot = admission.slot
-            stats.add(request.arrival, slot.ttft, slot.finish, admission.prompt_tokens,
+            stats.add(slot.arrival, slot.ttft, slot.finish, admission.prompt_tokens,
                       admission.cached_tokens, admission.hbm_hit_tokens, admission.ddr_hit_tokens)
 
+    # Requests with a fixed arrival in order, merged with later turns, each due once the
+    # previous turn's answer is out plus the user's think time.
+    following = workload.next_turns()
+    fixed = [i for i, r in enumerate(requests) if r.think_s is None]
+    turns: list[tuple[float, int]] = []
+
+    def follow(i: int, answered: float) -> None:
+        finishes[i] = answered
+        after = following[i]
+        if after >= 0:
+            heapq.heappush(turns, (answered + (requests[after].think_s or 0.0), after))
+
     bar = _progress(config.progress, len(requests), mode)
-    for i, request in enumerate(requests):
-        now = request.arrival
+    k = done = 0
+    while k < len(fixed) or turns:
+        if turns and (k == len(fixed) or turns[0][0] < requests[fixed[k]].arrival):
+            now, i = heapq.heappop(turns)
+        else:
+            i = fixed[k]
+            now = requests[i].arrival
+            k += 1
+        request = requests[i]
+        arrivals[i] = now
+        done += 1
         while heap and heap[0][0] <= now:
             _, _, kind, data = heapq.heappop(heap)
             handle(kind, data)
@@ -130,6 +154,7 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
         if address is None:
             if measured[i]:
                 stats.error(now)
+            follow(i, now)
             continue
         e = index[address]
         per_engine[e] += 1
@@ -141,15 +166,16 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
         heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST,
                               (e, generation[e], admission, i)))
         seq += 1
-        if bar is not None and i % 2000 == 0:
-            bar.update(i - bar.n)
+        follow(i, admission.slot.finish)
+        if bar is not None and done % 2000 == 0:
+            bar.update(done - bar.n)
     while heap:
         _, _, kind, data = heapq.heappop(heap)
         handle(kind, data)
     if bar is not None:
         bar.update(len(requests) - bar.n)
         bar.close()
-    return SimResult(stats, per_engine, assignments)
+    return SimResult(stats, per_engine, assignments, arrivals, finishes)
 
 
 def _progress(enabled: bool, total: int, mode: Mode):  # type: ignore[no-untyped-def]

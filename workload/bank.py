@@ -2,9 +2,10 @@
 
 Each turn's prompt = shared system prompt + the session's code files + the conversation so far
 (earlier questions and answers) + a new question; turn t+1's prompt therefore extends turn t's.
-Arrivals are open loop (independent of how fast the fleet answers, so every routing mode sees the
-same requests): a developer asks again after the previous answer has streamed (answer tokens x
-the decode rate) plus a think time. Session starts follow a ramp to a peak, then the peak holds.
+Sessions start open loop, on a ramp to a peak that then holds; within a session, a developer asks
+again once the previous answer is complete, plus a think time (closed loop: the next prompt
+contains that answer). ``Request.arrival`` of a later turn is its time if every answer came at
+once (answer tokens x the decode rate); the bench and the simulator send it after the real answer.
 
 Defaults are assumptions drawn from published shapes of coding-assistant use, not fitted to any
 result; docs/benchmarks.md gives the reasoning for each.
@@ -102,6 +103,7 @@ def _session(o: BankCodingOptions, index: int) -> list[Request]:
                             Segment(rng.getrandbits(62) | 1 << 62, context)]
     requests: list[Request] = []
     t = start
+    think: float | None = None  # the first turn comes at the session's start
     for _ in range(turns):
         if t >= o.duration_s:
             break
@@ -109,10 +111,10 @@ def _session(o: BankCodingOptions, index: int) -> list[Request]:
         answer = round(_lognormal(rng, o.answer_median_tokens, o.answer_sigma, 16,
                                   o.answer_max_tokens))
         chain.append(Segment(rng.getrandbits(62) | 1 << 62, question))
-        requests.append(Request(t, session, chain, len(chain), answer))
+        requests.append(Request(t, session, chain, len(chain), answer, think))
         chain.append(Segment(rng.getrandbits(62) | 1 << 62, answer))  # the reply, resent later
-        t += answer * o.decode_s_per_token + _lognormal(rng, o.think_median_s, o.think_sigma,
-                                                        5.0, 1800.0)
+        think = _lognormal(rng, o.think_median_s, o.think_sigma, 5.0, 1800.0)
+        t += answer * o.decode_s_per_token + think
     return requests
 
 

@@ -23,11 +23,15 @@ class Request:
     """One request: its prompt is ``chain[:length]``; consecutive turns of a session share
     ``chain`` (turn t+1's prompt extends turn t's), which lets hashing be incremental."""
 
-    arrival: float  # emulated seconds from the workload's start
+    arrival: float  # emulated seconds from the workload's start (see think_s)
     session: str  # the session header's value
     chain: Sequence[Segment]
     length: int
     max_tokens: int
+    # Set on a later turn of a session: it is sent this long after the previous turn's answer
+    # has finished (closed loop: the prompt contains that answer). ``arrival`` is then the time
+    # it would come if every earlier answer were instant; None: sent at ``arrival`` (open loop).
+    think_s: float | None = None
 
     @property
     def segments(self) -> Sequence[Segment]:
@@ -52,4 +56,16 @@ class Workload:
         return self.requests[-1].arrival if self.requests else 0.0
 
     def measured(self, request: Request) -> bool:
+        """By the nominal arrival, so that every routing mode measures the same requests."""
         return request.arrival >= self.warmup_s
+
+    def next_turns(self) -> list[int]:
+        """Index of the turn sent after each request's answer (closed loop), or -1."""
+        following = [-1] * len(self.requests)
+        previous: dict[int, int] = {}
+        for i, request in enumerate(self.requests):
+            chain = id(request.chain)
+            if request.think_s is not None and chain in previous:
+                following[previous[chain]] = i
+            previous[chain] = i
+        return following

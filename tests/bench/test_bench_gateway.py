@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from emulator.options import EmulatorOptions
 from kvgate.cli import main
 from kvgate.runtime.ports import free_port
 from simulator.run import SimConfig, simulate_async
+from workload.model import Request, Segment, Workload
 
 SCALE = 0.01  # 240 emulated seconds in 2.4 wall seconds
 
@@ -94,3 +96,44 @@ async def test_failing_requests_are_counted_as_errors() -> None:
     finally:
         await runner.cleanup()
     assert result.stats.errors == len(workload.requests) > 0
+
+
+async def test_a_later_turn_is_sent_after_the_previous_answer_and_the_think_time() -> None:
+    log: list[tuple[str, float, float]] = []  # (event, wall time, request's max_tokens)
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        log.append(("received", time.monotonic(), body["max_tokens"]))
+        await asyncio.sleep(0.3)  # a slow answer
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
+        for chunk in ({"choices": [{"index": 0, "text": "x"}]}, {"choices": [], "usage": usage}):
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        log.append(("answered", time.monotonic(), body["max_tokens"]))
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", complete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    chain = [Segment(1, 20), Segment(2, 5), Segment(3, 5), Segment(4, 5), Segment(5, 5)]
+    # Nominal arrivals 0 and 1 emulated second apart; the second turn thinks 10 s (0.1 s wall).
+    workload = Workload("w", [Request(0.0, "s", chain, 2, 1),
+                              Request(1.0, "s", chain, 4, 2, think_s=10.0)])
+    try:
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        result = await drive(workload, DriveOptions(f"http://127.0.0.1:{port}", SCALE))
+    finally:
+        await runner.cleanup()
+    assert result.stats.errors == 0 and len(result.stats.ttfts) == 2
+    events = [(kind, tokens) for kind, _, tokens in log]
+    assert events == [("received", 1), ("answered", 1), ("received", 2), ("answered", 2)]
+    assert log[2][1] - log[1][1] >= 10.0 * SCALE - 0.01

@@ -30,6 +30,24 @@ def test_modes_rank_as_the_cache_model_says_and_never_beat_the_oracle() -> None:
     assert figures[Mode.AFFINITY_DDR]["hit_rate"] == pytest.approx(oracle, abs=0.02)
 
 
+def test_a_later_turn_is_sent_after_the_previous_answer_plus_think_time() -> None:
+    workload = small_bank(sessions=40)
+    # One engine for all: answers come late, so later turns leave their nominal schedule.
+    result = simulate(workload, Mode.ROUND_ROBIN, _config(engines=1))
+    following = workload.next_turns()
+    delayed = 0
+    for i, request in enumerate(workload.requests):
+        after = following[i]
+        if request.think_s is None:
+            assert result.arrivals[i] == request.arrival
+        if after >= 0:
+            think = workload.requests[after].think_s
+            assert think is not None
+            assert result.arrivals[after] == pytest.approx(result.finishes[i] + think)
+            delayed += result.arrivals[after] > workload.requests[after].arrival + 1.0
+    assert delayed > 0 and sum(1 for j in following if j >= 0) > 20
+
+
 def _engines_by_session(workload: Workload, assignments: list[int]) -> dict[str, set[int]]:
     engines: dict[str, set[int]] = defaultdict(set)
     for request, engine in zip(workload.requests, assignments, strict=True):
@@ -59,10 +77,10 @@ def test_a_failed_engine_gets_no_more_requests_and_its_sessions_move() -> None:
                      _config(events=[FleetEvent("fail", victim, fail_at)]))
     moved = set()
     started: dict[str, float] = {}
-    for request, b, a in zip(workload.requests, before.assignments, after.assignments,
-                             strict=True):
-        started.setdefault(request.session, request.arrival)
-        if request.arrival < fail_at:
+    for request, b, a, sent in zip(workload.requests, before.assignments, after.assignments,
+                                   after.arrivals, strict=True):
+        started.setdefault(request.session, sent)
+        if sent < fail_at:
             assert a == b
         else:
             assert a not in (victim, -1)
@@ -81,9 +99,10 @@ def test_drain_takes_no_new_sessions_but_keeps_its_own() -> None:
     result = simulate(workload, Mode.AFFINITY, _config(events=[FleetEvent("drain", 0, drain_at)]))
     started: dict[str, float] = {}
     kept = 0
-    for request, engine in zip(workload.requests, result.assignments, strict=True):
-        started.setdefault(request.session, request.arrival)
-        if engine == 0 and request.arrival >= drain_at:
+    for request, engine, sent in zip(workload.requests, result.assignments, result.arrivals,
+                                     strict=True):
+        started.setdefault(request.session, sent)
+        if engine == 0 and sent >= drain_at:
             assert started[request.session] < drain_at  # an old session, kept
             kept += 1
     assert kept > 0

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from workload.bank import SYSTEM_KEY, BankCodingOptions, bank_coding
 
 
@@ -34,9 +36,17 @@ def test_turns_extend_the_previous_prompt_and_arrive_in_order() -> None:
         for earlier, later in itertools.pairwise(turns):
             assert list(later.segments[: earlier.length]) == list(earlier.segments)
             assert later.length == earlier.length + 2  # previous answer + new question
-            # the next question comes after the answer has streamed, plus a think time
-            assert later.arrival - earlier.arrival >= (
-                earlier.max_tokens * options.decode_s_per_token + 5.0 - 1e-9)
+            # the next question comes after the answer, plus a think time (closed loop); its
+            # nominal arrival is as if the answer had streamed at once
+            assert turns[0].think_s is None and later.think_s is not None
+            assert later.think_s >= 5.0
+            assert later.arrival - earlier.arrival == pytest.approx(
+                earlier.max_tokens * options.decode_s_per_token + later.think_s)
+    following = workload.next_turns()
+    index = {id(r): i for i, r in enumerate(workload.requests)}
+    for turns in by_session.values():
+        links = [following[index[id(r)]] for r in turns]
+        assert links == [index[id(r)] for r in turns[1:]] + [-1]
 
 
 def test_session_starts_ramp_up_to_a_peak() -> None:
