@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -75,34 +76,40 @@ async def test_unreachable_gateway_is_refused_before_the_run(
     assert f"cannot use the gateway: {url}/v1/models" in capsys.readouterr().err
 
 
-async def test_failing_requests_are_counted_as_errors() -> None:
+@asynccontextmanager
+async def gateway_answering(
+    complete: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """A stand-in gateway listing model "m" and answering completions with ``complete``."""
+
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "m"}]})
 
-    async def refuse(_: web.Request) -> web.Response:
-        return web.Response(status=503)
-
     app = web.Application()
     app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/completions", refuse)
+    app.router.add_post("/v1/completions", complete)
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     try:
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        workload = small_bank(sessions=2, duration_s=20)
-        result = await drive(workload, DriveOptions(f"http://127.0.0.1:{port}", SCALE))
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
+
+
+async def test_failing_requests_are_counted_as_errors() -> None:
+    async def refuse(_: web.Request) -> web.Response:
+        return web.Response(status=503)
+
+    workload = small_bank(sessions=2, duration_s=20)
+    async with gateway_answering(refuse) as url:
+        result = await drive(workload, DriveOptions(url, SCALE))
     assert result.stats.errors == len(workload.requests) > 0
 
 
 async def test_a_later_turn_is_sent_after_the_previous_answer_and_the_think_time() -> None:
     log: list[tuple[str, float, float]] = []  # (event, wall time, request's max_tokens)
-
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "m"}]})
 
     async def complete(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -117,22 +124,12 @@ async def test_a_later_turn_is_sent_after_the_previous_answer_and_the_think_time
         log.append(("answered", time.monotonic(), body["max_tokens"]))
         return response
 
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/completions", complete)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
     chain = [Segment(1, 20), Segment(2, 5), Segment(3, 5), Segment(4, 5), Segment(5, 5)]
     # Nominal arrivals 0 and 1 emulated second apart; the second turn thinks 10 s (0.1 s wall).
     workload = Workload("w", [Request(0.0, "s", chain, 2, 1),
                               Request(1.0, "s", chain, 4, 2, think_s=10.0)])
-    try:
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        result = await drive(workload, DriveOptions(f"http://127.0.0.1:{port}", SCALE))
-    finally:
-        await runner.cleanup()
+    async with gateway_answering(complete) as url:
+        result = await drive(workload, DriveOptions(url, SCALE))
     assert result.stats.errors == 0 and len(result.stats.ttfts) == 2
     events = [(kind, tokens) for kind, _, tokens in log]
     assert events == [("received", 1), ("answered", 1), ("received", 2), ("answered", 2)]
