@@ -1,5 +1,5 @@
-"""Modes in parallel: one forked worker per chunk of modes (the workload is shared by fork,
-never pickled); results come back through a queue."""
+"""Simulations in parallel: forked workers take runs (a mode on a fleet) from a shared queue, so
+the workload is shared by fork, never pickled; results come back through another queue."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from simulator.run import SimConfig, simulate
 from workload.hashing import PromptBlocks
 from workload.model import Workload
 
+Run = tuple[Mode, SimConfig]
+
 
 def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig, jobs: int,
                    blocks: PromptBlocks | None = None,
@@ -24,56 +26,72 @@ def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig,
 
     ``meanwhile`` runs in this process while the workers simulate (the oracle, say);
     ``on_done(mode, seconds)`` hears of each mode as it finishes."""
-    jobs = max(1, min(jobs, len(modes)))
     report = on_done or (lambda mode, seconds: None)
+    results = simulate_runs(workload, [(m, config) for m in modes], jobs, blocks, meanwhile,
+                            lambda i, seconds: report(modes[i], seconds))
+    return dict(zip(modes, results, strict=True))
+
+
+def simulate_runs(workload: Workload, runs: Sequence[Run], jobs: int,
+                  blocks: PromptBlocks | None = None,
+                  meanwhile: Callable[[], None] | None = None,
+                  on_done: Callable[[int, float], None] | None = None,
+                  ) -> list[tuple[ModeStats, float]]:
+    """``(stats, seconds)`` per run, in ``runs`` order, using up to ``jobs`` processes;
+    ``on_done(index, seconds)`` hears of each run as it finishes."""
+    jobs = max(1, min(jobs, len(runs)))
+    report = on_done or (lambda index, seconds: None)
     if jobs == 1:
         if meanwhile is not None:
             meanwhile()
-        finished: dict[Mode, tuple[ModeStats, float]] = {}
-        for mode in modes:
-            finished[mode] = _timed(workload, mode, config, blocks)
-            report(mode, finished[mode][1])
+        finished: list[tuple[ModeStats, float]] = []
+        for index, (mode, config) in enumerate(runs):
+            finished.append(_timed(workload, mode, config, blocks))
+            report(index, finished[-1][1])
         return finished
     ctx = multiprocessing.get_context("fork")
-    results: multiprocessing.Queue[tuple[Mode, ModeStats, float] | tuple[Mode, None, str]] = (
-        ctx.Queue())
+    todo: multiprocessing.Queue[int | None] = ctx.Queue()
+    for index in [*range(len(runs)), *[None] * jobs]:  # None: no more runs for this worker
+        todo.put(index)
+    results: multiprocessing.Queue[tuple[int, ModeStats | None, float | str]] = ctx.Queue()
 
-    def work(chunk: Sequence[Mode]) -> None:
-        for mode in chunk:
+    def work() -> None:
+        while (index := todo.get()) is not None:
+            mode, config = runs[index]
             try:
                 stats, seconds = _timed(workload, mode, config, blocks)
-                results.put((mode, stats, seconds))
+                results.put((index, stats, seconds))
             except Exception as exc:  # reported by the parent
-                results.put((mode, None, repr(exc)))
+                results.put((index, None, repr(exc)))
 
-    workers = [ctx.Process(target=work, args=(modes[i::jobs],), daemon=True)
-               for i in range(jobs)]
+    workers = [ctx.Process(target=work, daemon=True) for _ in range(jobs)]
     for worker in workers:
         worker.start()
-    done: dict[Mode, tuple[ModeStats, float]] = {}
+    done: dict[int, tuple[ModeStats, float]] = {}
     try:
         if meanwhile is not None:
             meanwhile()
-        while len(done) < len(modes):
+        while len(done) < len(runs):
             try:
-                mode, stats, extra = results.get(timeout=1.0)
+                index, stats, extra = results.get(timeout=1.0)
             except queue.Empty:
                 if not any(w.is_alive() for w in workers) and results.empty():
                     raise RuntimeError("a simulation worker died") from None
                 continue
             if stats is None:
-                raise RuntimeError(f"simulating {mode} failed: {extra}")
-            done[mode] = (stats, float(extra))
-            report(mode, float(extra))
+                raise RuntimeError(f"simulating {runs[index][0]} failed: {extra}")
+            done[index] = (stats, float(extra))
+            report(index, float(extra))
     finally:
         for worker in workers:
             worker.join(timeout=5)
             if worker.is_alive():
                 worker.terminate()
                 worker.join()
-        results.close()
-        results.join_thread()
-    return {m: done[m] for m in modes}
+        for channel in (todo, results):
+            channel.close()
+            channel.join_thread()
+    return [done[i] for i in range(len(runs))]
 
 
 def _timed(workload: Workload, mode: Mode, config: SimConfig,
