@@ -20,15 +20,36 @@ _FIELDS: tuple[tuple[str, type, str], ...] = (
 )
 
 
-def add_fleet_arguments(parser: argparse.ArgumentParser, engines: int) -> None:
+def int_list(text: str) -> list[int]:
+    """``8,12,16`` -> ``[8, 12, 16]`` (an argparse type)."""
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return values
+
+
+def add_fleet_arguments(parser: argparse.ArgumentParser, engines: int,
+                        lists: bool = False) -> None:
+    """``lists``: ``--engines`` and ``--ddr-tokens`` take comma-separated values (plans)."""
     group = parser.add_argument_group("engines (the emulator's model and defaults)")
-    group.add_argument("--engines", type=int, default=engines, help="engines (%(default)s)")
+    if lists:
+        group.add_argument("--engines", type=int_list, required=True,
+                           help="fleet sizes to try, comma-separated (e.g. 8,12,16,24)")
+    else:
+        group.add_argument("--engines", type=int, default=engines, help="engines (%(default)s)")
     group.add_argument("--block-size", type=int, default=DEFAULT_BLOCK_SIZE,
                        help="KV block, tokens (%(default)s)")
     defaults = EmulatorOptions()
     for name, kind, text in _FIELDS:
-        group.add_argument(f"--{name.replace('_', '-')}", type=kind,
-                           default=getattr(defaults, name), help=f"{text} (%(default)s)")
+        several = lists and name == "ddr_tokens"
+        group.add_argument(f"--{name.replace('_', '-')}", type=int_list if several else kind,
+                           default=getattr(defaults, name),
+                           help=f"{text}{', comma-separated to try several' if several else ''}"
+                                f" (%(default)s)")
 
 
 def emulator_options(args: argparse.Namespace, time_scale: float = 1.0) -> EmulatorOptions:

@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("kvgate.admin_cli.status", "control plane, Envoy nodes and endpoints at a glance"),
     "bench": ("bench.command", "benchmark a gateway, or compare routing modes"),
     "simulate": ("simulator.command", "simulate a fleet behind each routing mode"),
+    "plan": ("simulator.plan_command", "find the smallest fleet that meets a TTFT goal"),
 }
 
 

@@ -39,7 +39,7 @@ def test_bad_event_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     assert "ENGINE@T" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["simulate", "bench"])
+@pytest.mark.parametrize("command", ["simulate", "bench", "plan"])
 def test_help_renders(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([command, "--help"])

@@ -1,0 +1,69 @@
+"""Capacity plans: which fleets (engines x DDR pool) to try, whether each meets the goal, and
+the cheapest one that does. Pure: the simulations happen elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    engines: int
+    ddr_tokens: int | None  # None: the emulator's default (8 x the fleet's HBM)
+
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    ttft_p99_s: float
+    min_hit_rate: float = 0.0
+
+    def met_by(self, figures: Mapping[str, Any]) -> bool:
+        return (figures["errors"] == 0 and figures["ttft_p99_s"] <= self.ttft_p99_s
+                and figures["hit_rate"] >= self.min_hit_rate)
+
+    def describe(self) -> str:
+        text = f"TTFT p99 <= {self.ttft_p99_s:g} s"
+        if self.min_hit_rate > 0:
+            text += f" and hit rate >= {100 * self.min_hit_rate:g} %"
+        return text
+
+
+def fleets(engines: Sequence[int], ddr_tokens: Sequence[int] | None) -> list[Fleet]:
+    """Every combination, cheapest first: fewer engines, then a smaller pool."""
+    pools: Sequence[int | None] = sorted(set(ddr_tokens)) if ddr_tokens else [None]
+    return [Fleet(e, d) for e in sorted(set(engines)) for d in pools]
+
+
+def cheapest(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The first row (rows are cheapest first) that meets the goal."""
+    return next((row for row in rows if row["meets_goal"]), None)
+
+
+def _tokens(value: int) -> str:
+    return f"{value / 1e6:.1f}M" if value >= 1_000_000 else f"{value / 1e3:.0f}k"
+
+
+def markdown_plan(document: Mapping[str, Any]) -> str:
+    rows = ["| engines | DDR pool | hit rate | HBM | DDR | TTFT p50 | TTFT p99 | errors "
+            "| meets goal |", "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for row in document["fleets"]:
+        pool = (f"{_tokens(row['ddr_tokens'])} tokens ({row['ddr_tib']:.1f} TiB)"
+                if document["mode"] == "affinity+ddr" else "–")
+        rows.append(
+            f"| {row['engines']} | {pool} | {100 * row['hit_rate']:.1f} % | "
+            f"{100 * (row['hbm_hit_rate'] or 0):.1f} % | "
+            f"{100 * (row['ddr_hit_rate'] or 0):.1f} % | "
+            f"{row['ttft_p50_s']:.2f} s | {row['ttft_p99_s']:.2f} s | {row['errors']} | "
+            f"{'yes' if row['meets_goal'] else 'no'} |")
+    best = document["cheapest"]
+    goal = document["goal"]["text"]
+    if best is None:
+        rows.append(f"\nno fleet tried meets {goal} in mode {document['mode']}")
+    else:
+        pool = (f", DDR pool {_tokens(best['ddr_tokens'])} tokens"
+                if document["mode"] == "affinity+ddr" else "")
+        rows.append(f"\nsmallest fleet meeting {goal} in mode {document['mode']}: "
+                    f"{best['engines']} engines{pool}")
+    return "\n".join(rows) + "\n"
