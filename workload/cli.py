@@ -32,7 +32,8 @@ _BANK_HELP = {
     "answer_max_tokens": "longest answer",
     "think_median_s": "median think time between an answer and the next question, s",
     "think_sigma": "log-normal sigma of think times",
-    "decode_s_per_token": "how fast an answer streams, s/token (for the next turn's time)",
+    "decode_s_per_token": "how fast an answer streams, s/token (for the next turn's nominal "
+                          "time and the hour's cut-off; bench and simulate wait for the answer)",
 }
 
 
