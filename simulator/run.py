@@ -3,10 +3,12 @@
 Each engine is the emulator's ``EngineModel`` (prefix cache, FCFS slots and prefill queue, the
 same TTFT formula), the DDR pool the emulator's ``DdrPool``; the engine's schedule is closed form,
 so an arrival is admitted at once (the engine looks it up in HBM as of its prefill start and
-unpins its blocks at its finish by itself) and its first token is pushed on the heap. A DDR
-write happens at the first token, as in the emulator. A failed engine loses its HBM and its
-requests still waiting for a first token (they count as errors); a draining engine keeps its
-sessions but gets no new ones (kvgate) or leaves the load balancer (Envoy modes).
+unpins its blocks at its finish by itself) and its first token and finish are pushed on the heap.
+A DDR write happens at the first token, as in the emulator; a request counts when its last token
+is out. A failed engine loses its HBM and every request it has not finished (they count as
+errors, and their sessions ask again after the think time, as a user who saw the error would);
+a draining engine keeps its sessions but gets no new ones (kvgate) or leaves the load balancer
+(Envoy modes).
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from simulator.routing import make_router
 from workload.hashing import PromptBlocks
 from workload.model import Workload
 
-_FIRST, _FLEET = 0, 1
+_FIRST, _FINISH, _FLEET = 0, 1, 2
+_NEVER = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +94,7 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
     assignments = [-1] * len(requests)
     arrivals = [0.0] * len(requests)
     finishes = [0.0] * len(requests)
+    unfinished: list[dict[int, Admission]] = [{} for _ in range(n)]  # per engine, by request
     heap: list[tuple[float, int, int, object]] = []
     seq = 0
     for event in config.events:
@@ -107,20 +111,27 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
                 generation[e] += 1
                 engines[e] = EngineModel(engine_config)  # HBM lost; back empty only if undrained
                 router.set_state(addresses[e], "failed")
+                for i, admission in unfinished[e].items():  # their streams break now
+                    if measured[i]:
+                        stats.error(admission.slot.arrival)
+                    follow(i, data.time)
+                unfinished[e].clear()
             else:
                 router.set_state(addresses[e], "draining")
             return
         e, gen, admission, i = data  # type: ignore[misc]
-        slot = admission.slot
         if gen != generation[e]:
-            if measured[i]:
-                stats.error(slot.arrival)
+            return  # its engine failed; counted then
+        if kind == _FIRST:
+            if pool is not None:
+                pool.insert(admission.to_pool)
             return
-        if pool is not None:
-            pool.insert(admission.to_pool)
+        del unfinished[e][i]
+        slot = admission.slot
         if measured[i]:
             stats.add(slot.arrival, slot.ttft, slot.finish, admission.prompt_tokens,
                       admission.cached_tokens, admission.hbm_hit_tokens, admission.ddr_hit_tokens)
+        follow(i, slot.finish)
 
     # Requests with a fixed arrival in order, merged with later turns, each due once the
     # previous turn's answer is out plus the user's think time.
@@ -136,19 +147,28 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
 
     bar = _progress(config.progress, len(requests), mode)
     k = done = 0
-    while k < len(fixed) or turns:
-        if turns and (k == len(fixed) or turns[0][0] < requests[fixed[k]].arrival):
+    last_fixed = len(fixed)
+    while True:
+        due = requests[fixed[k]].arrival if k < last_fixed else _NEVER
+        turn_first = bool(turns) and turns[0][0] < due  # a fixed arrival wins a tie
+        if turn_first:
+            due = turns[0][0]
+        # Events up to the next arrival first: a finish may make a turn due before it.
+        if heap and heap[0][0] <= due:
+            _, _, kind, data = heapq.heappop(heap)
+            handle(kind, data)
+            continue
+        if due == _NEVER:
+            break
+        if turn_first:
             now, i = heapq.heappop(turns)
         else:
             i = fixed[k]
-            now = requests[i].arrival
+            now = due
             k += 1
         request = requests[i]
         arrivals[i] = now
         done += 1
-        while heap and heap[0][0] <= now:
-            _, _, kind, data = heapq.heappop(heap)
-            handle(kind, data)
         clock[0] = now
         address = await router.route(request.session)
         if address is None:
@@ -163,15 +183,14 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
         probe = engine.probe_hashes(now, blocks.hashes(i), blocks.tokens[i])
         ddr = pool.lookup(probe.ddr_candidates) if pool is not None else None
         admission: Admission = engine.admit(now, probe, request.max_tokens, ddr)
-        heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST,
-                              (e, generation[e], admission, i)))
-        seq += 1
-        follow(i, admission.slot.finish)
+        unfinished[e][i] = admission
+        event = (e, generation[e], admission, i)
+        if pool is not None:  # the first token only matters for the pool write
+            heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST, event))
+        heapq.heappush(heap, (admission.slot.finish, seq + 1, _FINISH, event))
+        seq += 2
         if bar is not None and done % 2000 == 0:
             bar.update(done - bar.n)
-    while heap:
-        _, _, kind, data = heapq.heappop(heap)
-        handle(kind, data)
     if bar is not None:
         bar.update(len(requests) - bar.n)
         bar.close()

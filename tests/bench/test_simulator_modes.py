@@ -93,6 +93,28 @@ def test_a_failed_engine_gets_no_more_requests_and_its_sessions_move() -> None:
     assert after.stats.figures()["ddr_hit_rate"] > before.stats.figures()["ddr_hit_rate"]
 
 
+def test_a_failure_breaks_every_unfinished_request_and_its_session_asks_again() -> None:
+    workload = small_bank(sessions=300, duration_s=400)
+    fail_at = 300.0
+    base = simulate(workload, Mode.AFFINITY_DDR, _config())
+    victim = max(range(4), key=lambda i: base.per_engine_requests[i])
+    failed = simulate(workload, Mode.AFFINITY_DDR,
+                      _config(events=[FleetEvent("fail", victim, fail_at)]))
+    # Both runs are the same until the failure: these were on the victim, sent, not finished.
+    broken = [i for i, e in enumerate(base.assignments)
+              if e == victim and base.arrivals[i] < fail_at < base.finishes[i]]
+    assert len(broken) >= 2
+    assert failed.stats.errors == len(broken)
+    following = workload.next_turns()
+    for i in broken:
+        assert failed.finishes[i] == fail_at
+        after = following[i]
+        if after >= 0:
+            think = workload.requests[after].think_s
+            assert think is not None
+            assert failed.arrivals[after] == pytest.approx(fail_at + think)
+
+
 def test_drain_takes_no_new_sessions_but_keeps_its_own() -> None:
     workload = small_bank(sessions=40, duration_s=400)
     drain_at = 100.0
