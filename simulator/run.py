@@ -95,6 +95,7 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
     arrivals = [0.0] * len(requests)
     finishes = [0.0] * len(requests)
     unfinished: list[dict[int, Admission]] = [{} for _ in range(n)]  # per engine, by request
+    breakable = any(event.kind == "fail" for event in config.events)
     heap: list[tuple[float, int, int, object]] = []
     seq = 0
     for event in config.events:
@@ -127,6 +128,9 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
                 pool.insert(admission.to_pool)
             return
         del unfinished[e][i]
+        served(i, admission)
+
+    def served(i: int, admission: Admission) -> None:
         slot = admission.slot
         if measured[i]:
             stats.add(slot.arrival, slot.ttft, slot.finish, admission.prompt_tokens,
@@ -183,11 +187,14 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
         probe = engine.probe_hashes(now, blocks.hashes(i), blocks.tokens[i])
         ddr = pool.lookup(probe.ddr_candidates) if pool is not None else None
         admission: Admission = engine.admit(now, probe, request.max_tokens, ddr)
-        unfinished[e][i] = admission
         event = (e, generation[e], admission, i)
         if pool is not None:  # the first token only matters for the pool write
             heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST, event))
-        heapq.heappush(heap, (admission.slot.finish, seq + 1, _FINISH, event))
+        if breakable:
+            unfinished[e][i] = admission
+            heapq.heappush(heap, (admission.slot.finish, seq + 1, _FINISH, event))
+        else:  # nothing can fail: the schedule is final now
+            served(i, admission)
         seq += 2
         if bar is not None and done % 2000 == 0:
             bar.update(done - bar.n)
