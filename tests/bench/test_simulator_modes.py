@@ -7,7 +7,7 @@ from bench_helpers import small_bank
 
 from bench.modes import ALL_MODES, Mode
 from emulator.options import EmulatorOptions
-from simulator.run import FleetEvent, SimConfig, simulate
+from simulator.run import FleetEvent, SimConfig, SimResult, simulate
 from workload.hashing import oracle_hit_rate
 from workload.model import Workload
 
@@ -68,13 +68,19 @@ def test_affinity_keeps_each_session_on_one_engine_and_round_robin_spreads() -> 
         assert len(set().union(*by_session.values())) >= 3, mode  # sessions spread
 
 
+def _fail_the_busiest(workload: Workload, fail_at: float) -> tuple[SimResult, int, SimResult]:
+    """kvgate with the DDR pool, healthy and with its busiest engine failing at ``fail_at``."""
+    healthy = simulate(workload, Mode.AFFINITY_DDR, _config())
+    victim = max(range(4), key=lambda i: healthy.per_engine_requests[i])
+    failed = simulate(workload, Mode.AFFINITY_DDR,
+                      _config(events=[FleetEvent("fail", victim, fail_at)]))
+    return healthy, victim, failed
+
+
 def test_a_failed_engine_gets_no_more_requests_and_its_sessions_move() -> None:
     workload = small_bank(sessions=40, duration_s=400)
     fail_at = 150.0
-    before = simulate(workload, Mode.AFFINITY_DDR, _config())
-    victim = max(range(4), key=lambda i: before.per_engine_requests[i])
-    after = simulate(workload, Mode.AFFINITY_DDR,
-                     _config(events=[FleetEvent("fail", victim, fail_at)]))
+    before, victim, after = _fail_the_busiest(workload, fail_at)
     moved = set()
     started: dict[str, float] = {}
     for request, b, a, sent in zip(workload.requests, before.assignments, after.assignments,
@@ -96,10 +102,7 @@ def test_a_failed_engine_gets_no_more_requests_and_its_sessions_move() -> None:
 def test_a_failure_breaks_every_unfinished_request_and_its_session_asks_again() -> None:
     workload = small_bank(sessions=300, duration_s=400)
     fail_at = 300.0
-    base = simulate(workload, Mode.AFFINITY_DDR, _config())
-    victim = max(range(4), key=lambda i: base.per_engine_requests[i])
-    failed = simulate(workload, Mode.AFFINITY_DDR,
-                      _config(events=[FleetEvent("fail", victim, fail_at)]))
+    base, victim, failed = _fail_the_busiest(workload, fail_at)
     # Both runs are the same until the failure: these were on the victim, sent, not finished.
     broken = [i for i, e in enumerate(base.assignments)
               if e == victim and base.arrivals[i] < fail_at < base.finishes[i]]
