@@ -127,6 +127,11 @@ def _check(args: argparse.Namespace, engines: int) -> None:
                                  f"{event.engine} (engines are 0..{engines - 1})")
             if event.time < 0:
                 raise ValueError(f"{flag} {event.engine}@{event.time:g}: time must be >= 0")
+    check_run_flags(args)
+
+
+def check_run_flags(args: argparse.Namespace) -> None:
+    """``--load-factor`` and ``--jobs``, shared with `kvgate plan`."""
     if args.load_factor < 1:
         raise ValueError(f"--load-factor must be >= 1, got {args.load_factor:g}")
     if args.jobs < 1:

@@ -14,6 +14,7 @@ from bench.fleet_options import add_fleet_arguments, emulator_options
 from bench.inputs import InputError, engines_and_workload
 from bench.modes import Mode
 from emulator.options import EmulatorOptions
+from simulator.command import check_run_flags
 from simulator.parallel import simulate_runs
 from simulator.plan import Goal, cheapest, fleets, markdown_plan
 from simulator.run import SimConfig
@@ -43,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _fleet_options(args: argparse.Namespace) -> list[EmulatorOptions]:
     """Every fleet's engine options, each checked (its flag named) before anything runs."""
-    tried = fleets(args.engines, args.ddr_tokens if Mode(args.mode).ddr_pool else None)
+    tried = fleets(args.engines, args.ddr_tokens if args.mode.ddr_pool else None)
     return [emulator_options(argparse.Namespace(**{**vars(args), "engines": f.engines,
                                                    "ddr_tokens": f.ddr_tokens}))
             for f in tried]
@@ -58,10 +59,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"--ttft-p99 must be > 0, got {args.ttft_p99:g}")
         if not 0 <= args.min_hit_rate <= 1:
             raise InputError(f"--min-hit-rate must be in [0, 1], got {args.min_hit_rate:g}")
-        if args.load_factor < 1:
-            raise InputError(f"--load-factor must be >= 1, got {args.load_factor:g}")
-        if args.jobs < 1:
-            raise InputError(f"--jobs must be >= 1, got {args.jobs}")
+        check_run_flags(args)
         options = _fleet_options(args)
         first = argparse.Namespace(**{**vars(args), "engines": options[0].instances,
                                       "ddr_tokens": options[0].ddr_tokens})
@@ -73,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"workload {workload.name}: {len(workload.requests)} requests; {len(options)} fleets "
           f"in mode {args.mode}, goal {goal.describe()}", file=sys.stderr, flush=True)
     blocks = PromptBlocks(workload.requests, options[0].block_size)
-    runs = [(Mode(args.mode), SimConfig(o, args.load_factor)) for o in options]
+    runs = [(args.mode, SimConfig(o, args.load_factor)) for o in options]
 
     def done(index: int, seconds: float) -> None:
         o = options[index]
