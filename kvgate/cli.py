@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("bench.command", "benchmark a gateway, or compare routing modes"),
     "simulate": ("simulator.command", "simulate a fleet behind each routing mode"),
     "plan": ("simulator.plan_command", "find the smallest fleet that meets a TTFT goal"),
+    "profile": ("workload.profile_command",
+                "measure a workload's shapes (a trace beside bank-coding)"),
 }
 
 

@@ -1,0 +1,43 @@
+"""`kvgate profile`: a workload's shapes; with --trace, the trace's beside bank-coding's."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from workload.bank import BankCodingOptions
+from workload.cli import add_workload_arguments, workload_from_args
+from workload.profile import WorkloadProfile, markdown_profiles, profile
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_workload_arguments(parser)
+    parser.add_argument("--json", type=Path, metavar="FILE", help="also write the figures here")
+
+
+def _profiles(args: argparse.Namespace) -> dict[str, WorkloadProfile]:
+    if args.sessions is None:
+        args.sessions = BankCodingOptions().sessions
+    out: dict[str, WorkloadProfile] = {}
+    if args.trace is not None:
+        out[f"trace {args.trace.name}"] = profile(workload_from_args(args, 0))
+    bank = workload_from_args(argparse.Namespace(**{**vars(args), "trace": None}), 0)
+    out["bank-coding (these flags)" if args.trace is not None else "bank-coding"] = profile(bank)
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        profiles = _profiles(args)
+    except ValueError as exc:
+        print(f"kvgate profile: {exc}", file=sys.stderr)
+        return 2
+    print(markdown_profiles(profiles), end="")
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        document = {name: p.as_dict() for name, p in profiles.items()}
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0
