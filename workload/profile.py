@@ -103,12 +103,18 @@ def profile(workload: Workload) -> WorkloadProfile:
             growth.append(later.prompt_tokens - previous.prompt_tokens)
             gaps.append(later.arrival - previous.arrival)
             extended += _extends(previous, later)
+    shared = _shared_prefix(requests)
+    # Block-granular (a trace): the next block differs somewhere, but may still begin alike;
+    # exact when some prompt ends right there.
+    resolution = int(workload.describe.get("block_tokens", 1))
+    if min(r.prompt_tokens for r in requests) <= shared:
+        resolution = 1
     return WorkloadProfile(
         requests=len(requests),
         span_s=requests[-1].arrival - requests[0].arrival,
         sessions=len(by_session),
-        shared_prefix_tokens=_shared_prefix(requests),
-        shared_prefix_resolution=int(workload.describe.get("block_tokens", 1)),
+        shared_prefix_tokens=shared,
+        shared_prefix_resolution=resolution,
         prompt_tokens=Spread.of([r.prompt_tokens for r in requests]),
         first_prompt_tokens=Spread.of([t[0].prompt_tokens for t in by_session.values()]),
         turns=Spread.of([len(t) for t in by_session.values()]),

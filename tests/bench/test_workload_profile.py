@@ -37,6 +37,16 @@ def test_a_trace_profile_counts_sessions_turns_gaps_and_the_shared_block(tmp_pat
     assert p.answer_tokens.largest == 11
 
 
+def test_a_trace_whose_shortest_prompt_is_the_shared_block_shares_exactly_it(
+        tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        '{"timestamp": 0, "input_length": 512, "output_length": 1, "hash_ids": [0]}\n'
+        '{"timestamp": 1, "input_length": 900, "output_length": 1, "hash_ids": [0, 4]}\n')
+    p = profile(mooncake_trace(path))
+    assert (p.shared_prefix_tokens, p.shared_prefix_resolution) == (512, 1)
+
+
 def test_bank_coding_shares_exactly_its_system_prompt_and_every_turn_extends() -> None:
     options = BankCodingOptions(sessions=60, system_tokens=900, seed=3)
     workload = bank_coding(options)
