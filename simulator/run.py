@@ -20,15 +20,15 @@ from dataclasses import dataclass, field
 from bench.modes import Mode
 from bench.report import ModeStats
 from emulator.ddr_pool import DdrPool
-from emulator.engine_model import Admission, EngineModel
+from emulator.engine_model import Admission, EngineConfig, EngineModel
 from emulator.options import EmulatorOptions
 from kvgate.runtime.loop import run as run_loop
 from simulator.routing import make_router
+from simulator.sending import NEVER, SendOrder
 from workload.hashing import PromptBlocks
 from workload.model import Workload
 
 _FIRST, _FINISH, _FLEET = 0, 1, 2
-_NEVER = float("inf")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +77,13 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
     if blocks is None or blocks.block_size != options.block_size:
         blocks = PromptBlocks(workload.requests, options.block_size)
     n = options.instances
-    engine_config = options.engine_config()
-    engines = [EngineModel(engine_config) for _ in range(n)]
-    generation = [0] * n
     addresses = list(config.addresses) or [engine_address(i) for i in range(n)]
     if len(addresses) != n:
         raise ValueError(f"{len(addresses)} addresses for {n} engines")
+    for event in config.events:
+        if not 0 <= event.engine < n:
+            raise ValueError(f"no engine {event.engine} (engines are 0..{n - 1})")
+    fleet = _Fleet(options.engine_config(), n)
     index = {a: i for i, a in enumerate(addresses)}
     pool = DdrPool(options.pool_tokens, options.block_size) if mode.ddr_pool else None
     clock = [0.0]
@@ -92,93 +93,65 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
     stats = ModeStats()
     per_engine = [0] * n
     assignments = [-1] * len(requests)
-    arrivals = [0.0] * len(requests)
-    finishes = [0.0] * len(requests)
-    unfinished: list[dict[int, Admission]] = [{} for _ in range(n)]  # per engine, by request
+    order = SendOrder(workload)
+    answered = order.answered
     breakable = any(event.kind == "fail" for event in config.events)
     heap: list[tuple[float, int, int, object]] = []
     seq = 0
     for event in config.events:
-        if not 0 <= event.engine < n:
-            raise ValueError(f"no engine {event.engine} (engines are 0..{n - 1})")
         heapq.heappush(heap, (event.time, seq, _FLEET, event))
         seq += 1
-
-    def handle(kind: int, data: object) -> None:
-        if kind == _FLEET:
-            assert isinstance(data, FleetEvent)
-            e = data.engine
-            if data.kind == "fail":
-                generation[e] += 1
-                engines[e] = EngineModel(engine_config)  # HBM lost; back empty only if undrained
-                router.set_state(addresses[e], "failed")
-                for i, admission in unfinished[e].items():  # their streams break now
-                    if measured[i]:
-                        stats.error(admission.slot.arrival)
-                    follow(i, data.time)
-                unfinished[e].clear()
-            else:
-                router.set_state(addresses[e], "draining")
-            return
-        e, gen, admission, i = data  # type: ignore[misc]
-        if gen != generation[e]:
-            return  # its engine failed; counted then
-        if kind == _FIRST:
-            if pool is not None:
-                pool.insert(admission.to_pool)
-            return
-        del unfinished[e][i]
-        served(i, admission)
 
     def served(i: int, admission: Admission) -> None:
         slot = admission.slot
         if measured[i]:
             stats.add(slot.arrival, slot.ttft, slot.finish, admission.prompt_tokens,
                       admission.cached_tokens, admission.hbm_hit_tokens, admission.ddr_hit_tokens)
-        follow(i, slot.finish)
+        answered(i, slot.finish)
 
-    # Requests with a fixed arrival in order, merged with later turns, each due once the
-    # previous turn's answer is out plus the user's think time.
-    following = workload.next_turns()
-    fixed = [i for i, r in enumerate(requests) if r.think_s is None]
-    turns: list[tuple[float, int]] = []
-
-    def follow(i: int, answered: float) -> None:
-        finishes[i] = answered
-        after = following[i]
-        if after >= 0:
-            heapq.heappush(turns, (answered + (requests[after].think_s or 0.0), after))
+    def fleet_event(event: FleetEvent) -> None:
+        e = event.engine
+        if event.kind == "drain":
+            router.set_state(addresses[e], "draining")
+            return
+        router.set_state(addresses[e], "failed")
+        for i, admission in fleet.fail(e):  # their streams break now
+            if measured[i]:
+                stats.error(admission.slot.arrival)
+            answered(i, event.time)
 
     bar = _progress(config.progress, len(requests), mode)
-    k = done = 0
-    last_fixed = len(fixed)
+    done = 0
+    engines, generation, unfinished = fleet.engines, fleet.generation, fleet.unfinished
     while True:
-        due = requests[fixed[k]].arrival if k < last_fixed else _NEVER
-        turn_first = bool(turns) and turns[0][0] < due  # a fixed arrival wins a tie
-        if turn_first:
-            due = turns[0][0]
-        # Events up to the next arrival first: a finish may make a turn due before it.
+        due = order.next_due()
+        # Events up to the next send first: a finish may make a turn due before it.
         if heap and heap[0][0] <= due:
             _, _, kind, data = heapq.heappop(heap)
-            handle(kind, data)
+            if kind == _FLEET:
+                fleet_event(data)  # type: ignore[arg-type]
+                continue
+            e, gen, admission, i = data  # type: ignore[misc]
+            if gen != generation[e]:
+                continue  # its engine failed; counted then
+            if kind == _FIRST:
+                if pool is not None:
+                    pool.insert(admission.to_pool)
+            else:
+                del unfinished[e][i]
+                served(i, admission)
             continue
-        if due == _NEVER:
+        if due == NEVER:
             break
-        if turn_first:
-            now, i = heapq.heappop(turns)
-        else:
-            i = fixed[k]
-            now = due
-            k += 1
+        now, i = order.pop()
         request = requests[i]
-        arrivals[i] = now
         done += 1
         clock[0] = now
         address = await router.route(request.session)
         if address is None:
             if measured[i]:
                 stats.error(now)
-            follow(i, now)
+            answered(i, now)
             continue
         e = index[address]
         per_engine[e] += 1
@@ -201,7 +174,27 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
     if bar is not None:
         bar.update(len(requests) - bar.n)
         bar.close()
-    return SimResult(stats, per_engine, assignments, arrivals, finishes)
+    return SimResult(stats, per_engine, assignments, order.sent, order.answered_at)
+
+
+class _Fleet:
+    """The engines; a failed one is replaced by an empty one of a new generation, so events
+    still queued for the old one are recognised and dropped."""
+
+    def __init__(self, config: EngineConfig, n: int) -> None:
+        self._config = config
+        self.engines = [EngineModel(config) for _ in range(n)]
+        self.generation = [0] * n
+        # Per engine, its admitted and unfinished requests by index (kept only when one may fail).
+        self.unfinished: list[dict[int, Admission]] = [{} for _ in range(n)]
+
+    def fail(self, e: int) -> list[tuple[int, Admission]]:
+        """Engine ``e`` loses its HBM and every request it has not finished (returned)."""
+        self.generation[e] += 1
+        self.engines[e] = EngineModel(self._config)
+        broken = list(self.unfinished[e].items())
+        self.unfinished[e].clear()
+        return broken
 
 
 def _progress(enabled: bool, total: int, mode: Mode):  # type: ignore[no-untyped-def]

@@ -8,8 +8,9 @@ from bench_helpers import small_bank
 from bench.modes import ALL_MODES, Mode
 from emulator.options import EmulatorOptions
 from simulator.run import FleetEvent, SimConfig, SimResult, simulate
+from simulator.sending import NEVER, SendOrder
 from workload.hashing import oracle_hit_rate
-from workload.model import Workload
+from workload.model import Request, Segment, Workload
 
 
 def _config(engines: int = 4, **kw: object) -> SimConfig:
@@ -149,3 +150,24 @@ def test_parallel_modes_give_the_same_figures_as_one_process() -> None:
     assert list(two) == list(modes)
     for mode in modes:
         assert two[mode][0].figures() == one[mode][0].figures(), mode
+
+
+def test_send_order_merges_fixed_arrivals_with_turns_due_after_answers() -> None:
+    chain_a = [Segment(1, 100), Segment(2, 50)]
+    chain_b = [Segment(3, 100)]
+    workload = Workload("w", [
+        Request(0.0, "a", chain_a, 1, 10),
+        Request(5.0, "b", chain_b, 1, 10),
+        Request(1.0, "a", chain_a, 2, 10, think_s=3.0),  # a's second turn: 3 s after its answer
+    ])
+    order = SendOrder(workload)
+    assert order.pop() == (0.0, 0)
+    assert order.next_due() == 5.0  # a's next turn is not due before a's answer
+    order.answered(0, 2.0)
+    assert order.next_due() == 5.0  # due at 2 + 3 = 5: the fixed arrival wins the tie
+    assert order.pop() == (5.0, 1)
+    assert order.pop() == (5.0, 2)
+    order.answered(2, 9.0)
+    order.answered(1, 8.0)
+    assert order.next_due() == NEVER
+    assert (order.sent, order.answered_at) == ([0.0, 5.0, 5.0], [2.0, 8.0, 9.0])
