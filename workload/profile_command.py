@@ -36,8 +36,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(markdown_profiles(profiles), end="")
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         document = {name: p.as_dict() for name, p in profiles.items()}
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
+        try:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(document, indent=2) + "\n")
+        except OSError as exc:
+            print(f"kvgate profile: --json {args.json}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

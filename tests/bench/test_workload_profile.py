@@ -85,3 +85,11 @@ def test_profile_command_names_a_bad_trace_line(
                    "not json\n")
     assert main(["profile", "--trace", str(bad)]) == 2
     assert "line 2: not JSON" in capsys.readouterr().err
+
+
+def test_profile_command_says_when_it_cannot_write_the_json(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["profile", "--sessions", "5", "--json", str(blocker / "p.json")]) == 2
+    assert f"--json {blocker / 'p.json'}:" in capsys.readouterr().err
