@@ -1,7 +1,9 @@
 """Drives an OpenAI-compatible endpoint with a workload, streaming `/v1/completions`, the session
 id in a header. A request with a fixed arrival is sent at that time x the time scale (open loop);
 a later turn of a session is sent once the previous turn's answer is complete, after the user's
-think time (closed loop, as a developer waits for the answer the next prompt contains).
+think time (closed loop, as a developer waits for the answer the next prompt contains), and its
+prompt resends the answer the engine gave (so an engine that cached it finds it), not the
+workload's stand-in text.
 
 Per request: TTFT (send to first streamed token, in emulated seconds = wall / time scale), output
 tokens, `usage.prompt_tokens_details.cached_tokens`, the engine (`x-engine-id`), errors.
@@ -65,7 +67,8 @@ async def _first_model(http: aiohttp.ClientSession, url: str) -> str:
 
 async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request: Request,
                prompt: str, measured: bool, result: DriveResult, sent_event: asyncio.Event,
-               origin: float) -> None:
+               origin: float) -> str | None:
+    """Send one request; its answer's text, or None if it failed."""
     body = {"model": model, "prompt": prompt, "max_tokens": request.max_tokens, "stream": True,
             "stream_options": {"include_usage": True}}
     scale = o.time_scale or 1.0
@@ -74,6 +77,7 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
     first: float | None = None
     usage: dict[str, object] | None = None
     tokens = 0
+    text: list[str] = []
     try:
         async with http.post(f"{o.url}/v1/completions", json=body,
                              headers={o.header: request.session}) as response:
@@ -90,8 +94,9 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
                 if payload == b"[DONE]":
                     break
                 chunk = json.loads(payload)
-                if chunk.get("choices"):
+                if choices := chunk.get("choices"):
                     tokens += 1
+                    text.append(str(choices[0].get("text") or ""))
                     if first is None:
                         first = time.perf_counter()
                 if chunk.get("usage"):
@@ -99,14 +104,14 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
     except (aiohttp.ClientError, TimeoutError, ValueError):
         if measured:
             result.stats.error(arrival)
-        return
+        return None
     finally:
         sent_event.set()
     done = time.perf_counter()
     if first is None or usage is None:
         if measured:
             result.stats.error(arrival)
-        return
+        return None
     result.engines[engine] = result.engines.get(engine, 0) + 1
     result.output_tokens += tokens
     if measured:
@@ -114,6 +119,7 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
         cached = int(details.get("cached_tokens") or 0)  # type: ignore[union-attr]
         result.stats.add(arrival, (first - sent) / scale, arrival + (done - sent) / scale,
                          int(usage["prompt_tokens"]), cached)  # type: ignore[call-overload]
+    return "".join(text)
 
 
 async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
@@ -139,7 +145,7 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
         # The fleet's counters before the first measured request (every sender waits for it).
         before: asyncio.Task[CacheCounters | None] | None = None
 
-        async def send(i: int) -> None:
+        async def send(i: int, answer: str | None = None) -> str | None:
             nonlocal before
             request = requests[i]
             measured = workload.measured(request)
@@ -147,21 +153,23 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
                 if before is None:
                     before = asyncio.create_task(_counters_after(http, o.engines, warmup_sent))
                 await before
-            prompt = texts.prompt(request)
+            prompt = texts.prompt(request, answer)
             if last[id(request.chain)] == i:
                 texts.forget(request)
             sent_event = asyncio.Event()
             if not measured:
                 warmup_sent.append(sent_event)
-            await _one(http, o, model, request, prompt, measured, result, sent_event, start)
+            got = await _one(http, o, model, request, prompt, measured, result, sent_event,
+                             start)
             if bar is not None:
                 bar.update(1)
+            return got
 
         async def session(i: int) -> None:
-            await send(i)
+            answer = await send(i)
             while (i := following[i]) >= 0:
                 await asyncio.sleep((requests[i].think_s or 0.0) * o.time_scale)
-                await send(i)
+                answer = await send(i, answer)  # the next prompt resends the answer it got
 
         for i, request in enumerate(requests):
             if request.think_s is not None:

@@ -9,6 +9,10 @@ A request goes: ``probe`` (HBM hit) -> caller looks ``probe.ddr_candidates`` up 
 ``admit`` (pins blocks, schedules, counts) -> caller writes ``admission.to_pool`` to the pool ->
 ``finish`` when the response is over or abandoned (unpins now, if the schedule has not yet).
 
+As in vLLM v1, the full blocks of generated tokens are cached too (``output_hashes``: the chain
+continued over the prompt's partial block and the answer), so a client that sends the answer back
+in its next prompt finds it; they are held from admission, like the prompt's.
+
 As in vLLM, a waiting request holds no KV blocks and is matched against the cache when it is
 scheduled, not when it arrives: the cache is brought forward to the request's prefill start
 (releasing what finished by then) before the lookup, and its blocks are pinned from then until
@@ -65,7 +69,7 @@ class Probe:
 class Admission:
     """A scheduled request: where its prompt came from and when its tokens come out."""
 
-    hashes: list[int]
+    hashes: list[int]  # every block it holds: the prompt's, then its answer's
     extra_blocks: int
     prompt_tokens: int
     hbm_hit_tokens: int
@@ -144,6 +148,17 @@ class EngineModel:
         cache = self.cache
         return Probe(hashes, num_tokens, cache.match(hashes, limit), limit, cache.version, start)
 
+    def output_hashes(self, prompt: Sequence[int], probe: Probe,
+                      output: Sequence[int]) -> list[int]:
+        """Blocks the engine caches of the answer ``output`` to ``prompt``: the full ones of
+        prompt + answer past the prompt's full blocks, without the last token (whose KV is never
+        computed, as in vLLM)."""
+        bs = self.config.block_size
+        full = len(probe.hashes)
+        parent = probe.hashes[-1] if probe.hashes else self.root
+        tail = [*prompt[full * bs :], *output[: max(0, len(output) - 1)]]
+        return block_hashes(tail, bs, parent)
+
     def _prefill_start(self, now: float) -> float:
         return self.scheduler.prefill_start(now) if self.config.queueing else now
 
@@ -167,11 +182,13 @@ class EngineModel:
         probe: Probe,
         max_tokens: int,
         ddr_hit_blocks: int | None = None,
+        output_hashes: Sequence[int] = (),
     ) -> Admission:
         """Pin the prompt's blocks, schedule the request and count it.
 
         ``ddr_hit_blocks`` is the pool's answer for ``probe.ddr_candidates``, or ``None`` when
         there is no pool (external counters then stay still, as in vLLM without a connector).
+        ``output_hashes`` (see :meth:`output_hashes`) are cached with the prompt's blocks.
         """
         bs = self.config.block_size
         cache = self.cache
@@ -189,8 +206,9 @@ class EngineModel:
         computed = n - hit_blocks * bs
         # Partial last block and generated tokens take blocks too, never cached.
         total_blocks = -(-(n + max_tokens) // bs)
-        extra = max(0, total_blocks - len(probe.hashes))
-        cache.acquire(probe.hashes, extra)
+        held = [*probe.hashes, *output_hashes] if output_hashes else probe.hashes
+        extra = max(0, total_blocks - len(held))
+        cache.acquire(held, extra)
 
         timing = self.config.timing
         prefill_s = timing.prefill_seconds(computed, ddr_blocks * bs)
@@ -214,7 +232,7 @@ class EngineModel:
         stats.ttft.observe(slot.ttft)
         self._tickets += 1
         admission = Admission(
-            hashes=probe.hashes,
+            hashes=held,
             extra_blocks=extra,
             prompt_tokens=n,
             hbm_hit_tokens=hbm_blocks * bs,

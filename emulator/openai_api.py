@@ -17,13 +17,15 @@ Kind = Literal["chat", "completion"]
 DEFAULT_MAX_TOKENS = 16
 MAX_MAX_TOKENS = 1_000_000
 
-# Filler vocabulary for generated text: each output token is one of these pieces.
+# Filler vocabulary for generated text: each output token is one of these pieces, each a single
+# token for the tokenizer (at most six letters), so a client that sends the answer back in its
+# next prompt sends exactly the tokens the engine generated (and cached).
 _WORDS: tuple[str, ...] = tuple(
     " " + w
     for w in (
         "the of and to in is that for it as with was on be by this are from at or an not but "
         "code data return value list func type self def class import if else while node key map "
-        "cache block token request session engine route pool hash load time fast slow"
+        "cache block token reply user engine route pool hash load time fast slow"
     ).split()
 )
 

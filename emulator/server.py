@@ -286,8 +286,8 @@ class EngineServer:
             key = xxhash.xxh3_64_intdigest(req.prompt_text.encode())
         if not tokens:
             return _json_error("the prompt is empty", 400, "prompt")
-        admission = await self._admit(tokens, req.max_tokens)
         pieces = filler(self.seed, key, req.max_tokens)
+        admission = await self._admit(tokens, req.max_tokens, pieces)
         try:
             if req.stream:
                 return await self._stream(request, req, admission, pieces)
@@ -298,7 +298,7 @@ class EngineServer:
         finally:
             self.model.finish(admission)
 
-    async def _admit(self, tokens: list[int], max_tokens: int) -> Admission:
+    async def _admit(self, tokens: list[int], max_tokens: int, pieces: list[str]) -> Admission:
         probe = self.model.probe(self.clock.now(), tokens)
         ddr: int | None = None
         if self.pool is not None:
@@ -307,7 +307,8 @@ class EngineServer:
             except Exception as exc:  # an unreachable pool is a miss, as with a real connector
                 log.warning("pool_lookup_failed", engine_id=self.engine_id, error=str(exc))
                 ddr = 0
-        return self.model.admit(self.clock.now(), probe, max_tokens, ddr)
+        answer = self.model.output_hashes(tokens, probe, self.tokenizer.encode("".join(pieces)))
+        return self.model.admit(self.clock.now(), probe, max_tokens, ddr, answer)
 
     async def _prefilled(self, admission: Admission) -> None:
         """Wait for the first token, then publish the computed blocks to the pool."""

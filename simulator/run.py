@@ -159,7 +159,8 @@ async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
         engine = engines[e]
         probe = engine.probe_hashes(now, blocks.hashes(i), blocks.tokens[i])
         ddr = pool.lookup(probe.ddr_candidates) if pool is not None else None
-        admission: Admission = engine.admit(now, probe, request.max_tokens, ddr)
+        admission: Admission = engine.admit(now, probe, request.max_tokens, ddr,
+                                            blocks.answer_hashes(i))
         event = (e, generation[e], admission, i)
         if pool is not None:  # the first token only matters for the pool write
             heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST, event))

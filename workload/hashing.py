@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from itertools import takewhile
 
 import xxhash
@@ -98,10 +99,19 @@ class PromptBlocks:
         last = {id(r.chain): i for i, r in enumerate(requests)}
         self.block_size = block_size
         self.tokens = [r.prompt_tokens for r in requests]
+        self._outputs = [r.max_tokens for r in requests]
+        # Whether the segment after the prompt is this request's answer (a conversation that
+        # resends it), so the chain's hashes past the prompt are the answer's blocks.
+        self._resent = bytearray(len(requests))
         self._chains: list[list[int]] = []
         for i, request in enumerate(requests):
+            chain = request.chain
+            if len(chain) > request.length and chain[request.length].tokens == request.max_tokens:
+                self._resent[i] = 1
             self._chains.append(hasher._advance(request))
-            if last[id(request.chain)] == i:
+            if last[id(chain)] == i:
+                if self._resent[i]:  # the session's last answer: no later prompt hashed it
+                    hasher._advance(replace(request, length=request.length + 1))
                 hasher.forget(request)
 
     def __len__(self) -> int:
@@ -110,6 +120,17 @@ class PromptBlocks:
     def hashes(self, i: int) -> list[int]:
         """Request i's full-block hashes (a new list)."""
         return self._chains[i][: self.tokens[i] // self.block_size]
+
+    def answer_hashes(self, i: int) -> list[int]:
+        """The blocks an engine caches of request i's answer (prompt + answer without its last
+        token, full blocks past the prompt's): the next turn's own blocks where it resends the
+        answer, else ids no prompt has (negative, unlike hashes)."""
+        bs = self.block_size
+        n = self.tokens[i]
+        start, end = n // bs, (n + max(0, self._outputs[i] - 1)) // bs
+        if self._resent[i]:
+            return self._chains[i][start:end]
+        return [-((i << 20) | k) - 1 for k in range(end - start)]
 
 
 def max_hit_blocks(num_tokens: int, block_size: int) -> int:
@@ -120,7 +141,8 @@ def max_hit_blocks(num_tokens: int, block_size: int) -> int:
 def oracle_hit_rate(requests: Sequence[Request], block_size: int,
                     measured: Sequence[bool], blocks: PromptBlocks | None = None) -> float:
     """Share of measured prompt tokens an infinite cache with perfect routing would serve:
-    each prompt's longest run of leading blocks any earlier request computed (n-1 rule)."""
+    each prompt's longest run of leading blocks any earlier request computed, prompt or answer
+    (n-1 rule)."""
     if blocks is None or blocks.block_size != block_size:
         blocks = PromptBlocks(requests, block_size)
     seen: set[int] = set()
@@ -130,6 +152,7 @@ def oracle_hit_rate(requests: Sequence[Request], block_size: int,
         n = blocks.tokens[i]
         k = len(list(takewhile(seen.__contains__, hashes[: max_hit_blocks(n, block_size)])))
         seen.update(hashes)
+        seen.update(blocks.answer_hashes(i))  # a resent answer is cached too
         if measured[i]:
             hit += k * block_size
             total += n

@@ -34,13 +34,20 @@ class TextMaker:
         rng = random.Random(segment.key)
         return "".join(rng.choices(self._words, k=segment.tokens))
 
-    def prompt(self, request: Request) -> str:
-        """The request's prompt text (``sum(tokens)`` tokens for the emulator's tokenizer)."""
+    def prompt(self, request: Request, answer: str | None = None) -> str:
+        """The request's prompt text (``sum(tokens)`` tokens for the emulator's tokenizer).
+
+        ``answer``: what the engine answered the session's previous turn; it replaces that
+        answer's segment (the first one after the previous prompt), as a chat client resends
+        the reply it got, not the one the workload imagined."""
         chain_id = id(request.chain)
         done, text = self._last.get(chain_id, (0, ""))
         if done > request.length:
             done, text = 0, ""
-        parts = [text, *(self.segment(s) for s in request.chain[done : request.length])]
+        new = request.chain[done : request.length]
+        parts = [text, *(self.segment(s) for s in new)]
+        if answer is not None and done > 0 and new:
+            parts[1] = answer
         text = "".join(parts)
         self._last[chain_id] = (request.length, text)
         return text

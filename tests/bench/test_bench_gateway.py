@@ -53,6 +53,23 @@ async def test_drive_measures_hits_like_the_simulator_and_excludes_warmup(engine
     assert 0 < f["ttft_p50_s"] <= f["ttft_p99_s"] < 60
 
 
+async def test_a_later_turn_resends_the_answer_it_got_and_hits_its_cached_blocks(
+        engine: str) -> None:
+    chain = [Segment(1, 40), Segment(2, 100), Segment(3, 20), Segment(4, 50), Segment(5, 20)]
+    workload = Workload("two-turns", [
+        Request(0.0, "s", chain, 3, 50),  # 160 prompt tokens, a 50-token answer
+        Request(10.0, "s", chain, 5, 8, think_s=5.0),  # 160 + the answer + 20
+    ])
+    result = await drive(workload, DriveOptions(f"http://{engine}", time_scale=SCALE))
+    assert (result.stats.prompt_tokens, result.stats.errors) == (160 + 230, 0)
+    # Turn 2 finds turn 1's prompt and answer, in whole 16-token blocks: (160 + 49) // 16 = 13.
+    # With the workload's own answer text it would find the prompt's 10 blocks only.
+    assert result.stats.cached_tokens == 13 * 16
+    expected = (await simulate_async(workload, Mode.AFFINITY,
+                        SimConfig(EmulatorOptions(instances=1, block_size=16)))).stats
+    assert expected.cached_tokens == result.stats.cached_tokens
+
+
 async def test_bench_command_writes_outputs(engine: str, tmp_path: Path) -> None:
     args = ["bench", "--gateway", f"http://{engine}", "--engine-urls", f"http://{engine}",
             "--sessions", "4", "--duration-s", "120", "--time-scale", str(SCALE),

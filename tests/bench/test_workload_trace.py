@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from bench_helpers import write_trace
 
-from workload.hashing import BlockHasher, oracle_hit_rate
+from workload.hashing import BlockHasher, PromptBlocks, oracle_hit_rate
+from workload.model import Request, Segment
 from workload.trace import mooncake_trace
 
 
@@ -43,3 +44,20 @@ def test_bad_trace_line_is_named(tmp_path: Path) -> None:
                     '{"timestamp": 0}\n')
     with pytest.raises(ValueError, match="line 2"):
         mooncake_trace(path)
+
+
+def test_answer_blocks_are_the_next_turns_blocks_or_ids_no_prompt_has(tmp_path: Path) -> None:
+    chain = [Segment(1, 40), Segment(2, 30), Segment(3, 30), Segment(4, 10)]  # 3: the answer
+    bank = [Request(0.0, "s", chain, 2, 30), Request(9.0, "s", chain, 4, 20, think_s=1.0)]
+    blocks = PromptBlocks(bank, 16)
+    everything = BlockHasher(16).hashes(bank[1])  # 110 tokens: 6 full blocks
+    # Turn 1: 70 prompt tokens (4 blocks) + 29 answer tokens = 99 -> blocks 4 and 5.
+    assert blocks.answer_hashes(0) == everything[4:6]
+    # Turn 2's answer is resent by no later prompt: ids no prompt has, one per block.
+    assert [h < 0 for h in blocks.answer_hashes(1)] == [True] * ((110 + 19) // 16 - 6)
+    # An infinite cache serves turn 2's prompt and turn 1's answer: 6 blocks of 110 tokens.
+    assert oracle_hit_rate(bank, 16, [False, True], blocks) == pytest.approx(96 / 110)
+    trace = mooncake_trace(write_trace(tmp_path / "t.jsonl"))
+    trace_blocks = PromptBlocks(trace.requests, 512)
+    ids = [h for i in range(len(trace.requests)) for h in trace_blocks.answer_hashes(i)]
+    assert ids and all(h < 0 for h in ids) and len(set(ids)) == len(ids)

@@ -117,6 +117,22 @@ def test_divergence_in_the_middle_of_a_prompt_hits_the_blocks_before_it() -> Non
     assert run(m, d).hbm_hit_tokens == 16
 
 
+def test_the_answer_is_cached_and_the_next_prompt_that_resends_it_hits_it() -> None:
+    m = model()
+    prompt, answer = toks(40), toks(30, 5000)  # blocks: 0-15, 16-31, then 32..69 runs on
+    probe = m.probe(0.0, prompt)
+    cached = m.output_hashes(prompt, probe, answer)
+    # Prompt + answer without its last token = 69 tokens: full blocks 2 and 3 hold answer tokens.
+    assert cached == block_hashes([*prompt, *answer], BS, m.root)[2:4]
+    m.finish(m.admit(0.0, probe, len(answer), None, cached))
+    follow_up = [*prompt, *answer, *toks(20, 9000)]
+    assert run(m, follow_up).hbm_hit_tokens == 64  # 40 prompt + 24 answer tokens, whole blocks
+    # A caller that does not pass the answer's blocks caches the prompt's two full blocks only.
+    other = model()
+    run(other, prompt, max_tokens=len(answer))
+    assert run(other, follow_up).hbm_hit_tokens == 32
+
+
 # ---- eviction ---------------------------------------------------------------------------------
 
 
