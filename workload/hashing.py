@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
 from itertools import takewhile
 
 import xxhash
@@ -100,19 +99,18 @@ class PromptBlocks:
         self.block_size = block_size
         self.tokens = [r.prompt_tokens for r in requests]
         self._outputs = [r.max_tokens for r in requests]
-        # Whether the segment after the prompt is this request's answer (a conversation that
-        # resends it), so the chain's hashes past the prompt are the answer's blocks.
+        # Whether a later turn resends this request's answer (the segment after its prompt), so
+        # the chain's hashes past the prompt are the answer's blocks. A session's last answer is
+        # in no prompt: ids of its own serve as well and save hashing it.
         self._resent = bytearray(len(requests))
         self._chains: list[list[int]] = []
         for i, request in enumerate(requests):
             chain = request.chain
-            if len(chain) > request.length and chain[request.length].tokens == request.max_tokens:
-                self._resent[i] = 1
             self._chains.append(hasher._advance(request))
             if last[id(chain)] == i:
-                if self._resent[i]:  # the session's last answer: no later prompt hashed it
-                    hasher._advance(replace(request, length=request.length + 1))
                 hasher.forget(request)
+            elif len(chain) > request.length and chain[request.length].tokens == request.max_tokens:
+                self._resent[i] = 1
 
     def __len__(self) -> int:
         return len(self.tokens)
