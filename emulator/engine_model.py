@@ -204,7 +204,7 @@ class EngineModel:
         hit_blocks = hbm_blocks + ddr_blocks
         n = probe.num_tokens
         computed = n - hit_blocks * bs
-        # Partial last block and generated tokens take blocks too, never cached.
+        # The partial last block and the rest of the answer take blocks too, never cached.
         total_blocks = -(-(n + max_tokens) // bs)
         held = [*probe.hashes, *output_hashes] if output_hashes else probe.hashes
         extra = max(0, total_blocks - len(held))

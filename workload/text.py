@@ -45,9 +45,11 @@ class TextMaker:
         if done > request.length:
             done, text = 0, ""
         new = request.chain[done : request.length]
-        parts = [text, *(self.segment(s) for s in new)]
+        parts = [text]
         if answer is not None and done > 0 and new:
-            parts[1] = answer
+            parts.append(answer)
+            new = new[1:]
+        parts += (self.segment(s) for s in new)
         text = "".join(parts)
         self._last[chain_id] = (request.length, text)
         return text
