@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from itertools import pairwise
-from typing import Any
 
 from workload.model import Request, Workload
 
@@ -56,9 +55,6 @@ class WorkloadProfile:
     answer_tokens: Spread  # max_tokens (trace: output_length)
     extends_previous: float  # share of later turns whose prompt starts with the previous one's
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def _shared_prefix(requests: Sequence[Request]) -> int:
     """Tokens of the leading segments that are the same in every request."""
@@ -92,22 +88,23 @@ def profile(workload: Workload) -> WorkloadProfile:
     requests = workload.requests
     if not requests:
         raise ValueError(f"workload {workload.name} has no requests")
-    by_session: dict[str, list[Request]] = {}
-    for request in requests:
-        by_session.setdefault(request.session, []).append(request)
+    tokens = [r.prompt_tokens for r in requests]  # a sum over segments: once per request
+    by_session: dict[str, list[int]] = {}
+    for i, request in enumerate(requests):
+        by_session.setdefault(request.session, []).append(i)
     growth: list[float] = []
     gaps: list[float] = []
     extended = 0
     for turns in by_session.values():
         for previous, later in pairwise(turns):
-            growth.append(later.prompt_tokens - previous.prompt_tokens)
-            gaps.append(later.arrival - previous.arrival)
-            extended += _extends(previous, later)
+            growth.append(tokens[later] - tokens[previous])
+            gaps.append(requests[later].arrival - requests[previous].arrival)
+            extended += _extends(requests[previous], requests[later])
     shared = _shared_prefix(requests)
     # Block-granular (a trace): the next block differs somewhere, but may still begin alike;
     # exact when some prompt ends right there.
     resolution = int(workload.describe.get("block_tokens", 1))
-    if min(r.prompt_tokens for r in requests) <= shared:
+    if min(tokens) <= shared:
         resolution = 1
     return WorkloadProfile(
         requests=len(requests),
@@ -115,8 +112,8 @@ def profile(workload: Workload) -> WorkloadProfile:
         sessions=len(by_session),
         shared_prefix_tokens=shared,
         shared_prefix_resolution=resolution,
-        prompt_tokens=Spread.of([r.prompt_tokens for r in requests]),
-        first_prompt_tokens=Spread.of([t[0].prompt_tokens for t in by_session.values()]),
+        prompt_tokens=Spread.of(tokens),
+        first_prompt_tokens=Spread.of([tokens[t[0]] for t in by_session.values()]),
         turns=Spread.of([len(t) for t in by_session.values()]),
         growth_tokens=Spread.of(growth),
         gap_s=Spread.of(gaps),

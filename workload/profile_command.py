@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -36,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(markdown_profiles(profiles), end="")
     if args.json is not None:
-        document = {name: p.as_dict() for name, p in profiles.items()}
+        document = {name: dataclasses.asdict(p) for name, p in profiles.items()}
         try:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps(document, indent=2) + "\n")
