@@ -11,9 +11,8 @@ is evicted before its beginning.
 from __future__ import annotations
 
 from array import array
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Sequence
-from itertools import islice
 
 import xxhash
 
@@ -47,16 +46,39 @@ def max_hit_blocks(num_tokens: int, block_size: int) -> int:
     return max(0, num_tokens - 1) // block_size
 
 
+class _Run:
+    """Consecutive cached blocks of one prefix that are held, freed and queued together."""
+
+    __slots__ = ("blocks", "place", "refs")
+
+    def __init__(self, blocks: list[int], refs: int) -> None:
+        self.blocks = blocks
+        self.refs = refs  # running requests holding every block of it
+        self.place = 0  # when free: its entry in the eviction queue (0: none)
+
+
 class PrefixCache:
-    """HBM prefix cache: capacity in tokens, reference-counted blocks, LRU over free blocks."""
+    """HBM prefix cache: capacity in tokens, reference-counted blocks, LRU over free blocks.
+
+    Blocks are kept in runs (a prefix tree's edges, keyed by their first block): a request holds,
+    frees and queues a few runs rather than every block one by one, which is what makes a fleet
+    of thousands of engines quick to simulate. The order of eviction is still vLLM's, block by
+    block. This relies on what chained hashes guarantee: a block's hash determines its prefix,
+    so a block never follows two different blocks.
+    """
 
     def __init__(self, capacity_tokens: int, block_size: int) -> None:
         if block_size <= 0:
             raise ValueError("block_size must be positive")
         self.block_size = block_size
         self.capacity_blocks = max(0, capacity_tokens) // block_size
-        self._refs: dict[int, int] = {}  # every cached block -> number of running requests
-        self._free: OrderedDict[int, None] = OrderedDict()  # refcount-0 blocks, LRU first
+        self._runs: dict[int, _Run] = {}  # by first block
+        # Free runs, least recently freed first, as (run, place); an entry whose run has been
+        # held or freed again since (a different place) is stale and skipped.
+        self._queue: deque[tuple[_Run, int]] = deque()
+        self._places = 0
+        self._cached = 0  # blocks
+        self._free = 0  # blocks no running request holds
         self.reserved_blocks = 0  # partial/decode blocks of running requests (never cached)
         self.evictions = 0
         self._inserted = 0
@@ -67,19 +89,32 @@ class PrefixCache:
         return id(self), self._inserted, self.evictions
 
     def __len__(self) -> int:
-        return len(self._refs)
+        return self._cached
 
     def __contains__(self, block: int) -> bool:
-        return block in self._refs
+        """Whether ``block`` is cached (a scan: for tests and inspection)."""
+        return any(block in run.blocks for run in self._runs.values())
+
+    def blocks(self) -> set[int]:
+        """Every cached block; for tests and inspection."""
+        return {h for run in self._runs.values() for h in run.blocks}
 
     def match(self, hashes: Sequence[int], limit: int | None = None) -> int:
         """Number of leading ``hashes`` present, at most ``limit`` (does not touch LRU order)."""
-        refs = self._refs
+        runs = self._runs
         end = len(hashes) if limit is None else min(limit, len(hashes))
         n = 0
-        while n < end and hashes[n] in refs:
-            n += 1
-        return n
+        while n < end:
+            run = runs.get(hashes[n])
+            if run is None:
+                break
+            size = len(run.blocks)
+            if hashes[n : n + size] == run.blocks:
+                n += size
+                continue
+            n += _common(hashes, n, run.blocks)
+            break
+        return min(n, end)
 
     def acquire(self, hashes: Sequence[int], extra_blocks: int = 0) -> None:
         """Pin ``hashes`` for a running request, inserting the missing ones (evicting LRU blocks).
@@ -88,58 +123,94 @@ class PrefixCache:
         Capacity is soft: if every cached block is pinned, the cache grows past it rather than
         failing (vLLM would preempt; the emulator only needs hit rates to be right).
         """
-        refs = self._refs
-        free = self._free
-        new = 0
-        for h in hashes:
-            count = refs.get(h)
-            if count is None:
-                refs[h] = 1
-                new += 1
-            else:
-                if count == 0:
-                    del free[h]
-                refs[h] = count + 1
+        runs = self._runs
+        n = len(hashes)
+        pos = 0
+        while pos < n:
+            run = runs.get(hashes[pos])
+            if run is None:
+                break
+            size = len(run.blocks)
+            if hashes[pos : pos + size] != run.blocks:  # the prompt leaves or ends inside it
+                size = _common(hashes, pos, run.blocks)
+                run = self._split(run, size)
+            if run.refs == 0:
+                self._free -= size
+            run.refs += 1
+            pos += size
+        new = n - pos
+        if new:
+            runs[hashes[pos]] = _Run(list(hashes[pos:]), 1)
+            self._cached += new
+            self._inserted += new
         self.reserved_blocks += extra_blocks
-        self._inserted += new
         if new or extra_blocks:
             self._evict()
 
+    def _split(self, run: _Run, size: int) -> _Run:
+        """Cut ``run`` after ``size`` blocks; the first part is returned, the rest stays ``run``
+        (keeping its place in the queue: it is where those blocks are in the free order)."""
+        blocks = run.blocks
+        head = _Run(blocks[:size], run.refs)
+        run.blocks = blocks[size:]
+        self._runs[blocks[0]] = head
+        self._runs[blocks[size]] = run
+        return head
+
     def release(self, hashes: Sequence[int], extra_blocks: int = 0) -> None:
         """Unpin blocks pinned by :meth:`acquire`; blocks reaching zero refs join the LRU queue."""
-        refs = self._refs
-        free = self._free
-        # Tail first, so the end of this prompt is evicted before its shared beginning.
-        for h in reversed(hashes):
-            count = refs.get(h)
-            if count is None:
-                continue
-            if count <= 1:
-                refs[h] = 0
-                if count == 1:
-                    free[h] = None  # a held block is never in the queue: this appends
-                else:
-                    free.move_to_end(h)
+        runs = self._runs
+        freed: list[_Run] = []
+        n = len(hashes)
+        pos = 0
+        while pos < n:
+            run = runs.get(hashes[pos])
+            if run is None or hashes[pos : pos + len(run.blocks)] != run.blocks:
+                break  # not what acquire pinned
+            if run.refs <= 1:
+                if run.refs == 1:
+                    self._free += len(run.blocks)
+                run.refs = 0
+                freed.append(run)
             else:
-                refs[h] = count - 1
+                run.refs -= 1
+            pos += len(run.blocks)
+        # Tail first, so the end of this prompt is evicted before its shared beginning.
+        for run in reversed(freed):
+            self._places += 1
+            run.place = self._places
+            self._queue.append((run, self._places))
         self.reserved_blocks = max(0, self.reserved_blocks - extra_blocks)
         self._evict()
+        if len(self._queue) > 2 * len(runs) + 1024:
+            self._queue = deque(entry for entry in self._queue if _queued(entry))
 
     def _evict(self) -> None:
-        refs = self._refs
-        free = self._free
-        excess = min(len(free), len(refs) + self.reserved_blocks - self.capacity_blocks)
-        if excess > 0:
-            victims = list(islice(free, excess))
-            for h in victims:
-                del free[h]
-                del refs[h]
-            self.evictions += excess
+        excess = min(self._free, self._cached + self.reserved_blocks - self.capacity_blocks)
+        if excess <= 0:
+            return
+        queue = self._queue
+        self._free -= excess
+        self._cached -= excess
+        self.evictions += excess
+        while excess > 0:
+            run, place = queue[0]
+            if run.refs or run.place != place:
+                queue.popleft()
+                continue
+            blocks = run.blocks
+            if len(blocks) > excess:  # its tail goes first
+                del blocks[len(blocks) - excess :]
+                return
+            queue.popleft()
+            excess -= len(blocks)
+            del self._runs[blocks[0]]
+            run.place = 0
 
     @property
     def pinned_blocks(self) -> int:
         """Blocks held by running requests (cached ones plus reserved partial/decode blocks)."""
-        return len(self._refs) - len(self._free) + self.reserved_blocks
+        return self._cached - self._free + self.reserved_blocks
 
     def usage(self) -> float:
         """Fraction of capacity held by running requests, like ``vllm:kv_cache_usage_perc``."""
@@ -149,4 +220,18 @@ class PrefixCache:
 
     def free_order(self) -> list[int]:
         """Free blocks in eviction order (first is evicted first); for tests and inspection."""
-        return list(self._free)
+        return [h for entry in self._queue if _queued(entry) for h in reversed(entry[0].blocks)]
+
+
+def _queued(entry: tuple[_Run, int]) -> bool:
+    run, place = entry
+    return run.refs == 0 and run.place == place
+
+
+def _common(hashes: Sequence[int], start: int, blocks: list[int]) -> int:
+    """How many of ``blocks`` ``hashes`` has from ``start`` on (the first always matches)."""
+    end = min(len(blocks), len(hashes) - start)
+    k = 1
+    while k < end and hashes[start + k] == blocks[k]:
+        k += 1
+    return k
