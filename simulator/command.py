@@ -18,6 +18,7 @@ from bench.report import (
     result_document,
     write_outputs,
 )
+from kvgate.runtime.collector import collector_paused
 from simulator.parallel import simulate_modes
 from simulator.run import FleetEvent, SimConfig
 from workload.cli import add_workload_arguments
@@ -80,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
                        progress=not args.quiet and sys.stderr.isatty() and args.jobs <= 1,
                        addresses=addresses)
-    blocks = PromptBlocks(workload.requests, options.block_size)
+    with collector_paused(freeze=True):
+        blocks = PromptBlocks(workload.requests, options.block_size)
     print(f"prompts hashed into {options.block_size}-token blocks "
           f"({time.perf_counter() - built:.1f} s)", file=sys.stderr)
     oracle = [0.0]

@@ -22,6 +22,7 @@ from bench.report import ModeStats
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import Admission, EngineConfig, EngineModel
 from emulator.options import EmulatorOptions
+from kvgate.runtime.collector import collector_paused
 from kvgate.runtime.loop import run as run_loop
 from simulator.routing import make_router
 from simulator.sending import NEVER, SendOrder
@@ -68,7 +69,8 @@ def engine_address(index: int) -> str:
 def simulate(workload: Workload, mode: Mode, config: SimConfig,
              blocks: PromptBlocks | None = None) -> SimResult:
     """Run one mode over the whole workload (``blocks``: its prompts, hashed beforehand)."""
-    return run_loop(simulate_async(workload, mode, config, blocks))
+    with collector_paused():
+        return run_loop(simulate_async(workload, mode, config, blocks))
 
 
 async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,

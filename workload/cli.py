@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 from pathlib import Path
 
+from kvgate.runtime.collector import collector_paused
 from workload.bank import BankCodingOptions, bank_coding
 from workload.model import Workload
 from workload.trace import mooncake_trace
@@ -63,12 +63,7 @@ def workload_from_args(args: argparse.Namespace, engines: int) -> Workload:
         raise ValueError("--trace-limit must be >= 1")
     if args.warmup is not None and args.warmup < 0:
         raise ValueError("--warmup must be >= 0")
-    # Millions of small objects that live for the whole run: the collector would rescan them
-    # all again and again while they are made (a third of the build at 100,000 sessions), and
-    # again in every full collection after; frozen, it never looks at them.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused(freeze=True):  # millions of small objects, kept for the whole run
         if args.trace is not None:
             workload = mooncake_trace(args.trace, args.trace_limit)
         else:
@@ -77,10 +72,6 @@ def workload_from_args(args: argparse.Namespace, engines: int) -> Workload:
             sessions = (args.sessions if args.sessions is not None
                         else SESSIONS_PER_ENGINE * engines)
             workload = bank_coding(BankCodingOptions(sessions=sessions, seed=args.seed, **values))
-    finally:
-        gc.freeze()
-        if collecting:
-            gc.enable()
     span = workload.duration
     workload.warmup_s = args.warmup if args.warmup is not None else WARMUP_SHARE * span
     workload.describe["warmup_s"] = workload.warmup_s

@@ -51,4 +51,4 @@ def fallback_for(view: PoolView, hash_value: int, primary: str) -> str | None:
     choice = view.ring_for(view.kv_pool_of(primary), primary)
     if choice is None:
         return None
-    return next((a for a in choice.ring.walk(hash_value) if a != primary), None)
+    return choice.ring.first_other(hash_value, primary)

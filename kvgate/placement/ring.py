@@ -23,7 +23,7 @@ def session_hash(raw: bytes) -> int:
 class EnvoyRing:
     """An immutable ring over (address, weight) pairs, in the order Envoy sees the hosts."""
 
-    __slots__ = ("_hashes", "_hosts", "size")
+    __slots__ = ("_hashes", "_hosts", "_next_other", "size")
 
     def __init__(
         self,
@@ -50,6 +50,7 @@ class EnvoyRing:
         self._hashes = [h for h, _ in entries]
         self._hosts = [a for _, a in entries]
         self.size = len(entries)
+        self._next_other: list[int] | None = None  # built on first use
 
     def walk(self, hash_value: int) -> Iterator[str]:
         """Distinct hosts in ring order, starting where Envoy would pick for `hash_value`."""
@@ -65,4 +66,31 @@ class EnvoyRing:
                 yield host
 
     def pick(self, hash_value: int) -> str | None:
-        return next(self.walk(hash_value), None)
+        """The host Envoy picks for ``hash_value`` (the first of :meth:`walk`)."""
+        if not self._hosts:
+            return None
+        return self._hosts[bisect.bisect_left(self._hashes, hash_value) % len(self._hosts)]
+
+    def first_other(self, hash_value: int, skip: str) -> str | None:
+        """The first host of :meth:`walk` that is not ``skip``, without walking: every request
+        asks it (its retry fallback), so it is one lookup."""
+        hosts = self._hosts
+        if not hosts:
+            return None
+        i = bisect.bisect_left(self._hashes, hash_value) % len(hosts)
+        if hosts[i] != skip:
+            return hosts[i]
+        if self._next_other is None:
+            self._next_other = _next_other(hosts)
+        j = self._next_other[i]
+        return None if j < 0 else hosts[j]
+
+
+def _next_other(hosts: list[str]) -> list[int]:
+    """Per ring entry, the index of the next entry (wrapping) of another host; -1 if none."""
+    n = len(hosts)
+    following = [-1] * n
+    for k in range(2 * n - 1, -1, -1):  # twice round: the last entries wrap to the first
+        i, j = k % n, (k + 1) % n
+        following[i] = j if hosts[j] != hosts[i] else following[j]
+    return following

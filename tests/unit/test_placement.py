@@ -30,6 +30,20 @@ def test_ring_walk_yields_each_host_once_starting_at_the_pick() -> None:
         assert walk[0] == ring.pick(session_hash(key))
 
 
+@pytest.mark.parametrize("hosts", [[("a:1", 1)], [("a:1", 1), ("b:1", 3)],
+                                   [(f"10.0.0.{i}:8000", 1 + i % 3) for i in range(7)]])
+def test_first_other_is_the_walks_first_host_but_the_one_skipped(
+        hosts: list[tuple[str, int]]) -> None:
+    ring = EnvoyRing(hosts)
+    for key in range(300):
+        value = session_hash(str(key).encode())
+        walk = list(ring.walk(value))
+        for skip in [walk[0], walk[-1], "absent:1"]:
+            assert ring.first_other(value, skip) == next((a for a in walk if a != skip), None)
+    assert ring.first_other(2**64 - 1, "a:1") == next((a for a in ring.walk(2**64 - 1)
+                                                       if a != "a:1"), None)  # wraps
+
+
 def test_bounded_load_caps_every_endpoint() -> None:
     view = _view(*(Member(f"10.0.0.{i}:8000", "kv") for i in range(4)))
     loads: Counter[str] = Counter()
