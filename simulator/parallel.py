@@ -16,6 +16,10 @@ from workload.model import Workload
 
 Run = tuple[Mode, SimConfig]
 
+# Relative time of a mode's run (1,000 engines: 42, 34, 21 and 16 s): the longest start first, so
+# the short ones fill in behind them instead of leaving one worker to finish a long run alone.
+_WORK = {Mode.AFFINITY_DDR: 4, Mode.AFFINITY: 3, Mode.RING_HASH: 2, Mode.ROUND_ROBIN: 1}
+
 
 def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig, jobs: int,
                    blocks: PromptBlocks | None = None,
@@ -51,7 +55,8 @@ def simulate_runs(workload: Workload, runs: Sequence[Run], jobs: int,
         return finished
     ctx = multiprocessing.get_context("fork")
     todo: multiprocessing.Queue[int | None] = ctx.Queue()
-    for index in [*range(len(runs)), *[None] * jobs]:  # None: no more runs for this worker
+    longest_first = sorted(range(len(runs)), key=lambda i: -_WORK[runs[i][0]])
+    for index in [*longest_first, *[None] * jobs]:  # None: no more runs for this worker
         todo.put(index)
     results: multiprocessing.Queue[tuple[int, ModeStats | None, float | str]] = ctx.Queue()
 
