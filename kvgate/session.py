@@ -30,11 +30,14 @@ def normalize_session(raw: bytes) -> str | None:
 
 class SessionIds:
     """:func:`normalize_session` with a bounded memo: every turn of a conversation sends the same
-    header, and a UUIDv5 costs a SHA-1. Long values are not kept (memory stays bounded whatever
-    clients send); the memo starts over when full."""
+    header, and a UUIDv5 costs a SHA-1. Two generations: when the current one is full it becomes
+    the old one, and a value found there moves back, so the sessions in use stay memoised however
+    many have come and gone. Long values are not kept (memory stays bounded whatever clients
+    send)."""
 
     def __init__(self, capacity: int = 65_536, longest: int = 256) -> None:
-        self._memo: dict[bytes, str | None] = {}
+        self._memo: dict[bytes, str | None] = {}  # current generation
+        self._old: dict[bytes, str | None] = {}
         self._capacity = capacity
         self._longest = longest
 
@@ -43,9 +46,9 @@ class SessionIds:
             return self._memo[raw]
         except KeyError:
             pass
-        session = normalize_session(raw)
+        session = self._old[raw] if raw in self._old else normalize_session(raw)
         if len(raw) <= self._longest:
             if len(self._memo) >= self._capacity:
-                self._memo.clear()
+                self._old, self._memo = self._memo, {}
             self._memo[raw] = session
         return session

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from control_plane.health import HealthTracker
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.model import Binding
@@ -26,8 +28,24 @@ def test_session_ids_memo_answers_like_normalize_and_stays_bounded() -> None:
     values = [b"chat-%d" % i for i in range(10)] + [b"", b"  ", b"x" * 500, b"chat-3"]
     for raw in values * 2:
         assert ids.normalize(raw) == normalize_session(raw)
-        assert len(ids._memo) <= 4
+        assert len(ids._memo) <= 4 and len(ids._old) <= 4
     assert b"x" * 500 not in ids._memo  # long values are not kept
+
+
+def test_session_ids_keep_the_sessions_in_use_however_many_pass_by(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = SessionIds(capacity=100)
+    computed: list[bytes] = []
+
+    def counted(raw: bytes) -> str | None:
+        computed.append(raw)
+        return normalize_session(raw)
+
+    monkeypatch.setattr("kvgate.session.normalize_session", counted)
+    for i in range(1000):  # a busy session between streams of one-off ones
+        ids.normalize(b"busy")
+        ids.normalize(b"once-%d" % i)
+    assert computed.count(b"busy") == 1 and len(computed) == 1001
 
 
 async def test_memory_store_first_binding_wins_and_move_is_compare_and_set() -> None:
