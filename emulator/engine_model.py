@@ -25,6 +25,7 @@ import heapq
 from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from emulator.prefix_cache import PrefixCache, block_hashes, max_hit_blocks, root_hash
 from emulator.timing import Scheduler, Slot, TimingParams
@@ -48,15 +49,14 @@ class EngineConfig:
     queueing: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class Probe:
+class Probe(NamedTuple):
     """Result of the HBM lookup for one prompt."""
 
     hashes: list[int]  # chained hashes of the prompt's full blocks
     num_tokens: int
     hbm_blocks: int  # leading blocks found in HBM (n-1 cap applied)
     limit_blocks: int  # n-1 cap in blocks
-    cache_version: object = None  # the cache's contents when probed (admit re-matches if changed)
+    cache_version: int | None = None  # the cache's version then (admit re-matches if changed)
     prefill_start: float = 0.0  # the instant the cache was looked up at
 
     @property
@@ -65,8 +65,7 @@ class Probe:
         return self.hashes[self.hbm_blocks : self.limit_blocks]
 
 
-@dataclass(frozen=True, slots=True)
-class Admission:
+class Admission(NamedTuple):
     """A scheduled request: where its prompt came from and when its tokens come out."""
 
     hashes: list[int]  # every block it holds: the prompt's, then its answer's

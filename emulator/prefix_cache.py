@@ -81,12 +81,7 @@ class PrefixCache:
         self._free = 0  # blocks no running request holds
         self.reserved_blocks = 0  # partial/decode blocks of running requests (never cached)
         self.evictions = 0
-        self._inserted = 0
-
-    @property
-    def version(self) -> tuple[int, int, int]:
-        """Changes whenever the set of cached blocks does (this cache, insertions, evictions)."""
-        return id(self), self._inserted, self.evictions
+        self.version = 0  # goes up whenever the set of cached blocks changes
 
     def __len__(self) -> int:
         return self._cached
@@ -142,7 +137,7 @@ class PrefixCache:
         if new:
             runs[hashes[pos]] = _Run(list(hashes[pos:]), 1)
             self._cached += new
-            self._inserted += new
+            self.version += 1
         self.reserved_blocks += extra_blocks
         if new or extra_blocks:
             self._evict()
@@ -165,7 +160,7 @@ class PrefixCache:
         pos = 0
         while pos < n:
             run = runs.get(hashes[pos])
-            if run is None or hashes[pos : pos + len(run.blocks)] != run.blocks:
+            if run is None or pos + len(run.blocks) > n:
                 break  # not what acquire pinned
             if run.refs <= 1:
                 if run.refs == 1:
@@ -193,6 +188,7 @@ class PrefixCache:
         self._free -= excess
         self._cached -= excess
         self.evictions += excess
+        self.version += 1
         while excess > 0:
             run, place = queue[0]
             if run.refs or run.place != place:

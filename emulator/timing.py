@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +38,7 @@ class TimingParams:
         return max(0, output_tokens - 1) * self.decode_s_per_token
 
 
-@dataclass(frozen=True, slots=True)
-class Slot:
+class Slot(NamedTuple):
     """One request's schedule, in emulated seconds."""
 
     arrival: float
