@@ -88,6 +88,9 @@ def markdown_table(document: Mapping[str, Any]) -> str:
     return "\n".join(rows) + "\n"
 
 
+CDF_POINTS = 4000  # per mode in the TTFT chart
+
+
 def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], path: Path,
           title: str) -> None:
     """TTFT distribution (CDF, log scale) and hit rate per mode, side by side."""
@@ -100,8 +103,11 @@ def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], pat
     for mode, values in ttfts.items():
         ordered = sorted(v for v in values if v > 0)
         if ordered:
-            ys = [(i + 1) / len(ordered) for i in range(len(ordered))]
-            left.plot(ordered, ys, label=mode)
+            # A few thousand points draw the same curve as half a million, in a fraction of the
+            # time: every step-th rank, and the last.
+            ranks = [*range(0, len(ordered), max(1, len(ordered) // CDF_POINTS)), len(ordered) - 1]
+            left.plot([ordered[i] for i in ranks], [(i + 1) / len(ordered) for i in ranks],
+                      label=mode)
     left.set_xscale("log")
     left.set_xlabel("TTFT (emulated seconds, log scale)")
     left.set_ylabel("share of requests")

@@ -43,9 +43,11 @@ def simulate_runs(workload: Workload, runs: Sequence[Run], jobs: int,
                   ) -> list[tuple[ModeStats, float]]:
     """``(stats, seconds)`` per run, in ``runs`` order, using up to ``jobs`` processes;
     ``on_done(index, seconds)`` hears of each run as it finishes."""
+    # One run still goes to a worker when there is other work to do meanwhile (the oracle).
+    parallel = jobs > 1 and (len(runs) > 1 or meanwhile is not None)
     jobs = max(1, min(jobs, len(runs)))
     report = on_done or (lambda index, seconds: None)
-    if jobs == 1:
+    if not parallel:
         if meanwhile is not None:
             meanwhile()
         finished: list[tuple[ModeStats, float]] = []
