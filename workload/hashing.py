@@ -91,26 +91,36 @@ class BlockHasher:
 class PromptBlocks:
     """Every request's prompt as block hashes, computed once for a whole workload so the modes
     and the oracle share them (forked workers inherit them). Requests of one session refer to
-    one list: request i's blocks are ``chain(i)[:count(i)]``."""
+    one list: request i's blocks are ``chain(i)[:len(hashes(i))]``."""
 
     def __init__(self, requests: Sequence[Request], block_size: int) -> None:
         hasher = BlockHasher(block_size)
         last = {id(r.chain): i for i, r in enumerate(requests)}
         self.block_size = block_size
-        self.tokens = [r.prompt_tokens for r in requests]
+        self.tokens: list[int] = []
         self._outputs = [r.max_tokens for r in requests]
         # Whether a later turn resends this request's answer (the segment after its prompt), so
         # the chain's hashes past the prompt are the answer's blocks. A session's last answer is
         # in no prompt: ids of its own serve as well and save hashing it.
         self._resent = bytearray(len(requests))
         self._chains: list[list[int]] = []
+        summed: dict[int, tuple[int, int]] = {}  # chain -> segments and tokens summed so far
         for i, request in enumerate(requests):
             chain = request.chain
             self._chains.append(hasher._advance(request))
+            length, tokens = summed.get(id(chain), (0, 0))
+            if length > request.length:  # a shorter prompt of the same chain (traces)
+                length, tokens = 0, 0
+            tokens += sum(segment.tokens for segment in chain[length : request.length])
+            self.tokens.append(tokens)
             if last[id(chain)] == i:
                 hasher.forget(request)
-            elif len(chain) > request.length and chain[request.length].tokens == request.max_tokens:
-                self._resent[i] = 1
+                summed.pop(id(chain), None)
+            else:
+                summed[id(chain)] = (request.length, tokens)
+                answer = chain[request.length] if len(chain) > request.length else None
+                if answer is not None and answer.tokens == request.max_tokens:
+                    self._resent[i] = 1
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -119,13 +129,26 @@ class PromptBlocks:
         """Request i's full-block hashes (a new list)."""
         return self._chains[i][: self.tokens[i] // self.block_size]
 
+    def chain(self, i: int) -> list[int]:
+        """The hashes of request i's session so far, shared by its turns (do not modify)."""
+        return self._chains[i]
+
+    def answer_blocks(self, i: int) -> int:
+        """How many blocks an engine caches of request i's answer (see :meth:`answer_hashes`)."""
+        bs = self.block_size
+        n = self.tokens[i]
+        return (n + max(0, self._outputs[i] - 1)) // bs - n // bs
+
+    def resends_answer(self, i: int) -> bool:
+        """Whether a later turn's prompt contains request i's answer."""
+        return bool(self._resent[i])
+
     def answer_hashes(self, i: int) -> list[int]:
         """The blocks an engine caches of request i's answer (prompt + answer without its last
         token, full blocks past the prompt's): the next turn's own blocks where it resends the
         answer, else ids no prompt has (negative, unlike hashes)."""
-        bs = self.block_size
-        n = self.tokens[i]
-        start, end = n // bs, (n + max(0, self._outputs[i] - 1)) // bs
+        start = self.tokens[i] // self.block_size
+        end = start + self.answer_blocks(i)
         if self._resent[i]:
             return self._chains[i][start:end]
         return [-((i << 20) | k) - 1 for k in range(end - start)]
@@ -144,13 +167,24 @@ def oracle_hit_rate(requests: Sequence[Request], block_size: int,
     if blocks is None or blocks.block_size != block_size:
         blocks = PromptBlocks(requests, block_size)
     seen: set[int] = set()
+    # Per chain, how many of its leading blocks are in ``seen`` already (its earlier turns put
+    # them there): only the rest are looked up and added. An answer no prompt resends is in no
+    # later prompt, so it is left out.
+    added: dict[int, int] = {}
     hit = total = 0
     for i in range(len(requests)):
-        hashes = blocks.hashes(i)
+        chain = blocks.chain(i)
         n = blocks.tokens[i]
-        k = len(list(takewhile(seen.__contains__, hashes[: max_hit_blocks(n, block_size)])))
-        seen.update(hashes)
-        seen.update(blocks.answer_hashes(i))  # a resent answer is cached too
+        prompt = n // block_size
+        limit = max_hit_blocks(n, block_size)
+        done = added.get(id(chain), 0)
+        k = min(done, limit)
+        if k < limit:
+            k += len(list(takewhile(seen.__contains__, chain[k:limit])))
+        end = prompt + blocks.answer_blocks(i) if blocks.resends_answer(i) else prompt
+        if end > done:
+            seen.update(chain[done:end])
+            added[id(chain)] = end
         if measured[i]:
             hit += k * block_size
             total += n

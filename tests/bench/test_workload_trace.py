@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from bench_helpers import write_trace
 
+from workload.bank import BankCodingOptions, bank_coding
 from workload.hashing import BlockHasher, PromptBlocks, oracle_hit_rate
 from workload.model import Request, Segment
 from workload.trace import mooncake_trace
@@ -61,3 +62,24 @@ def test_answer_blocks_are_the_next_turns_blocks_or_ids_no_prompt_has(tmp_path: 
     trace_blocks = PromptBlocks(trace.requests, 512)
     ids = [h for i in range(len(trace.requests)) for h in trace_blocks.answer_hashes(i)]
     assert ids and all(h < 0 for h in ids) and len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("kind", ["bank", "trace"])
+def test_the_oracle_is_every_earlier_block_looked_up_in_full(kind: str, tmp_path: Path) -> None:
+    # The oracle adds each session's blocks once; a set of every block computed so far, each
+    # prompt looked up from its first block, must give the same figure.
+    requests = (mooncake_trace(write_trace(tmp_path / "t.jsonl")).requests if kind == "trace"
+                else bank_coding(BankCodingOptions(sessions=40, duration_s=900)).requests)
+    blocks = PromptBlocks(requests, 16)
+    measured = [i % 3 != 0 for i in range(len(requests))]
+    seen: set[int] = set()
+    hit = total = 0
+    for i in range(len(requests)):
+        hashes = blocks.hashes(i)
+        limit = max(0, blocks.tokens[i] - 1) // 16
+        k = next((j for j, h in enumerate(hashes[:limit]) if h not in seen), limit)
+        seen.update(hashes, blocks.answer_hashes(i))
+        if measured[i]:
+            hit, total = hit + 16 * k, total + blocks.tokens[i]
+    assert hit > 0
+    assert oracle_hit_rate(requests, 16, measured, blocks) == pytest.approx(hit / total)
