@@ -23,6 +23,7 @@ from simulator.parallel import simulate_modes
 from simulator.run import FleetEvent, SimConfig
 from workload.cli import add_workload_arguments
 from workload.hashing import PromptBlocks, oracle_hit_rate
+from workload.model import Workload
 
 DEFAULT_ENGINES = 16
 
@@ -82,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
                        progress=not args.quiet and sys.stderr.isatty() and args.jobs <= 1,
                        addresses=addresses)
     with collector_paused(freeze=True):
-        blocks = PromptBlocks(workload.requests, options.block_size)
+        blocks = PromptBlocks(workload.requests, options.block_size, hashing_workers(args.jobs,
+                                                                                    workload))
     print(f"prompts hashed into {options.block_size}-token blocks "
           f"({time.perf_counter() - built:.1f} s)", file=sys.stderr)
     oracle = [0.0]
@@ -138,6 +140,11 @@ def check_run_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--load-factor must be >= 1, got {args.load_factor:g}")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+
+
+def hashing_workers(jobs: int, workload: Workload) -> int:
+    """Processes to hash prompts in: a fork costs more than hashing a small workload."""
+    return jobs if len(workload.requests) >= 50_000 else 1
 
 
 def vars_of(event: FleetEvent) -> dict[str, object]:

@@ -15,7 +15,7 @@ from bench.inputs import InputError, engines_and_workload
 from bench.modes import Mode
 from emulator.options import EmulatorOptions
 from kvgate.runtime.collector import collector_paused
-from simulator.command import check_run_flags
+from simulator.command import check_run_flags, hashing_workers
 from simulator.parallel import simulate_runs
 from simulator.plan import Goal, cheapest, fleets, markdown_plan
 from simulator.run import SimConfig
@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"workload {workload.name}: {len(workload.requests)} requests; {len(options)} fleets "
           f"in mode {args.mode}, goal {goal.describe()}", file=sys.stderr, flush=True)
     with collector_paused(freeze=True):
-        blocks = PromptBlocks(workload.requests, options[0].block_size)
+        blocks = PromptBlocks(workload.requests, options[0].block_size,
+                              hashing_workers(args.jobs, workload))
     runs = [(args.mode, SimConfig(o, args.load_factor)) for o in options]
 
     def done(index: int, seconds: float) -> None:

@@ -8,9 +8,12 @@ tokens come from the same segments at the same offsets, which is when their text
 
 from __future__ import annotations
 
+import multiprocessing
 import struct
+from array import array
 from collections.abc import Iterable, Sequence
 from itertools import takewhile
+from multiprocessing.connection import Connection
 
 import xxhash
 
@@ -88,39 +91,132 @@ class BlockHasher:
         state.filled = filled
 
 
+class _ChainLists:
+    """One part of a workload's sessions, hashed: the hash lists, which list each request uses
+    (-1: a session of another part; turns of a session share one list, as they share a chain),
+    each prompt's tokens, and whether a later turn resends the request's answer."""
+
+    def __init__(self, requests: int) -> None:
+        self.lists: list[list[int]] = []
+        self.which = array("q", [-1]) * requests
+        self.tokens = array("q", [0]) * requests
+        self.resent = bytearray(requests)
+
+    def take(self, other: _ChainLists, flat: list[int], lengths: Sequence[int]) -> None:
+        """Add another part's requests (its lists sent as ``flat`` with their ``lengths``)."""
+        offset, start = len(self.lists), 0
+        for length in lengths:
+            self.lists.append(flat[start : start + length])
+            start += length
+        for i, k in enumerate(other.which):
+            if k >= 0:
+                self.which[i] = offset + k
+                self.tokens[i] = other.tokens[i]
+                self.resent[i] = other.resent[i]
+
+
+def _chain_lists(requests: Sequence[Request], block_size: int, part: int,
+                 parts: int) -> _ChainLists:
+    """Hash the sessions whose chain (in order of first request) is ``part`` modulo ``parts``."""
+    hasher = BlockHasher(block_size)
+    last: dict[int, int] = {}
+    order: dict[int, int] = {}
+    for i, r in enumerate(requests):
+        last[id(r.chain)] = i
+        order.setdefault(id(r.chain), len(order))
+    result = _ChainLists(len(requests))
+    index: dict[int, int] = {}  # id of a hash list -> its place in result.lists
+    summed: dict[int, tuple[int, int]] = {}  # chain -> segments and tokens summed so far
+    for i, request in enumerate(requests):
+        chain = request.chain
+        if order[id(chain)] % parts != part:
+            continue
+        hashes = hasher._advance(request)
+        k = index.get(id(hashes))
+        if k is None:  # result.lists keeps it alive, so its id is not reused
+            k = index[id(hashes)] = len(result.lists)
+            result.lists.append(hashes)
+        result.which[i] = k
+        length, tokens = summed.get(id(chain), (0, 0))
+        if length > request.length:  # a shorter prompt of the same chain (traces)
+            length, tokens = 0, 0
+        tokens += sum(segment.tokens for segment in chain[length : request.length])
+        result.tokens[i] = tokens
+        if last[id(chain)] == i:
+            hasher.forget(request)
+            summed.pop(id(chain), None)
+            continue
+        summed[id(chain)] = (request.length, tokens)
+        # The segment after the prompt is the answer when a later turn resends it; then the
+        # chain's hashes past the prompt are the answer's blocks.
+        answer = chain[request.length] if len(chain) > request.length else None
+        if answer is not None and answer.tokens == request.max_tokens:
+            result.resent[i] = 1
+    return result
+
+
+def _hashed_in_parallel(requests: Sequence[Request], block_size: int,
+                        workers: int) -> _ChainLists:
+    """The sessions shared out among ``workers`` processes: forked helpers send theirs back
+    as flat arrays of 64-bit hashes, rebuilt into lists here."""
+    ctx = multiprocessing.get_context("fork")
+    helpers = []
+    for part in range(1, workers):
+        receiver, sender = ctx.Pipe(duplex=False)
+        helper = ctx.Process(target=_send_part, args=(sender, requests, block_size, part,
+                                                       workers), daemon=True)
+        helper.start()
+        sender.close()
+        helpers.append((helper, receiver))
+    mine = _chain_lists(requests, block_size, 0, workers)
+    for helper, receiver in helpers:
+        try:
+            message = receiver.recv()
+        except EOFError:
+            message = "the process ended without an answer"
+        finally:
+            receiver.close()
+            helper.join()
+        if isinstance(message, str):
+            raise RuntimeError(f"hashing prompts failed in a helper process: {message}")
+        theirs, flat, lengths = message
+        mine.take(theirs, flat.tolist(), lengths)
+    return mine
+
+
+def _send_part(sender: Connection, requests: Sequence[Request], block_size: int, part: int,
+               parts: int) -> None:
+    try:
+        result = _chain_lists(requests, block_size, part, parts)
+        flat = array("Q")
+        for hashes in result.lists:
+            flat.extend(hashes)
+        lengths = array("q", map(len, result.lists))
+        result.lists = []  # sent flat instead
+        sender.send((result, flat, lengths))
+    except Exception as exc:  # told to the parent, which raises
+        sender.send(repr(exc))
+    finally:
+        sender.close()
+
+
 class PromptBlocks:
     """Every request's prompt as block hashes, computed once for a whole workload so the modes
     and the oracle share them (forked workers inherit them). Requests of one session refer to
     one list: request i's blocks are ``chain(i)[:len(hashes(i))]``."""
 
-    def __init__(self, requests: Sequence[Request], block_size: int) -> None:
-        hasher = BlockHasher(block_size)
-        last = {id(r.chain): i for i, r in enumerate(requests)}
+    def __init__(self, requests: Sequence[Request], block_size: int, workers: int = 1) -> None:
+        """``workers`` > 1 hashes sessions in that many processes (forked; worth it for a large
+        workload only)."""
         self.block_size = block_size
-        self.tokens: list[int] = []
+        hashed = (_hashed_in_parallel(requests, block_size, workers) if workers > 1
+                  else _chain_lists(requests, block_size, 0, 1))
+        self._chains = [hashed.lists[k] for k in hashed.which]
+        self.tokens = hashed.tokens.tolist()
         self._outputs = [r.max_tokens for r in requests]
-        # Whether a later turn resends this request's answer (the segment after its prompt), so
-        # the chain's hashes past the prompt are the answer's blocks. A session's last answer is
-        # in no prompt: ids of its own serve as well and save hashing it.
-        self._resent = bytearray(len(requests))
-        self._chains: list[list[int]] = []
-        summed: dict[int, tuple[int, int]] = {}  # chain -> segments and tokens summed so far
-        for i, request in enumerate(requests):
-            chain = request.chain
-            self._chains.append(hasher._advance(request))
-            length, tokens = summed.get(id(chain), (0, 0))
-            if length > request.length:  # a shorter prompt of the same chain (traces)
-                length, tokens = 0, 0
-            tokens += sum(segment.tokens for segment in chain[length : request.length])
-            self.tokens.append(tokens)
-            if last[id(chain)] == i:
-                hasher.forget(request)
-                summed.pop(id(chain), None)
-            else:
-                summed[id(chain)] = (request.length, tokens)
-                answer = chain[request.length] if len(chain) > request.length else None
-                if answer is not None and answer.tokens == request.max_tokens:
-                    self._resent[i] = 1
+        # A session's last answer is in no prompt: ids of its own serve as well and save hashing
+        # it (see answer_hashes).
+        self._resent = hashed.resent
 
     def __len__(self) -> int:
         return len(self.tokens)

@@ -83,3 +83,19 @@ def test_the_oracle_is_every_earlier_block_looked_up_in_full(kind: str, tmp_path
             hit, total = hit + 16 * k, total + blocks.tokens[i]
     assert hit > 0
     assert oracle_hit_rate(requests, 16, measured, blocks) == pytest.approx(hit / total)
+
+
+@pytest.mark.parametrize("kind", ["bank", "trace"])
+def test_hashing_in_three_processes_gives_the_same_blocks(kind: str, tmp_path: Path) -> None:
+    requests = (mooncake_trace(write_trace(tmp_path / "t.jsonl")).requests if kind == "trace"
+                else bank_coding(BankCodingOptions(sessions=40, duration_s=900)).requests)
+    alone, shared = PromptBlocks(requests, 16), PromptBlocks(requests, 16, workers=3)
+    for i in range(len(requests)):
+        assert shared.hashes(i) == alone.hashes(i) and shared.tokens[i] == alone.tokens[i]
+        assert shared.answer_hashes(i) == alone.answer_hashes(i)
+    # Turns of a session still share one list (the oracle relies on it).
+    same = {(i, j) for i in range(len(requests)) for j in range(i)
+            if alone.chain(i) is alone.chain(j)}
+    assert same or kind == "trace"  # a trace's requests share blocks, not lists
+    assert same == {(i, j) for i in range(len(requests)) for j in range(i)
+                             if shared.chain(i) is shared.chain(j)}
