@@ -85,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     with collector_paused(freeze=True):
         blocks = PromptBlocks(workload.requests, options.block_size, hashing_workers(args.jobs,
                                                                                     workload))
+        workload.next_turns()  # once here for every mode's forked worker
     print(f"prompts hashed into {options.block_size}-token blocks "
           f"({time.perf_counter() - built:.1f} s)", file=sys.stderr)
     oracle = [0.0]

@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     with collector_paused(freeze=True):
         blocks = PromptBlocks(workload.requests, options[0].block_size,
                               hashing_workers(args.jobs, workload))
+        workload.next_turns()  # once here for every fleet's forked worker
     runs = [(args.mode, SimConfig(o, args.load_factor)) for o in options]
 
     def done(index: int, seconds: float) -> None:

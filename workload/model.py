@@ -50,6 +50,7 @@ class Workload:
     requests: list[Request]
     describe: dict[str, Any] = field(default_factory=dict)
     warmup_s: float = 0.0  # requests arriving earlier are sent but excluded from the figures
+    _next_turns: list[int] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def duration(self) -> float:
@@ -60,7 +61,13 @@ class Workload:
         return request.arrival >= self.warmup_s
 
     def next_turns(self) -> list[int]:
-        """Index of the turn sent after each request's answer (closed loop), or -1."""
+        """Index of the turn sent after each request's answer (closed loop), or -1. Worked out
+        once (the requests do not change once built); do not modify the list."""
+        if self._next_turns is None or len(self._next_turns) != len(self.requests):
+            self._next_turns = self._find_next_turns()
+        return self._next_turns
+
+    def _find_next_turns(self) -> list[int]:
         following = [-1] * len(self.requests)
         previous: dict[int, int] = {}
         for i, request in enumerate(self.requests):
