@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from emulator.prefix_cache import PrefixCache, block_hashes, max_hit_blocks, root_hash
+from emulator.prefix_cache import Hold, PrefixCache, block_hashes, max_hit_blocks, root_hash
 from emulator.timing import Scheduler, Slot, TimingParams
 
 # vLLM's buckets for vllm:time_to_first_token_seconds.
@@ -77,6 +77,7 @@ class Admission(NamedTuple):
     slot: Slot
     to_pool: list[int]  # computed full blocks, to be written to the DDR pool
     ticket: int = 0  # which pinning this is, for an early finish
+    hold: Hold | None = None  # what the cache pinned, to unpin without looking it up again
 
     @property
     def cached_tokens(self) -> int:
@@ -173,7 +174,7 @@ class EngineModel:
     def _unpin(self, ticket: int) -> None:
         admission = self._pinned.pop(ticket, None)
         if admission is not None:  # None: finished early
-            self.cache.release(admission.hashes, admission.extra_blocks)
+            self.cache.release(admission.hashes, admission.extra_blocks, admission.hold)
 
     def admit(
         self,
@@ -207,7 +208,7 @@ class EngineModel:
         total_blocks = -(-(n + max_tokens) // bs)
         held = [*probe.hashes, *output_hashes] if output_hashes else probe.hashes
         extra = max(0, total_blocks - len(held))
-        cache.acquire(held, extra)
+        hold = cache.acquire(held, extra)
 
         timing = self.config.timing
         prefill_s = timing.prefill_seconds(computed, ddr_blocks * bs)
@@ -240,6 +241,7 @@ class EngineModel:
             slot=slot,
             to_pool=probe.hashes[hit_blocks:],
             ticket=self._tickets,
+            hold=hold,
         )
         self._pinned[self._tickets] = admission
         heapq.heappush(self._unpin_at, (slot.finish, self._tickets))

@@ -13,6 +13,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import xxhash
 
@@ -57,6 +58,13 @@ class _Run:
         self.place = 0  # when free: its entry in the eviction queue (0: none)
 
 
+class Hold(NamedTuple):
+    """The runs one :meth:`PrefixCache.acquire` pinned, valid while no run has been cut."""
+
+    splits: int  # the cache's cuts when acquired
+    runs: list[_Run]
+
+
 class PrefixCache:
     """HBM prefix cache: capacity in tokens, reference-counted blocks, LRU over free blocks.
 
@@ -82,6 +90,7 @@ class PrefixCache:
         self.reserved_blocks = 0  # partial/decode blocks of running requests (never cached)
         self.evictions = 0
         self.version = 0  # goes up whenever the set of cached blocks changes
+        self._splits = 0  # runs cut in two so far
 
     def __len__(self) -> int:
         return self._cached
@@ -111,14 +120,16 @@ class PrefixCache:
             break
         return min(n, end)
 
-    def acquire(self, hashes: Sequence[int], extra_blocks: int = 0) -> None:
+    def acquire(self, hashes: Sequence[int], extra_blocks: int = 0) -> Hold:
         """Pin ``hashes`` for a running request, inserting the missing ones (evicting LRU blocks).
 
         ``extra_blocks`` reserves room for the request's partial and generated-token blocks.
         Capacity is soft: if every cached block is pinned, the cache grows past it rather than
-        failing (vLLM would preempt; the emulator only needs hit rates to be right).
+        failing (vLLM would preempt; the emulator only needs hit rates to be right). The
+        returned hold, given back to :meth:`release`, saves looking the blocks up again.
         """
         runs = self._runs
+        held: list[_Run] = []
         n = len(hashes)
         pos = 0
         while pos < n:
@@ -132,19 +143,23 @@ class PrefixCache:
             if run.refs == 0:
                 self._free -= size
             run.refs += 1
+            held.append(run)
             pos += size
         new = n - pos
         if new:
-            runs[hashes[pos]] = _Run(list(hashes[pos:]), 1)
+            run = runs[hashes[pos]] = _Run(list(hashes[pos:]), 1)
+            held.append(run)
             self._cached += new
             self.version += 1
         self.reserved_blocks += extra_blocks
         if new or extra_blocks:
             self._evict()
+        return Hold(self._splits, held)
 
     def _split(self, run: _Run, size: int) -> _Run:
         """Cut ``run`` after ``size`` blocks; the first part is returned, the rest stays ``run``
         (keeping its place in the queue: it is where those blocks are in the free order)."""
+        self._splits += 1
         blocks = run.blocks
         head = _Run(blocks[:size], run.refs)
         run.blocks = blocks[size:]
@@ -152,16 +167,25 @@ class PrefixCache:
         self._runs[blocks[size]] = run
         return head
 
-    def release(self, hashes: Sequence[int], extra_blocks: int = 0) -> None:
-        """Unpin blocks pinned by :meth:`acquire`; blocks reaching zero refs join the LRU queue."""
+    def release(self, hashes: Sequence[int], extra_blocks: int = 0,
+                hold: Hold | None = None) -> None:
+        """Unpin blocks pinned by :meth:`acquire` (``hold``: what it returned); blocks reaching
+        zero refs join the LRU queue."""
         runs = self._runs
+        if hold is not None and hold.splits == self._splits:
+            held = hold.runs  # still exactly the runs it pinned: no run has been cut since
+        else:
+            held = []
+            n = len(hashes)
+            pos = 0
+            while pos < n:
+                run = runs.get(hashes[pos])
+                if run is None or pos + len(run.blocks) > n:
+                    break  # not what acquire pinned
+                held.append(run)
+                pos += len(run.blocks)
         freed: list[_Run] = []
-        n = len(hashes)
-        pos = 0
-        while pos < n:
-            run = runs.get(hashes[pos])
-            if run is None or pos + len(run.blocks) > n:
-                break  # not what acquire pinned
+        for run in held:
             if run.refs <= 1:
                 if run.refs == 1:
                     self._free += len(run.blocks)
@@ -169,7 +193,6 @@ class PrefixCache:
                 freed.append(run)
             else:
                 run.refs -= 1
-            pos += len(run.blocks)
         # Tail first, so the end of this prompt is evicted before its shared beginning.
         for run in reversed(freed):
             self._places += 1

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from emulator.prefix_cache import PrefixCache
+from emulator.prefix_cache import Hold, PrefixCache
 
 
 class FreeBlockQueue:
@@ -68,19 +68,20 @@ def test_the_cache_evicts_exactly_as_vllms_free_block_queue(seed: int) -> None:
     capacity = rng.choice([4, 16, 64, 4096])  # 4096: never full, the queue is compacted instead
     cache, model = PrefixCache(capacity, 1), FreeBlockQueue(capacity)
     sessions: list[list[int]] = []
-    running: list[tuple[list[int], int]] = []
+    running: list[tuple[list[int], int, Hold]] = []
     for _ in range(1500):
         if running and (len(running) > 6 or rng.random() < 0.5):
-            hashes, extra = running.pop(rng.randrange(len(running)))
-            cache.release(hashes, extra)
+            hashes, extra, hold = running.pop(rng.randrange(len(running)))
+            # With its hold, or found again by its hashes (as a caller without one would).
+            cache.release(hashes, extra, hold if rng.random() < 0.7 else None)
             model.release(hashes, extra)
         else:
             hashes, extra = chain(rng, sessions), rng.randrange(3)
             assert cache.match(hashes) == next(
                 (k for k, h in enumerate(hashes) if h not in model.refs), len(hashes))
-            cache.acquire(hashes, extra)
+            hold = cache.acquire(hashes, extra)
             model.acquire(hashes, extra)
-            running.append((hashes, extra))
+            running.append((hashes, extra, hold))
         assert cache.free_order() == model.free
         assert len(cache) == len(model.refs) and cache.blocks() == set(model.refs)
         assert cache.evictions == model.evictions
