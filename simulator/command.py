@@ -82,10 +82,7 @@ def run(args: argparse.Namespace) -> int:
     config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
                        progress=not args.quiet and sys.stderr.isatty() and args.jobs <= 1,
                        addresses=addresses)
-    with collector_paused(freeze=True):
-        blocks = PromptBlocks(workload.requests, options.block_size, hashing_workers(args.jobs,
-                                                                                    workload))
-        workload.next_turns()  # once here for every mode's forked worker
+    blocks = hashed(workload, options.block_size, args.jobs)
     print(f"prompts hashed into {options.block_size}-token blocks "
           f"({time.perf_counter() - built:.1f} s)", file=sys.stderr)
     oracle = [0.0]
@@ -143,9 +140,14 @@ def check_run_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
 
 
-def hashing_workers(jobs: int, workload: Workload) -> int:
-    """Processes to hash prompts in: a fork costs more than hashing a small workload."""
-    return jobs if len(workload.requests) >= 50_000 else 1
+def hashed(workload: Workload, block_size: int, jobs: int) -> PromptBlocks:
+    """The prompts' blocks, and the closed loop's next turns, worked out once for every forked
+    worker (in ``jobs`` processes for a large workload: a fork costs more than a small one)."""
+    with collector_paused(freeze=True):  # kept for the whole run
+        blocks = PromptBlocks(workload.requests, block_size,
+                              jobs if len(workload.requests) >= 50_000 else 1)
+        workload.next_turns()
+    return blocks
 
 
 def vars_of(event: FleetEvent) -> dict[str, object]:

@@ -16,8 +16,8 @@ from workload.model import Workload
 
 Run = tuple[Mode, SimConfig]
 
-# Relative time of a mode's run (1,000 engines: 42, 34, 21 and 16 s): the longest start first, so
-# the short ones fill in behind them instead of leaving one worker to finish a long run alone.
+# Relative time of a mode's run (1,000 engines: about 37, 32, 20 and 15 s): the longest start
+# first, so the short ones fill in behind them instead of leaving one worker on a long run alone.
 _WORK = {Mode.AFFINITY_DDR: 4, Mode.AFFINITY: 3, Mode.RING_HASH: 2, Mode.ROUND_ROBIN: 1}
 
 

@@ -14,14 +14,12 @@ from bench.fleet_options import add_fleet_arguments, emulator_options
 from bench.inputs import InputError, engines_and_workload
 from bench.modes import Mode
 from emulator.options import EmulatorOptions
-from kvgate.runtime.collector import collector_paused
-from simulator.command import check_run_flags, hashing_workers
+from simulator.command import check_run_flags, hashed
 from simulator.parallel import simulate_runs
 from simulator.plan import Goal, cheapest, fleets, markdown_plan
 from simulator.run import SimConfig
 from workload.bank import BankCodingOptions
 from workload.cli import add_workload_arguments
-from workload.hashing import PromptBlocks
 
 TIB = 1024**4
 
@@ -71,10 +69,7 @@ def run(args: argparse.Namespace) -> int:
     goal = Goal(args.ttft_p99, args.min_hit_rate)
     print(f"workload {workload.name}: {len(workload.requests)} requests; {len(options)} fleets "
           f"in mode {args.mode}, goal {goal.describe()}", file=sys.stderr, flush=True)
-    with collector_paused(freeze=True):
-        blocks = PromptBlocks(workload.requests, options[0].block_size,
-                              hashing_workers(args.jobs, workload))
-        workload.next_turns()  # once here for every fleet's forked worker
+    blocks = hashed(workload, options[0].block_size, args.jobs)
     runs = [(args.mode, SimConfig(o, args.load_factor)) for o in options]
 
     def done(index: int, seconds: float) -> None:
