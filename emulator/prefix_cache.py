@@ -213,10 +213,10 @@ class PrefixCache:
         self.evictions += excess
         self.version += 1
         while excess > 0:
-            run, place = queue[0]
-            if run.refs or run.place != place:
+            if not _queued(queue[0]):
                 queue.popleft()
                 continue
+            run = queue[0][0]
             blocks = run.blocks
             if len(blocks) > excess:  # its tail goes first
                 del blocks[len(blocks) - excess :]
