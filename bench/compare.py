@@ -12,9 +12,9 @@ from pathlib import Path
 from bench.client import DriveOptions, DriveResult, drive
 from bench.fleet_options import emulator_flags
 from bench.modes import Mode
-from control_plane.resources.names import RoutingMode
 from emulator.options import EmulatorOptions
 from kvgate.config import Config, load_text
+from kvgate.contract.envoy import RoutingMode
 from kvgate.runtime.ports import free_ports, port_in_use
 from kvgate.up.stack import Stack
 from workload.model import Workload

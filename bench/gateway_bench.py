@@ -25,9 +25,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from control_plane.resources.names import RoutingMode
 from kvgate.config import Config, load_text
 from kvgate.config.model import HostPort
+from kvgate.contract.envoy import RoutingMode
 from kvgate.runtime.child import Child
 from kvgate.runtime.envoy import envoy_binary, envoy_ready
 from kvgate.runtime.ports import free_ports

@@ -14,9 +14,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
-from control_plane.resources.names import DESTINATION_KEY, LB_NAMESPACE, POOL_METADATA_KEY
 from ext_proc.decide import Decider, Decision, DecisionError, Outcome
 from ext_proc.metrics import ExtProcMetrics
+from kvgate.contract.envoy import DESTINATION_KEY, LB_NAMESPACE, POOL_METADATA_KEY
 
 log = structlog.get_logger("kvgate.ext_proc")
 

@@ -12,9 +12,9 @@ from google.protobuf import json_format
 from control_plane.resources import protos
 from control_plane.resources.clusters import ext_proc_cluster, grpc_cluster, pool_cluster
 from control_plane.resources.listener import gateway_listener
-from control_plane.resources.names import XDS_CLUSTER, RoutingMode
 from control_plane.resources.routes import route_configuration
 from kvgate.config.model import Config, HostPort
+from kvgate.contract.envoy import XDS_CLUSTER, RoutingMode
 
 
 def static_bootstrap(

@@ -17,7 +17,8 @@ from google.protobuf.message import Message
 
 from control_plane.resources import protos
 from control_plane.resources.endpoints import load_assignment, static_hosts
-from control_plane.resources.names import (
+from kvgate.config.model import ExtProc, HostPort, Pool
+from kvgate.contract.envoy import (
     DESTINATION_KEY,
     EXT_PROC_CLUSTER,
     LB_NAMESPACE,
@@ -26,7 +27,6 @@ from control_plane.resources.names import (
     RoutingMode,
     pool_cluster_name,
 )
-from kvgate.config.model import ExtProc, HostPort, Pool
 
 # Envoy honours an override even to a DRAINING or UNHEALTHY host; only these may be overridden to.
 OVERRIDABLE = (health_check_pb2.HEALTHY, health_check_pb2.UNKNOWN)

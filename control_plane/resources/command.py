@@ -7,9 +7,9 @@ import argparse
 import sys
 
 from control_plane.resources.bootstrap import ads_bootstrap, static_bootstrap, to_json
-from control_plane.resources.names import RoutingMode
 from kvgate.config.fields import Fields
 from kvgate.config.flags import load_or_report
+from kvgate.contract.envoy import RoutingMode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

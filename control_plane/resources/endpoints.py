@@ -8,8 +8,8 @@ from envoy.config.core.v3 import health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 
 from control_plane.resources import protos
-from control_plane.resources.names import pool_cluster_name
 from kvgate.config.model import HostPort, Pool
+from kvgate.contract.envoy import pool_cluster_name
 
 # kvgate endpoint state → EDS health status; Envoy neither overrides to nor hashes onto
 # the last two.

@@ -16,7 +16,8 @@ from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.matcher.v3 import string_pb2
 
 from control_plane.resources import protos
-from control_plane.resources.names import (
+from kvgate.config.model import Config
+from kvgate.contract.envoy import (
     DESTINATION_KEY,
     EXT_PROC_CLUSTER,
     EXT_PROC_FILTER,
@@ -25,7 +26,6 @@ from control_plane.resources.names import (
     ROUTE_CONFIG_NAME,
     RoutingMode,
 )
-from kvgate.config.model import Config
 
 _Mode = processing_mode_pb2.ProcessingMode
 

@@ -10,7 +10,8 @@ from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.matcher.v3 import string_pb2
 
 from control_plane.resources import protos
-from control_plane.resources.names import (
+from kvgate.config.model import Config, Route
+from kvgate.contract.envoy import (
     DESTINATION_KEY,
     EXT_PROC_FILTER,
     POOL_METADATA_KEY,
@@ -18,7 +19,6 @@ from control_plane.resources.names import (
     RoutingMode,
     pool_cluster_name,
 )
-from kvgate.config.model import Config, Route
 
 # Only failures before the engine saw the request: retrying those never duplicates generation.
 RETRY_ON = "connect-failure,refused-stream,reset"

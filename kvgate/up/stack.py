@@ -14,9 +14,9 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from control_plane.resources.bootstrap import ads_bootstrap, static_bootstrap, to_json
-from control_plane.resources.names import RoutingMode
 from kvgate.config.dump import to_yaml
 from kvgate.config.model import Config, Endpoint, Etcd, HostPort, Pool, Route, RouteMatch
+from kvgate.contract.envoy import RoutingMode
 from kvgate.runtime.child import Child, ChildFailed
 from kvgate.runtime.envoy import envoy_child, envoy_ready
 from kvgate.runtime.etcd import embedded_etcd, etcd_ready

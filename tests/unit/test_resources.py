@@ -16,8 +16,8 @@ from envoy.extensions.load_balancing_policies.override_host.v3 import override_h
 
 from control_plane.resources import gateway_listener, pool_cluster, route_configuration
 from control_plane.resources.bootstrap import static_bootstrap, to_json
-from control_plane.resources.names import RoutingMode
 from kvgate.config import load_file
+from kvgate.contract.envoy import RoutingMode
 from kvgate.runtime.envoy import envoy_binary
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "kvgate.yaml"
