@@ -11,20 +11,12 @@ from pathlib import Path
 
 from bench.client import DriveOptions, DriveResult, drive
 from bench.fleet_options import emulator_flags
-from bench.modes import Mode
 from emulator.options import EmulatorOptions
 from kvgate.config import Config, load_text
-from kvgate.contract.envoy import RoutingMode
+from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.ports import free_ports, port_in_use
 from kvgate.up.stack import Stack
 from workload.model import Workload
-
-_ROUTING = {
-    Mode.ROUND_ROBIN: RoutingMode.ROUND_ROBIN,
-    Mode.RING_HASH: RoutingMode.RING_HASH,
-    Mode.AFFINITY: RoutingMode.AFFINITY,
-    Mode.AFFINITY_DDR: RoutingMode.AFFINITY,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +49,7 @@ def free_port_run(count: int, host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no {count} consecutive free ports found")
 
 
-def stack_for(mode: Mode, options: CompareOptions, base_port: int) -> Stack:
+def stack_for(mode: RoutingMode, options: CompareOptions, base_port: int) -> Stack:
     """The gateway in ``mode`` with its own emulated fleet on ``base_port``.. (the same engine
     addresses in every mode, so the rings place sessions alike and the simulator can match)."""
     engine = options.engine
@@ -69,13 +61,13 @@ def stack_for(mode: Mode, options: CompareOptions, base_port: int) -> Stack:
     # simulator; with two, each worker keeps its own and the kernel picks which connection
     # lands on which, so round robin's chance hits would differ from run to run.
     return Stack(gateway_config(options.header), options.workdir / str(mode).replace("+", "-"),
-                 mode=_ROUTING[mode], emulated_engines=engine.instances, emulator_args=args,
+                 mode=mode, emulated_engines=engine.instances, emulator_args=args,
                  envoy_workers=1)
 
 
-async def compare(workload: Workload, modes: Sequence[Mode], options: CompareOptions,
-                  say: Callable[[str], None] = lambda line: None) -> dict[Mode, DriveResult]:
-    results: dict[Mode, DriveResult] = {}
+async def compare(workload: Workload, modes: Sequence[RoutingMode], options: CompareOptions,
+                  say: Callable[[str], None] = lambda line: None) -> dict[RoutingMode, DriveResult]:
+    results: dict[RoutingMode, DriveResult] = {}
     base_port = free_port_run(options.engine.instances)
     for mode in modes:
         stack = stack_for(mode, options, base_port)

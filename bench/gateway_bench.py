@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kvgate.config import Config, load_text
 from kvgate.config.model import HostPort
-from kvgate.contract.envoy import RoutingMode
+from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.child import Child
 from kvgate.runtime.envoy import envoy_binary, envoy_ready
 from kvgate.runtime.ports import free_ports

@@ -8,24 +8,25 @@ import queue
 import time
 from collections.abc import Callable, Sequence
 
-from bench.modes import Mode
 from bench.report import ModeStats
+from kvgate.contract.modes import RoutingMode
 from simulator.run import SimConfig, simulate
 from workload.hashing import PromptBlocks
 from workload.model import Workload
 
-Run = tuple[Mode, SimConfig]
+Run = tuple[RoutingMode, SimConfig]
 
 # Relative time of a mode's run (1,000 engines: about 37, 32, 20 and 15 s): the longest start
 # first, so the short ones fill in behind them instead of leaving one worker on a long run alone.
-_WORK = {Mode.AFFINITY_DDR: 4, Mode.AFFINITY: 3, Mode.RING_HASH: 2, Mode.ROUND_ROBIN: 1}
+_WORK = {RoutingMode.AFFINITY_DDR: 4, RoutingMode.AFFINITY: 3, RoutingMode.RING_HASH: 2,
+         RoutingMode.ROUND_ROBIN: 1}
 
 
-def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig, jobs: int,
+def simulate_modes(workload: Workload, modes: Sequence[RoutingMode], config: SimConfig, jobs: int,
                    blocks: PromptBlocks | None = None,
                    meanwhile: Callable[[], None] | None = None,
-                   on_done: Callable[[Mode, float], None] | None = None,
-                   ) -> dict[Mode, tuple[ModeStats, float]]:
+                   on_done: Callable[[RoutingMode, float], None] | None = None,
+                   ) -> dict[RoutingMode, tuple[ModeStats, float]]:
     """``{mode: (stats, seconds)}`` in ``modes`` order, using up to ``jobs`` processes.
 
     ``meanwhile`` runs in this process while the workers simulate (the oracle, say);
@@ -101,7 +102,7 @@ def simulate_runs(workload: Workload, runs: Sequence[Run], jobs: int,
     return [done[i] for i in range(len(runs))]
 
 
-def _timed(workload: Workload, mode: Mode, config: SimConfig,
+def _timed(workload: Workload, mode: RoutingMode, config: SimConfig,
            blocks: PromptBlocks | None) -> tuple[ModeStats, float]:
     start = time.perf_counter()
     stats = simulate(workload, mode, config, blocks).stats

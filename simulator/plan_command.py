@@ -12,8 +12,8 @@ from pathlib import Path
 
 from bench.fleet_options import add_fleet_arguments, emulator_options
 from bench.inputs import InputError, engines_and_workload
-from bench.modes import Mode
 from emulator.options import EmulatorOptions
+from kvgate.contract.modes import RoutingMode
 from simulator.command import check_run_flags, hashed
 from simulator.parallel import simulate_runs
 from simulator.plan import Goal, cheapest, fleets, markdown_plan
@@ -28,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
     add_fleet_arguments(parser, 0, lists=True)
     a = parser.add_argument
-    a("--mode", type=Mode, default=Mode.AFFINITY_DDR, choices=list(Mode),
+    a("--mode", type=RoutingMode, default=RoutingMode.AFFINITY_DDR, choices=list(RoutingMode),
       help="routing mode of every fleet (%(default)s)")
     a("--ttft-p99", type=float, default=10.0, metavar="S",
       help="goal: TTFT p99 at most S emulated seconds (%(default)s)")

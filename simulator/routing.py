@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from bench.modes import Mode
 from ext_proc.decide import Decider, DecisionError
 from kvgate.bindings.memory import MemoryBindingStore
+from kvgate.contract.modes import RoutingMode
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.placement.view import Member, PoolView
 
@@ -107,11 +107,11 @@ class AffinityRouter:
         self._directory.refresh()
 
 
-def make_router(mode: Mode, addresses: Sequence[str], clock: Callable[[], float],
+def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[], float],
                 load_factor: float, idle_ttl: float) -> Router:
-    if mode is Mode.ROUND_ROBIN:
+    if mode is RoutingMode.ROUND_ROBIN:
         return RoundRobinRouter(addresses)
-    if mode is Mode.RING_HASH:
+    if mode is RoutingMode.RING_HASH:
         return RingHashRouter(addresses)
     # As `kvgate up` describes an emulated fleet: one shared DDR pool, or one HBM each.
     kv_pools = (["ddr-pool"] * len(addresses) if mode.ddr_pool

@@ -17,11 +17,11 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.modes import Mode
 from bench.report import ModeStats
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import Admission, EngineConfig, EngineModel
 from emulator.options import EmulatorOptions
+from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.collector import collector_paused
 from kvgate.runtime.loop import run as run_loop
 from simulator.routing import make_router
@@ -66,14 +66,14 @@ def engine_address(index: int) -> str:
     return f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}:8000"
 
 
-def simulate(workload: Workload, mode: Mode, config: SimConfig,
+def simulate(workload: Workload, mode: RoutingMode, config: SimConfig,
              blocks: PromptBlocks | None = None) -> SimResult:
     """Run one mode over the whole workload (``blocks``: its prompts, hashed beforehand)."""
     with collector_paused():
         return run_loop(simulate_async(workload, mode, config, blocks))
 
 
-async def simulate_async(workload: Workload, mode: Mode, config: SimConfig,
+async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfig,
                          blocks: PromptBlocks | None = None) -> SimResult:
     options = config.engine
     if blocks is None or blocks.block_size != options.block_size:
@@ -200,7 +200,7 @@ class _Fleet:
         return broken
 
 
-def _progress(enabled: bool, total: int, mode: Mode):  # type: ignore[no-untyped-def]
+def _progress(enabled: bool, total: int, mode: RoutingMode):  # type: ignore[no-untyped-def]
     if not enabled:
         return None
     from tqdm import tqdm

@@ -14,14 +14,15 @@ from control_plane.resources.clusters import ext_proc_cluster, grpc_cluster, poo
 from control_plane.resources.listener import gateway_listener
 from control_plane.resources.routes import route_configuration
 from kvgate.config.model import Config, HostPort
-from kvgate.contract.envoy import XDS_CLUSTER, RoutingMode
+from kvgate.contract.envoy import XDS_CLUSTER
+from kvgate.contract.modes import RoutingMode
 
 
 def static_bootstrap(
     config: Config, node_id: str = "kvgate-gateway", mode: RoutingMode = RoutingMode.AFFINITY
 ) -> bootstrap_pb2.Bootstrap:
     """A self-contained bootstrap: the gateway listener, one cluster per pool, ext_proc."""
-    affinity = mode is RoutingMode.AFFINITY
+    affinity = mode.uses_ext_proc
     return bootstrap_pb2.Bootstrap(
         node=base_pb2.Node(id=node_id, cluster="kvgate"),
         admin=bootstrap_pb2.Admin(address=protos.socket_address(config.envoy_admin)),

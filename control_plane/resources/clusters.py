@@ -24,9 +24,9 @@ from kvgate.contract.envoy import (
     LB_NAMESPACE,
     RING_MAX_SIZE,
     RING_MIN_SIZE,
-    RoutingMode,
     pool_cluster_name,
 )
+from kvgate.contract.modes import RoutingMode
 
 # Envoy honours an override even to a DRAINING or UNHEALTHY host; only these may be overridden to.
 OVERRIDABLE = (health_check_pb2.HEALTHY, health_check_pb2.UNKNOWN)

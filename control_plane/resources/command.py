@@ -9,7 +9,7 @@ import sys
 from control_plane.resources.bootstrap import ads_bootstrap, static_bootstrap, to_json
 from kvgate.config.fields import Fields
 from kvgate.config.flags import load_or_report
-from kvgate.contract.envoy import RoutingMode
+from kvgate.contract.modes import RoutingMode
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --ads: control-plane replica(s) (default: control_plane.xds); repeatable",
     )
     parser.add_argument(
-        "--mode", default=RoutingMode.AFFINITY.value, choices=[m.value for m in RoutingMode],
+        "--mode", default=RoutingMode.AFFINITY.value,
+        # a DDR pool is the fleet's, not Envoy's: affinity+ddr renders as affinity
+        choices=[m.value for m in RoutingMode if not m.ddr_pool],
         help="affinity (kvgate) or a baseline without ext_proc: ring_hash, round_robin",
     )
 

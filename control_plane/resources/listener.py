@@ -24,8 +24,8 @@ from kvgate.contract.envoy import (
     LB_NAMESPACE,
     LISTENER_NAME,
     ROUTE_CONFIG_NAME,
-    RoutingMode,
 )
+from kvgate.contract.modes import RoutingMode
 
 _Mode = processing_mode_pb2.ProcessingMode
 
@@ -49,7 +49,7 @@ def gateway_listener(
         max_request_headers_kb=protos.u32(96),
         http_filters=[
             _strip_destination(),
-            *([_ext_proc(config)] if mode is RoutingMode.AFFINITY else []),
+            *([_ext_proc(config)] if mode.uses_ext_proc else []),
             _router(),
         ],
     )

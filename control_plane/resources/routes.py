@@ -16,9 +16,9 @@ from kvgate.contract.envoy import (
     EXT_PROC_FILTER,
     POOL_METADATA_KEY,
     ROUTE_CONFIG_NAME,
-    RoutingMode,
     pool_cluster_name,
 )
+from kvgate.contract.modes import RoutingMode
 
 # Only failures before the engine saw the request: retrying those never duplicates generation.
 RETRY_ON = "connect-failure,refused-stream,reset"
@@ -86,7 +86,7 @@ def _route(route: Route, config: Config, mode: RoutingMode) -> rc.Route:
         match=match,
         route=action,
         typed_per_filter_config=(
-            {EXT_PROC_FILTER: protos.pack(per_route)} if mode is RoutingMode.AFFINITY else {}
+            {EXT_PROC_FILTER: protos.pack(per_route)} if mode.uses_ext_proc else {}
         ),
     )
 

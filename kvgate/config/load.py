@@ -28,9 +28,9 @@ from kvgate.config.model import (
     RouteMatch,
     Session,
 )
+from kvgate.contract.envoy import DESTINATION_KEY
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
-RESERVED_HEADER = "x-gateway-destination-endpoint"
 TOP_LEVEL = (
     "listener", "envoy_admin", "control_plane", "ext_proc", "etcd",
     "session", "placement", "pools", "routes",
@@ -172,7 +172,7 @@ def _session(f: Fields, value: Any, path: Path) -> Session:
         items = f.sequence(raw["headers"], (*path, "headers"))
         names = [f.header_name(v, (*path, "headers", i)) for i, v in enumerate(items)]
         for i, name in enumerate(names):
-            if name is not None and (name.startswith(":") or name == RESERVED_HEADER):
+            if name is not None and (name.startswith(":") or name == DESTINATION_KEY):
                 f.error((*path, "headers", i), f"{name!r} cannot carry a session id")
         if isinstance(raw["headers"], list) and not items:
             f.error((*path, "headers"), "must name at least one header")

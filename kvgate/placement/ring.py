@@ -14,6 +14,8 @@ from collections.abc import Iterator, Sequence
 
 import xxhash
 
+from kvgate.contract.envoy import RING_MAX_SIZE, RING_MIN_SIZE
+
 
 def session_hash(raw: bytes) -> int:
     """The hash Envoy's `hash_policy: header` computes for a header value (xxHash64, seed 0)."""
@@ -28,8 +30,8 @@ class EnvoyRing:
     def __init__(
         self,
         hosts: Sequence[tuple[str, int]],
-        min_ring_size: int = 1024,
-        max_ring_size: int = 8 * 1024 * 1024,
+        min_ring_size: int = RING_MIN_SIZE,
+        max_ring_size: int = RING_MAX_SIZE,
     ) -> None:
         entries: list[tuple[int, str]] = []
         total = sum(weight for _, weight in hosts)

@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from control_plane.resources.bootstrap import ads_bootstrap, static_bootstrap, to_json
 from kvgate.config.dump import to_yaml
 from kvgate.config.model import Config, Endpoint, Etcd, HostPort, Pool, Route, RouteMatch
-from kvgate.contract.envoy import RoutingMode
+from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.child import Child, ChildFailed
 from kvgate.runtime.envoy import envoy_child, envoy_ready
 from kvgate.runtime.etcd import embedded_etcd, etcd_ready
@@ -60,7 +60,7 @@ class Stack:
         try:
             if self.emulated_engines and not self.config.pools:
                 await self._start_fleet()
-            if self.mode is RoutingMode.AFFINITY:
+            if self.mode.uses_ext_proc:
                 await self._start_etcd()
                 await self._start_control_plane()
                 for index, address in enumerate(self.config.ext_proc.addresses):
@@ -81,7 +81,7 @@ class Stack:
             ("gateway listener", self.config.listener),
             ("Envoy admin", self.config.envoy_admin),
         ]
-        if self.mode is RoutingMode.AFFINITY:
+        if self.mode.uses_ext_proc:
             wanted += [
                 ("control-plane admin", self.config.control_plane.admin),
             ("control-plane xds", self.config.control_plane.xds),
@@ -177,7 +177,7 @@ class Stack:
 
     async def _start_envoy(self) -> None:
         bootstrap = self.workdir / "envoy.json"
-        if self.mode is RoutingMode.AFFINITY:  # everything else arrives over ADS
+        if self.mode.uses_ext_proc:  # everything else arrives over ADS
             document = ads_bootstrap(self.config)
         else:
             document = static_bootstrap(self.config, mode=self.mode)

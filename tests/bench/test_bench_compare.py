@@ -8,8 +8,9 @@ import pytest
 from bench_helpers import small_bank
 
 from bench.compare import CompareOptions, compare
-from bench.modes import ALL_MODES, Mode
+from bench.modes import ALL_MODES
 from emulator.options import EmulatorOptions
+from kvgate.contract.modes import RoutingMode
 from simulator.run import SimConfig, simulate_async
 
 SCALE = 1 / 40
@@ -27,7 +28,8 @@ async def test_compare_and_simulate_agree_per_mode(tmp_path: Path) -> None:
         config = SimConfig(sim_engine, addresses=results[mode].endpoints)
         simulated = await simulate_async(workload, mode, config)
         sim = simulated.stats.figures()
-        if mode is not Mode.ROUND_ROBIN:  # same ring, same bindings: the same engine per request
+        # same ring, same bindings: the same engine per request
+        if mode is not RoutingMode.ROUND_ROBIN:
             per_engine = dict(zip(results[mode].endpoints, simulated.per_engine_requests,
                                   strict=True))
             assert per_engine == results[mode].engines, mode

@@ -14,10 +14,10 @@ from aiohttp import web
 from bench_helpers import small_bank
 
 from bench.client import DriveOptions, GatewayUnreachable, drive
-from bench.modes import Mode
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
 from kvgate.cli import main
+from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.ports import free_port
 from simulator.run import SimConfig, simulate_async
 from workload.model import Request, Segment, Workload
@@ -46,7 +46,7 @@ async def test_drive_measures_hits_like_the_simulator_and_excludes_warmup(engine
     # cached_tokens (usage) and the /metrics delta agree; no DDR tier here
     assert f["hbm_hit_rate"] == pytest.approx(f["hit_rate"], abs=0.03)
     assert f["ddr_hit_rate"] == 0.0
-    expected = (await simulate_async(workload, Mode.AFFINITY,
+    expected = (await simulate_async(workload, RoutingMode.AFFINITY,
                         SimConfig(EmulatorOptions(instances=1, block_size=16)))).stats.figures()
     assert f["hit_rate"] == pytest.approx(expected["hit_rate"], abs=0.02)
     assert f["hit_rate"] > 0.3
@@ -65,7 +65,7 @@ async def test_a_later_turn_resends_the_answer_it_got_and_hits_its_cached_blocks
     # Turn 2 finds turn 1's prompt and answer, in whole 16-token blocks: (160 + 49) // 16 = 13.
     # With the workload's own answer text it would find the prompt's 10 blocks only.
     assert result.stats.cached_tokens == 13 * 16
-    expected = (await simulate_async(workload, Mode.AFFINITY,
+    expected = (await simulate_async(workload, RoutingMode.AFFINITY,
                         SimConfig(EmulatorOptions(instances=1, block_size=16)))).stats
     assert expected.cached_tokens == result.stats.cached_tokens
 

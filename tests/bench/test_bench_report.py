@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.modes import Mode, parse_modes
+from bench.modes import parse_modes
 from bench.report import ModeStats, percentile, result_document, write_outputs
+from kvgate.contract.modes import RoutingMode
 
 KEYS = {"hit_rate", "hbm_hit_rate", "ddr_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
         "requests", "errors", "throughput_rps"}
@@ -40,7 +41,8 @@ def test_figures_and_outputs_have_the_documented_shape(tmp_path: Path) -> None:
 
 
 def test_modes_parse() -> None:
-    assert parse_modes("all") == tuple(Mode)
-    assert parse_modes("affinity+ddr,round_robin") == (Mode.AFFINITY_DDR, Mode.ROUND_ROBIN)
+    assert parse_modes("all") == tuple(RoutingMode)
+    assert parse_modes("affinity+ddr,round_robin") == (RoutingMode.AFFINITY_DDR,
+                                                       RoutingMode.ROUND_ROBIN)
     with pytest.raises(ValueError, match="unknown mode"):
         parse_modes("random")

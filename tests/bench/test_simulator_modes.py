@@ -5,8 +5,9 @@ from collections import defaultdict
 import pytest
 from bench_helpers import small_bank
 
-from bench.modes import ALL_MODES, Mode
+from bench.modes import ALL_MODES
 from emulator.options import EmulatorOptions
+from kvgate.contract.modes import RoutingMode
 from simulator.run import FleetEvent, SimConfig, SimResult, simulate
 from simulator.sending import NEVER, SendOrder
 from workload.hashing import oracle_hit_rate
@@ -25,16 +26,19 @@ def test_modes_rank_as_the_cache_model_says_and_never_beat_the_oracle() -> None:
         assert f["requests"] == len(workload.requests) and f["errors"] == 0, mode
         assert f["hit_rate"] <= oracle + 1e-9, mode
         assert f["hit_rate"] == pytest.approx(f["hbm_hit_rate"] + f["ddr_hit_rate"])
-    assert figures[Mode.ROUND_ROBIN]["hit_rate"] < figures[Mode.AFFINITY]["hit_rate"] - 0.2
-    assert figures[Mode.AFFINITY]["ddr_hit_rate"] == 0.0
-    assert figures[Mode.AFFINITY_DDR]["hit_rate"] >= figures[Mode.AFFINITY]["hit_rate"]
-    assert figures[Mode.AFFINITY_DDR]["hit_rate"] == pytest.approx(oracle, abs=0.02)
+    rr = figures[RoutingMode.ROUND_ROBIN]
+    affinity = figures[RoutingMode.AFFINITY]
+    affinity_ddr = figures[RoutingMode.AFFINITY_DDR]
+    assert rr["hit_rate"] < affinity["hit_rate"] - 0.2
+    assert affinity["ddr_hit_rate"] == 0.0
+    assert affinity_ddr["hit_rate"] >= affinity["hit_rate"]
+    assert affinity_ddr["hit_rate"] == pytest.approx(oracle, abs=0.02)
 
 
 def test_a_later_turn_is_sent_after_the_previous_answer_plus_think_time() -> None:
     workload = small_bank(sessions=40)
     # One engine for all: answers come late, so later turns leave their nominal schedule.
-    result = simulate(workload, Mode.ROUND_ROBIN, _config(engines=1))
+    result = simulate(workload, RoutingMode.ROUND_ROBIN, _config(engines=1))
     following = workload.next_turns()
     delayed = 0
     for i, request in enumerate(workload.requests):
@@ -59,10 +63,10 @@ def _engines_by_session(workload: Workload, assignments: list[int]) -> dict[str,
 def test_affinity_keeps_each_session_on_one_engine_and_round_robin_spreads() -> None:
     workload = small_bank(sessions=24)
     config = _config()
-    rr = simulate(workload, Mode.ROUND_ROBIN, config)
+    rr = simulate(workload, RoutingMode.ROUND_ROBIN, config)
     assert max(rr.per_engine_requests) - min(rr.per_engine_requests) <= 1  # strict rotation
     assert any(len(e) > 1 for e in _engines_by_session(workload, rr.assignments).values())
-    for mode in (Mode.RING_HASH, Mode.AFFINITY, Mode.AFFINITY_DDR):
+    for mode in (RoutingMode.RING_HASH, RoutingMode.AFFINITY, RoutingMode.AFFINITY_DDR):
         result = simulate(workload, mode, config)
         by_session = _engines_by_session(workload, result.assignments)
         assert all(len(e) == 1 for e in by_session.values()), mode
@@ -71,9 +75,9 @@ def test_affinity_keeps_each_session_on_one_engine_and_round_robin_spreads() -> 
 
 def _fail_the_busiest(workload: Workload, fail_at: float) -> tuple[SimResult, int, SimResult]:
     """kvgate with the DDR pool, healthy and with its busiest engine failing at ``fail_at``."""
-    healthy = simulate(workload, Mode.AFFINITY_DDR, _config())
+    healthy = simulate(workload, RoutingMode.AFFINITY_DDR, _config())
     victim = max(range(4), key=lambda i: healthy.per_engine_requests[i])
-    failed = simulate(workload, Mode.AFFINITY_DDR,
+    failed = simulate(workload, RoutingMode.AFFINITY_DDR,
                       _config(events=[FleetEvent("fail", victim, fail_at)]))
     return healthy, victim, failed
 
@@ -122,7 +126,8 @@ def test_a_failure_breaks_every_unfinished_request_and_its_session_asks_again() 
 def test_drain_takes_no_new_sessions_but_keeps_its_own() -> None:
     workload = small_bank(sessions=40, duration_s=400)
     drain_at = 100.0
-    result = simulate(workload, Mode.AFFINITY, _config(events=[FleetEvent("drain", 0, drain_at)]))
+    result = simulate(workload, RoutingMode.AFFINITY,
+                      _config(events=[FleetEvent("drain", 0, drain_at)]))
     started: dict[str, float] = {}
     kept = 0
     for request, engine, sent in zip(workload.requests, result.assignments, result.arrivals,
@@ -137,14 +142,15 @@ def test_drain_takes_no_new_sessions_but_keeps_its_own() -> None:
 
 def test_unknown_engine_in_an_event_is_refused() -> None:
     with pytest.raises(ValueError, match="no engine 9"):
-        simulate(small_bank(sessions=2), Mode.AFFINITY, _config(events=[FleetEvent("fail", 9, 1)]))
+        simulate(small_bank(sessions=2), RoutingMode.AFFINITY,
+                 _config(events=[FleetEvent("fail", 9, 1)]))
 
 
 def test_parallel_modes_give_the_same_figures_as_one_process() -> None:
     from simulator.parallel import simulate_modes
 
     workload = small_bank(sessions=10)
-    modes = (Mode.RING_HASH, Mode.AFFINITY_DDR, Mode.ROUND_ROBIN)
+    modes = (RoutingMode.RING_HASH, RoutingMode.AFFINITY_DDR, RoutingMode.ROUND_ROBIN)
     one = simulate_modes(workload, modes, _config(), jobs=1)
     two = simulate_modes(workload, modes, _config(), jobs=2)
     assert list(two) == list(modes)
