@@ -16,6 +16,7 @@ import structlog
 
 from kvgate.bindings.mirror import BindingMirror
 from kvgate.bindings.model import Binding
+from kvgate.contract.states import EndpointState
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient, EtcdUnavailable
 from kvgate.placement import place, session_hash
@@ -49,9 +50,9 @@ class Failover:
         out = set()
         for member in view.members:
             record = self._directory.record(pool, member.address)
-            if member.state == "failed":
+            if member.state == EndpointState.FAILED:
                 out.add(member.address)
-            elif member.state == "draining" and record is not None:
+            elif member.state == EndpointState.DRAINING and record is not None:
                 if record.drain_deadline is not None and record.drain_deadline <= now:
                     out.add(member.address)
         known = {m.address for m in view.members}

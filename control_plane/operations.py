@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kvgate.bindings.model import Binding
+from kvgate.contract.states import EndpointState
 from kvgate.endpoints import EndpointRecord, EndpointRecords, UnknownEndpoint
 from kvgate.etcd import EtcdClient
 from kvgate.session import normalize_session
@@ -85,19 +86,20 @@ class Operations:
             raise Invalid("deadline must be >= 0 seconds")
         deadline = None if deadline_s is None else self._clock() + deadline_s
         return await self._change(
-            address, pool, lambda r: replace(r, admin="draining", drain_deadline=deadline)
+            address, pool,
+            lambda r: replace(r, admin=EndpointState.DRAINING, drain_deadline=deadline),
         )
 
     async def undrain(self, address: str, pool: str | None = None) -> EndpointRecord:
         """Back to active: undoes a drain or a manual fail."""
         return await self._change(
-            address, pool, lambda r: replace(r, admin="active", drain_deadline=None)
+            address, pool, lambda r: replace(r, admin=EndpointState.ACTIVE, drain_deadline=None)
         )
 
     async def fail(self, address: str, pool: str | None = None) -> EndpointRecord:
         """Failed by hand: its sessions move now, and health checks cannot bring it back."""
         return await self._change(
-            address, pool, lambda r: replace(r, admin="failed", drain_deadline=None)
+            address, pool, lambda r: replace(r, admin=EndpointState.FAILED, drain_deadline=None)
         )
 
     async def _change(
@@ -148,7 +150,7 @@ class Operations:
             target = await self._records.find(endpoint, current.binding.pool)
         except UnknownEndpoint as exc:
             raise NotFound(str(exc)) from None
-        if target.state != "active":
+        if target.state != EndpointState.ACTIVE:
             raise Invalid(f"{endpoint} is {target.state}; sessions only move to active endpoints")
         moved = replace(current.binding, endpoint=endpoint)
         done, now = await self._client.replace(

@@ -12,9 +12,13 @@ from enum import StrEnum
 
 from kvgate.bindings.model import Binding, binding_key
 from kvgate.bindings.store import BindingStore
+from kvgate.contract.states import EndpointState
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement import fallback_for, place, session_hash
 from kvgate.session import SessionIds
+
+# A binding to an endpoint in these states stays; a failed or removed one's is re-placed.
+_KEEPS_SESSIONS = (EndpointState.ACTIVE, EndpointState.DRAINING)
 
 
 class Outcome(StrEnum):
@@ -67,7 +71,7 @@ class Decider:
         hash_value = session_hash(raw_session or b"")
         binding = self._store.get(pool, session)
         state = None if binding is None else view.state(binding.endpoint)
-        if binding is not None and state in ("active", "draining"):
+        if binding is not None and state in _KEEPS_SESSIONS:
             self._store.touch(binding)
             outcome = Outcome.STICKY
         else:

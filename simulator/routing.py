@@ -9,6 +9,7 @@ from typing import Protocol
 from ext_proc.decide import Decider, DecisionError
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.contract.modes import RoutingMode
+from kvgate.contract.states import EndpointState
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.placement.view import Member, PoolView
 
@@ -18,7 +19,7 @@ POOL = "sim"
 class Router(Protocol):
     async def route(self, session: str) -> str | None: ...
 
-    def set_state(self, address: str, state: str) -> None: ...
+    def set_state(self, address: str, state: EndpointState) -> None: ...
 
 
 class _Members:
@@ -27,13 +28,13 @@ class _Members:
     def __init__(self, addresses: Sequence[str], kv_pools: Sequence[str]) -> None:
         self.members = [Member(a, k) for a, k in zip(addresses, kv_pools, strict=True)]
 
-    def set_state(self, address: str, state: str) -> None:
+    def set_state(self, address: str, state: EndpointState) -> None:
         self.members = [Member(m.address, m.kv_pool, m.weight, state) if m.address == address
                         else m for m in self.members]
 
     @property
     def active(self) -> list[str]:
-        return [m.address for m in self.members if m.state == "active"]
+        return [m.address for m in self.members if m.state == EndpointState.ACTIVE]
 
 
 class RoundRobinRouter:
@@ -51,7 +52,7 @@ class RoundRobinRouter:
         self._next += 1
         return address
 
-    def set_state(self, address: str, state: str) -> None:
+    def set_state(self, address: str, state: EndpointState) -> None:
         self._members.set_state(address, state)
         self._active = self._members.active
 
@@ -66,7 +67,7 @@ class RingHashRouter:
     async def route(self, session: str) -> str | None:
         return self._ring.pick(session_hash(session.encode()))
 
-    def set_state(self, address: str, state: str) -> None:
+    def set_state(self, address: str, state: EndpointState) -> None:
         self._members.set_state(address, state)
         self._ring = EnvoyRing([(a, 1) for a in self._members.active])
 
@@ -102,7 +103,7 @@ class AffinityRouter:
             return None
         return decision.endpoints[0] if decision.endpoints else None
 
-    def set_state(self, address: str, state: str) -> None:
+    def set_state(self, address: str, state: EndpointState) -> None:
         self._members.set_state(address, state)
         self._directory.refresh()
 

@@ -22,6 +22,7 @@ from emulator.ddr_pool import DdrPool
 from emulator.engine_model import Admission, EngineConfig, EngineModel
 from emulator.options import EmulatorOptions
 from kvgate.contract.modes import RoutingMode
+from kvgate.contract.states import EndpointState
 from kvgate.runtime.collector import collector_paused
 from kvgate.runtime.loop import run as run_loop
 from simulator.routing import make_router
@@ -114,9 +115,9 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
     def fleet_event(event: FleetEvent) -> None:
         e = event.engine
         if event.kind == "drain":
-            router.set_state(addresses[e], "draining")
+            router.set_state(addresses[e], EndpointState.DRAINING)
             return
-        router.set_state(addresses[e], "failed")
+        router.set_state(addresses[e], EndpointState.FAILED)
         for i, admission in fleet.fail(e):  # their streams break now
             if measured[i]:
                 stats.error(admission.slot.arrival)

@@ -10,18 +10,19 @@ from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from control_plane.resources import protos
 from kvgate.config.model import HostPort, Pool
 from kvgate.contract.envoy import pool_cluster_name
+from kvgate.contract.states import EndpointState
 
 # kvgate endpoint state → EDS health status; Envoy neither overrides to nor hashes onto
 # the last two.
 HEALTH_BY_STATE = {
-    "active": health_check_pb2.HEALTHY,
-    "draining": health_check_pb2.DRAINING,
-    "failed": health_check_pb2.UNHEALTHY,
+    EndpointState.ACTIVE: health_check_pb2.HEALTHY,
+    EndpointState.DRAINING: health_check_pb2.DRAINING,
+    EndpointState.FAILED: health_check_pb2.UNHEALTHY,
 }
 
 
 def load_assignment(
-    pool: Pool, states: Mapping[str, str] | None = None
+    pool: Pool, states: Mapping[str, EndpointState] | None = None
 ) -> endpoint_pb2.ClusterLoadAssignment:
     """The pool's endpoints; `states` maps `ip:port` to active/draining/failed (default active)."""
     states = states or {}
@@ -34,7 +35,7 @@ def load_assignment(
                         endpoint=endpoint_components_pb2.Endpoint(
                             address=protos.socket_address(ep.address)
                         ),
-                        health_status=HEALTH_BY_STATE[states.get(ep.key, "active")],
+                        health_status=HEALTH_BY_STATE[states.get(ep.key, EndpointState.ACTIVE)],
                         load_balancing_weight=protos.u32(ep.weight),
                     )
                     for ep in pool.endpoints

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from control_plane.admin.v1 import admin_pb2 as pb
+from kvgate.contract.states import EndpointState
 
 
 def _opt(message: Any, name: str) -> Any:
@@ -97,7 +98,7 @@ def endpoints_table(found: Sequence[pb.EndpointStatus]) -> str:
     for s in found:
         e = s.endpoint
         note = f"deadline {moment(e.drain_deadline)}" if e.HasField("drain_deadline") else ""
-        if e.state == "failed" and e.admin != "failed":
+        if e.state == EndpointState.FAILED and e.admin != EndpointState.FAILED:
             note = "failing health checks"
         rows.append([
             e.pool, e.address, e.kv_pool, e.state, str(s.sessions),
@@ -115,7 +116,7 @@ def endpoint_line(e: pb.Endpoint) -> str:
         text += f" (operator set {e.admin})"
     if e.HasField("drain_deadline"):
         text += f", sessions move at {moment(e.drain_deadline)}"
-    elif e.state == "draining":
+    elif e.state == EndpointState.DRAINING:
         text += ", sessions stay until idle"
     return text
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import structlog
 
 from kvgate.config.model import Config
+from kvgate.contract.states import EndpointState
 from kvgate.endpoints.records import EndpointRecord
 from kvgate.etcd import KeyValue
 from kvgate.etcd.client import WatchEvent
@@ -58,7 +59,7 @@ class EndpointDirectory:
     def record(self, pool: str, address: str) -> EndpointRecord | None:
         return self._records.get(pool, {}).get(address)
 
-    def states(self) -> dict[str, dict[str, str]]:
+    def states(self) -> dict[str, dict[str, EndpointState]]:
         """pool → address → state, for every pool (configured endpoints default to active)."""
         return {pool: {m.address: m.state for m in self.view(pool).members}
                 for pool in self.pools()}

@@ -11,9 +11,8 @@ import json
 from dataclasses import dataclass, replace
 
 from kvgate.config.model import Config
+from kvgate.contract.states import EndpointState
 from kvgate.etcd import EtcdClient
-
-STATES = ("active", "draining", "failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,14 +21,14 @@ class EndpointRecord:
     address: str
     kv_pool: str
     weight: int = 1
-    admin: str = "active"  # the operator's word: active | draining | failed
+    admin: EndpointState = EndpointState.ACTIVE  # the operator's word
     healthy: bool = True  # the health checks' word
     drain_deadline: float | None = None  # unix time; past it a draining endpoint's sessions move
 
     @property
-    def state(self) -> str:
-        if self.admin == "failed" or not self.healthy:
-            return "failed"
+    def state(self) -> EndpointState:
+        if self.admin == EndpointState.FAILED or not self.healthy:
+            return EndpointState.FAILED
         return self.admin
 
     def encode(self) -> bytes:
@@ -41,13 +40,18 @@ class EndpointRecord:
     @classmethod
     def decode(cls, pool: str, address: str, value: bytes) -> EndpointRecord:
         data = json.loads(value)
-        state = str(data.get("state", "active"))
-        admin = str(data.get("admin", "active" if state == "failed" else state))
-        if state not in STATES or admin not in STATES:
-            raise ValueError(f"unknown endpoint state {state!r}/{admin!r}")
-        healthy = bool(data.get("healthy", state != "failed" or admin == "failed"))
+        state = str(data.get("state", EndpointState.ACTIVE))
+        admin = str(data.get("admin", EndpointState.ACTIVE if state == EndpointState.FAILED
+                             else state))
+        try:
+            EndpointState(state)
+            operator = EndpointState(admin)
+        except ValueError:
+            raise ValueError(f"unknown endpoint state {state!r}/{admin!r}") from None
+        healthy = bool(data.get("healthy", state != EndpointState.FAILED
+                                or operator is EndpointState.FAILED))
         deadline = data.get("drain_deadline")
-        return cls(pool, address, str(data["kv_pool"]), int(data.get("weight", 1)), admin,
+        return cls(pool, address, str(data["kv_pool"]), int(data.get("weight", 1)), operator,
                    healthy, None if deadline is None else float(deadline))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvgate.contract.states import EndpointState
 from kvgate.placement.ring import EnvoyRing
 
 
@@ -13,7 +14,7 @@ class Member:
     address: str
     kv_pool: str
     weight: int = 1
-    state: str = "active"  # active | draining | failed
+    state: EndpointState = EndpointState.ACTIVE
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ class PoolView:
     def __post_init__(self) -> None:
         self._by_address = {m.address: m for m in self.members}
 
-    def state(self, address: str) -> str | None:
+    def state(self, address: str) -> EndpointState | None:
         member = self._by_address.get(address)
         return None if member is None else member.state
 
@@ -55,7 +56,7 @@ class PoolView:
     @property
     def active(self) -> list[Member]:
         if self._active is None:
-            self._active = [m for m in self.members if m.state == "active"]
+            self._active = [m for m in self.members if m.state == EndpointState.ACTIVE]
         return self._active
 
     def ring_for(self, kv_pool: str | None, exclude: str | None) -> RingChoice | None:
@@ -68,13 +69,14 @@ class PoolView:
         same = self._kv_members().get(kv_pool, ()) if kv_pool is not None else ()
         key = kv_pool if len(same) > 1 or (len(same) == 1 and same[0] != exclude) else None
         gone = self._by_address.get(exclude) if exclude is not None else None
-        if gone is not None and (gone.state == "active" or key not in (None, gone.kv_pool)):
+        if gone is not None and (gone.state == EndpointState.ACTIVE
+                                 or key not in (None, gone.kv_pool)):
             gone = None  # already on the ring, or not of this ring's KV pool
         ring_key = (key, None if gone is None else gone.address)
         choice = self._rings.get(ring_key)
         if choice is None:
             candidates = [m for m in self.members
-                          if (m.state == "active" or m is gone)
+                          if (m.state == EndpointState.ACTIVE or m is gone)
                           and (key is None or m.kv_pool == key)]
             choice = self._rings[ring_key] = RingChoice(
                 EnvoyRing([(m.address, m.weight) for m in candidates]),
