@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from control_plane.admin.server import TokenError, load_token
-from control_plane.admin.tls import TlsError, load_server_tls
 from control_plane.service import ControlPlaneOptions, ControlPlaneService
+from kvgate.admin_api.tls import TlsError, load_server_tls
 from kvgate.config.fields import Fields
 from kvgate.config.flags import address_flag, etcd_flag, load_or_report
 from kvgate.observability.logs import configure_logging

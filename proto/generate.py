@@ -1,11 +1,11 @@
-"""Compiles proto/ into the committed Python modules under control_plane/admin/v1/.
+"""Compiles proto/ into the committed Python modules under kvgate/admin_api/v1/.
 
     python proto/generate.py            # rewrite the committed files
     python proto/generate.py --out DIR  # write them elsewhere (the drift test compares)
 
 protoc names modules after the .proto's path (`kvgate/admin/v1/admin_pb2`), which is where the
 descriptor is registered (a unique name in the process-wide pool); the Python package they live in
-is `control_plane.admin.v1`, so the generated import line is rewritten to match.
+is `kvgate.admin_api.v1`, so the generated import line is rewritten to match.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_ROOT = ROOT / "proto"
 # .proto path under proto/ → Python package (directory) its modules are written to
-TARGETS: dict[str, str] = {"kvgate/admin/v1/admin.proto": "control_plane/admin/v1"}
+TARGETS: dict[str, str] = {"kvgate/admin/v1/admin.proto": "kvgate/admin_api/v1"}
 
 
 def generate(out_root: Path) -> list[Path]:

@@ -1,4 +1,4 @@
-"""The control plane's admin gRPC API (proto/kvgate/admin/v1/admin.proto).
+"""The control plane's admin gRPC server (proto/kvgate/admin/v1/admin.proto).
 
-Kept import-light: the CLI imports `auth` and the generated `v1` modules without the server.
+The API's generated modules, auth and TLS are in kvgate.admin_api, shared with the CLI.
 """

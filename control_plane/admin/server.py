@@ -12,12 +12,12 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from control_plane.admin.auth import TokenError, TokenInterceptor, is_loopback, load_token
 from control_plane.admin.servicer import AdminServicer
-from control_plane.admin.tls import ServerTls, TlsError
-from control_plane.admin.v1 import admin_pb2, admin_pb2_grpc
 from control_plane.operations import Operations
 from control_plane.status import ControlPlaneStatus
+from kvgate.admin_api.auth import TokenError, TokenInterceptor, is_loopback, load_token
+from kvgate.admin_api.tls import ServerTls, TlsError
+from kvgate.admin_api.v1 import admin_pb2, admin_pb2_grpc
 from kvgate.config.model import HostPort
 
 __all__ = ["AdminServer", "ServerTls", "TlsError", "TokenError", "load_token"]

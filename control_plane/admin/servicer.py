@@ -9,8 +9,6 @@ from typing import TypeVar
 import grpc
 import structlog
 
-from control_plane.admin.v1 import admin_pb2 as pb
-from control_plane.admin.v1 import admin_pb2_grpc
 from control_plane.operations import (
     EndpointStatus,
     Invalid,
@@ -20,6 +18,8 @@ from control_plane.operations import (
     SessionBinding,
 )
 from control_plane.status import ControlPlaneStatus, NodeStatus
+from kvgate.admin_api.v1 import admin_pb2 as pb
+from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.endpoints import EndpointRecord
 from kvgate.etcd import EtcdUnavailable
 

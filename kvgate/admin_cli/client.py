@@ -10,9 +10,9 @@ from typing import Any
 
 import grpc
 
-from control_plane.admin.auth import TOKEN_ENV, TokenError, load_token
-from control_plane.admin.tls import CA_ENV, TlsError, channel_credentials
-from control_plane.admin.v1 import admin_pb2_grpc
+from kvgate.admin_api.auth import TOKEN_ENV, TokenError, load_token
+from kvgate.admin_api.tls import CA_ENV, TlsError, channel_credentials
+from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.config.fields import Fields
 from kvgate.config.model import HostPort
 

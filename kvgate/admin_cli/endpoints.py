@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from control_plane.admin.v1 import admin_pb2 as pb
+from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_cli import render
 from kvgate.admin_cli.client import (
     EXIT_OK,

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from control_plane.admin.v1 import admin_pb2 as pb
+from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.contract.states import EndpointState
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from control_plane.admin.v1 import admin_pb2 as pb
+from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_cli import render
 from kvgate.admin_cli.client import EXIT_OK, AdminClient, add_common_arguments, run_with_client
 

@@ -9,10 +9,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from control_plane.admin.auth import TokenError, is_loopback, load_token
 from control_plane.admin.server import ADMIN_SERVICE, AdminServer
-from control_plane.admin.v1 import admin_pb2, admin_pb2_grpc
 from control_plane.operations import Operations
+from kvgate.admin_api.auth import TokenError, is_loopback, load_token
+from kvgate.admin_api.v1 import admin_pb2, admin_pb2_grpc
 from kvgate.config import HostPort
 from kvgate.etcd import EtcdClient
 from tests.admin.admin_helpers import Fleet, StartServer, fake_status, run_cli

@@ -9,8 +9,8 @@ import grpc
 import pytest
 import trustme
 
-from control_plane.admin.tls import TlsError, load_server_tls
-from control_plane.admin.v1 import admin_pb2, admin_pb2_grpc
+from kvgate.admin_api.tls import TlsError, load_server_tls
+from kvgate.admin_api.v1 import admin_pb2, admin_pb2_grpc
 from tests.admin.admin_helpers import Fleet, StartServer, run_cli
 
 TOKEN = "tls-test-token-0123456789"

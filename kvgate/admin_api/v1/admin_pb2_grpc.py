@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from control_plane.admin.v1 import admin_pb2 as kvgate_dot_admin_dot_v1_dot_admin__pb2
+from kvgate.admin_api.v1 import admin_pb2 as kvgate_dot_admin_dot_v1_dot_admin__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
