@@ -15,7 +15,7 @@ from emulator.options import EmulatorOptions
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.ports import free_ports, port_in_use
-from kvgate.up.stack import Stack
+from stack.local import Stack
 from workload.model import Workload
 
 

@@ -31,7 +31,7 @@ from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.child import Child
 from kvgate.runtime.envoy import envoy_binary, envoy_ready
 from kvgate.runtime.ports import free_ports
-from kvgate.up.stack import Stack
+from stack.local import Stack
 
 LUA = """
 local n = 0

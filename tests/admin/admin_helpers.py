@@ -78,11 +78,11 @@ class Result:
 
 
 async def run_cli(*args: str, admin: str, env: dict[str, str] | None = None) -> Result:
-    """`python -m kvgate ...` as a child; asynchronous so the in-process server keeps serving."""
+    """`python -m kvgate_cli ...` as a child (async: the in-process server keeps serving)."""
     environment = {k: v for k, v in os.environ.items() if not k.startswith("KVGATE_")}
     environment.update({"KVGATE_ADMIN": admin, **(env or {})})
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate", *args, env=environment,
+        sys.executable, "-m", "kvgate_cli", *args, env=environment,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(child.communicate(), 30)

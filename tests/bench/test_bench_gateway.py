@@ -16,9 +16,9 @@ from bench_helpers import small_bank
 from bench.client import DriveOptions, GatewayUnreachable, drive
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
-from kvgate.cli import main
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.ports import free_port
+from kvgate_cli.main import main
 from simulator.run import SimConfig, simulate_async
 from workload.model import Request, Segment, Workload
 

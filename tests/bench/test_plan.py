@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.cli import main
+from kvgate_cli.main import main
 from simulator.plan import Fleet, Goal, cheapest, fleets
 
 SMALL = ["--sessions", "300", "--duration-s", "600", "--block-size", "16", "--jobs", "2",

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from bench_helpers import write_trace
 
-from kvgate.cli import main
+from kvgate_cli.main import main
 
 
 def test_simulate_writes_the_three_outputs_for_every_mode(

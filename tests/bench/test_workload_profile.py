@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.cli import main
+from kvgate_cli.main import main
 from workload.bank import BankCodingOptions, bank_coding
 from workload.profile import Spread, profile
 from workload.trace import mooncake_trace

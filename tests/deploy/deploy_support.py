@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kvgate.cli import COMMANDS, build_parser
+from kvgate_cli.main import COMMANDS, build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 

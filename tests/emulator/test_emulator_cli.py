@@ -21,7 +21,7 @@ from emulator.command import add_arguments
 ROOT = Path(__file__).resolve().parents[2]
 
 ENTRY_POINTS = {
-    "kvgate": [sys.executable, "-m", "kvgate.cli", "emulate"],
+    "kvgate": [sys.executable, "-m", "kvgate_cli", "emulate"],
     "module": [sys.executable, "-m", "emulator"],
 }
 

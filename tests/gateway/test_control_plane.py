@@ -15,14 +15,14 @@ from kvgate.config.model import HostPort
 from kvgate.etcd import EtcdClient
 from kvgate.runtime.child import Child
 from kvgate.runtime.ports import free_ports
-from kvgate.up.stack import grpc_serving
+from stack.local import grpc_serving
 from tests.support.polling import homes_of
 from tests.support.stack import gateway_config, running_stack
 
 
 async def _status(admin: str) -> dict:
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate", "status", "--json", "--admin", admin,
+        sys.executable, "-m", "kvgate_cli", "status", "--json", "--admin", admin,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(process.communicate(), 30)

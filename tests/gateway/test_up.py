@@ -46,7 +46,7 @@ async def test_up_serves_then_sigterm_stops_everything(
     path = tmp_path / "kvgate.yaml"
     path.write_text(yaml.safe_dump(to_dict(config)))
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate", "up", "-c", str(path), "--workdir", str(tmp_path / "w"),
+        sys.executable, "-m", "kvgate_cli", "up", "-c", str(path), "--workdir", str(tmp_path / "w"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     try:
@@ -82,7 +82,7 @@ async def test_up_with_port_in_use_says_so_and_starts_nothing(
     path = tmp_path / "kvgate.yaml"
     path.write_text(yaml.safe_dump(data))
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate", "up", "-c", str(path), "--workdir", str(tmp_path / "w"),
+        sys.executable, "-m", "kvgate_cli", "up", "-c", str(path), "--workdir", str(tmp_path / "w"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await asyncio.wait_for(process.communicate(), 60)
@@ -99,7 +99,7 @@ async def test_up_with_bad_config_reports_field_path_and_starts_nothing(tmp_path
         f"listener: {{port: {free_port()}}}\n"
     )
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate", "up", "-c", str(path),
+        sys.executable, "-m", "kvgate_cli", "up", "-c", str(path),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     output, _ = await asyncio.wait_for(process.communicate(), 60)
@@ -122,7 +122,7 @@ async def test_up_with_emulated_fleet_keeps_a_conversation_on_one_engine(tmp_pat
     path = tmp_path / "ports-only.yaml"
     path.write_text(yaml.safe_dump(ports))
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate", "up", "-c", str(path), "--time-scale", "0",
+        sys.executable, "-m", "kvgate_cli", "up", "-c", str(path), "--time-scale", "0",
         "--workdir", str(tmp_path / "w"),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
@@ -156,7 +156,7 @@ async def test_up_with_emulated_fleet_keeps_a_conversation_on_one_engine(tmp_pat
         admin = ports["control_plane"]["admin"]
         assert f"kvgate status --admin {admin}" in output
         status = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kvgate", "status", "--json", "--admin", admin,
+            sys.executable, "-m", "kvgate_cli", "status", "--json", "--admin", admin,
             stdout=asyncio.subprocess.PIPE,
         )
         report = json.loads((await asyncio.wait_for(status.communicate(), 30))[0])

@@ -10,7 +10,7 @@ import yaml
 
 from kvgate.config import Config, load_text
 from kvgate.runtime.ports import free_ports
-from kvgate.up.stack import Stack
+from stack.local import Stack
 
 
 def gateway_config(

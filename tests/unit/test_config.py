@@ -87,13 +87,13 @@ def test_check_config_command(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("pools: [{name: a, endpoints: [10.0.0.1:0]}]\n")
     result = subprocess.run(
-        [sys.executable, "-m", "kvgate", "check-config", str(bad)],
+        [sys.executable, "-m", "kvgate_cli", "check-config", str(bad)],
         capture_output=True, text=True, check=False,
     )
     assert result.returncode == 1
     assert "pools[0].endpoints[0]: port must be 1..65535, got 0" in result.stderr
     good = subprocess.run(
-        [sys.executable, "-m", "kvgate", "check-config", str(EXAMPLE)],
+        [sys.executable, "-m", "kvgate_cli", "check-config", str(EXAMPLE)],
         capture_output=True, text=True, check=False,
     )
     assert good.returncode == 0 and good.stdout.startswith("OK")
@@ -101,7 +101,7 @@ def test_check_config_command(tmp_path: Path) -> None:
 
 def test_up_engines_flag_builds_one_pool() -> None:
     from kvgate.config import Config
-    from kvgate.up.command import with_engines
+    from kvgate_cli.up.command import with_engines
 
     config = with_engines(Config(), "http://10.0.0.1:8000, 10.0.0.2:8001")
     assert [e.key for e in config.pools[0].endpoints] == ["10.0.0.1:8000", "10.0.0.2:8001"]

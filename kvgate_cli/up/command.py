@@ -15,7 +15,7 @@ import yaml
 from kvgate.config import Config, ConfigError, load_file, load_text
 from kvgate.config.dump import to_yaml
 from kvgate.runtime.child import ChildFailed
-from kvgate.up.stack import Stack
+from stack.local import Stack
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

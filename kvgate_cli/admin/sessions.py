@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from kvgate.admin_api.v1 import admin_pb2 as pb
-from kvgate.admin_cli import render
-from kvgate.admin_cli.client import EXIT_OK, AdminClient, add_common_arguments, run_with_client
+from kvgate_cli.admin import render
+from kvgate_cli.admin.client import EXIT_OK, AdminClient, add_common_arguments, run_with_client
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -6,15 +6,15 @@ import argparse
 import sys
 
 from kvgate.admin_api.v1 import admin_pb2 as pb
-from kvgate.admin_cli import render
-from kvgate.admin_cli.client import (
+from kvgate.config.fields import Fields
+from kvgate_cli.admin import render
+from kvgate_cli.admin.client import (
     EXIT_OK,
     EXIT_USAGE,
     AdminClient,
     add_common_arguments,
     run_with_client,
 )
-from kvgate.config.fields import Fields
 
 # The longest drain deadline accepted: a week, beyond which "drain" is really "remove".
 MAX_DEADLINE_S = 7 * 86400.0

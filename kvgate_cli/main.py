@@ -9,15 +9,15 @@ from collections.abc import Sequence
 
 # subcommand → (module, help). Each module offers add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "up": ("kvgate.up.command", "run the whole stack on this machine"),
+    "up": ("kvgate_cli.up.command", "run the whole stack on this machine"),
     "check-config": ("kvgate.config.command", "validate a kvgate YAML file"),
     "envoy-config": ("control_plane.resources.command", "render a static Envoy bootstrap"),
     "ext-proc": ("ext_proc.command", "run the ext_proc routing service"),
     "control-plane": ("control_plane.command", "run the control plane (health, endpoint states)"),
     "emulate": ("emulator.command", "run an emulated vLLM fleet with a shared DDR KV pool"),
-    "endpoints": ("kvgate.admin_cli.endpoints", "list, drain, undrain or fail endpoints"),
-    "sessions": ("kvgate.admin_cli.sessions", "list, show or move session bindings"),
-    "status": ("kvgate.admin_cli.status", "control plane, Envoy nodes and endpoints at a glance"),
+    "endpoints": ("kvgate_cli.admin.endpoints", "list, drain, undrain or fail endpoints"),
+    "sessions": ("kvgate_cli.admin.sessions", "list, show or move session bindings"),
+    "status": ("kvgate_cli.admin.status", "control plane, Envoy nodes and endpoints at a glance"),
     "bench": ("bench.command", "benchmark a gateway, or compare routing modes"),
     "simulate": ("simulator.command", "simulate a fleet behind each routing mode"),
     "plan": ("simulator.plan_command", "find the smallest fleet that meets a TTFT goal"),

@@ -1,5 +1,0 @@
-import sys
-
-from kvgate.cli import main
-
-sys.exit(main())
