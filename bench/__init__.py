@@ -1,3 +1,3 @@
-"""`kvgate bench`: the workload through a real gateway (or through each routing mode of a fleet
-it starts) and the shared outputs (JSON, markdown table, PNG chart) that `kvgate simulate` uses too.
+"""`kvgate bench`: the workload through a real gateway, or through each routing mode of a fleet
+it starts (`--compare`); its results and reports are experiment's, shared with `kvgate simulate`.
 """

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from bench.engine_metrics import CacheCounters, scrape
-from bench.report import ModeStats
+from experiment.report import ModeStats
 from workload.model import Request, Workload
 from workload.text import TextMaker
 

@@ -12,11 +12,11 @@ from urllib.parse import urlsplit
 
 from bench.client import DriveOptions, GatewayUnreachable, drive
 from bench.compare import CompareOptions, compare
-from bench.fleet_options import add_fleet_arguments
-from bench.inputs import InputError, engines_and_workload
-from bench.modes import parse_modes
-from bench.report import markdown_table, result_document, write_outputs
 from emulator.command import time_scale
+from experiment.fleet_options import add_fleet_arguments
+from experiment.inputs import InputError, engines_and_workload
+from experiment.modes import parse_modes
+from experiment.report import markdown_table, result_document, write_outputs
 from workload.cli import add_workload_arguments
 from workload.hashing import oracle_hit_rate
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.client import DriveOptions, DriveResult, drive
-from bench.fleet_options import emulator_flags
 from emulator.options import EmulatorOptions
+from experiment.fleet_options import emulator_flags
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.ports import free_ports, port_in_use

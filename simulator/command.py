@@ -9,10 +9,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.fleet_options import add_fleet_arguments
-from bench.inputs import InputError, engines_and_workload
-from bench.modes import parse_modes
-from bench.report import (
+from experiment.fleet_options import add_fleet_arguments
+from experiment.inputs import InputError, engines_and_workload
+from experiment.modes import parse_modes
+from experiment.report import (
     ModeStats,
     markdown_table,
     result_document,

@@ -8,7 +8,7 @@ import queue
 import time
 from collections.abc import Callable, Sequence
 
-from bench.report import ModeStats
+from experiment.report import ModeStats
 from kvgate.contract.modes import RoutingMode
 from simulator.run import SimConfig, simulate
 from workload.hashing import PromptBlocks

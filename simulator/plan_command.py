@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.fleet_options import add_fleet_arguments, emulator_options
-from bench.inputs import InputError, engines_and_workload
 from emulator.options import EmulatorOptions
+from experiment.fleet_options import add_fleet_arguments, emulator_options
+from experiment.inputs import InputError, engines_and_workload
 from kvgate.contract.modes import RoutingMode
 from simulator.command import check_run_flags, hashed
 from simulator.parallel import simulate_runs

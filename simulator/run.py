@@ -17,10 +17,10 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bench.report import ModeStats
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import Admission, EngineConfig, EngineModel
 from emulator.options import EmulatorOptions
+from experiment.report import ModeStats
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState
 from kvgate.runtime.collector import collector_paused

@@ -8,8 +8,8 @@ import pytest
 from bench_helpers import small_bank
 
 from bench.compare import CompareOptions, compare
-from bench.modes import ALL_MODES
 from emulator.options import EmulatorOptions
+from experiment.modes import ALL_MODES
 from kvgate.contract.modes import RoutingMode
 from simulator.run import SimConfig, simulate_async
 

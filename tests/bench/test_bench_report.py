@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.modes import parse_modes
-from bench.report import ModeStats, percentile, result_document, write_outputs
+from experiment.modes import parse_modes
+from experiment.report import ModeStats, percentile, result_document, write_outputs
 from kvgate.contract.modes import RoutingMode
 
 KEYS = {"hit_rate", "hbm_hit_rate", "ddr_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
