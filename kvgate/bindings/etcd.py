@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import grpc
 import structlog
 
-from kvgate.bindings.index import BindingIndex
+from kvgate.bindings.mirror import BindingMirror
 from kvgate.bindings.model import Binding, binding_key
 from kvgate.etcd import EtcdClient, EtcdUnavailable, KeyValue, PrefixMirror
 from kvgate.etcd.client import WatchEvent
@@ -42,13 +42,13 @@ class EtcdBindingStore:
         write_limit_s: float = 0.1,
     ) -> None:
         self._client = client
-        self._prefix = f"{prefix}bindings/".encode()
+        self._bindings = BindingMirror(prefix)
+        self._prefix = self._bindings.prefix
         self._epoch = max(1.0, idle_ttl / 4)
         # An epoch's lease outlives its last possible use by idle_ttl
         # (refreshes skip sessions already on the previous epoch's lease).
         self._lease_ttl = math.ceil(idle_ttl + 2 * self._epoch)
-        self._index = BindingIndex()
-        self._leases: dict[str, int] = {}
+        self._index = self._bindings.index  # the same object, one attribute nearer the hot path
         self._touched: set[str] = set()
         self._pending: dict[str, _Pending] = {}
         self._lease = 0
@@ -161,49 +161,22 @@ class EtcdBindingStore:
         if current is None:  # the expected key vanished (expired): create it afresh
             return await self._commit(_Pending(op.binding, 0))
         stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
-        self._apply_put(stored, current.lease)
+        self._bindings.put(stored, current.lease)
         return stored
 
     # -- mirror handler --------------------------------------------------------------------
 
     def reset(self, kvs: list[KeyValue]) -> None:
-        self._index.clear()
-        self._leases.clear()
-        for kv in kvs:
-            self._apply_kv(kv)
+        self._bindings.reset(kvs)
         for op in self._pending.values():
             self._index.put(replace(op.binding, revision=0))
 
     def apply(self, event: WatchEvent) -> None:
-        key = self._binding_key(event.kv.key)
+        key = self._bindings.key_of(event.kv.key)
         if key is None or key in self._pending:
-            return
-        current = self._index.get(key)
-        if event.deleted:
-            if current is not None and current.revision < event.kv.mod_revision:
-                self._index.remove(key)
-                self._leases.pop(key, None)
-                self._touched.discard(key)
-        elif current is None or current.revision <= event.kv.mod_revision:
-            self._apply_kv(event.kv)
-
-    def _apply_kv(self, kv: KeyValue) -> None:
-        key = self._binding_key(kv.key)
-        if key is None or "/" not in key:
-            return
-        try:
-            binding = Binding.decode(key, kv.value, kv.mod_revision)
-        except (ValueError, KeyError, TypeError):
-            log.warning("binding_unreadable", key=kv.key.decode(errors="replace"))
-            return
-        self._apply_put(binding, kv.lease)
-
-    def _apply_put(self, binding: Binding, lease: int) -> None:
-        current = self._index.get(binding.key)
-        if current is not None and current.revision > binding.revision:
-            return
-        self._index.put(binding)
-        self._leases[binding.key] = lease
+            return  # a queued local write stands until it is flushed
+        if self._bindings.apply(event) and event.deleted:
+            self._touched.discard(key)
 
     # -- background ------------------------------------------------------------------------
 
@@ -241,7 +214,7 @@ class EtcdBindingStore:
                 continue  # the touched set keeps growing; the next epoch catches up
             touched, self._touched = self._touched, set()
             previous, self._lease = self._lease, lease
-            stale = [s for s in touched if self._leases.get(s) not in (lease, previous)]
+            stale = [s for s in touched if self._bindings.leases.get(s) not in (lease, previous)]
             await self._reattach(stale, lease)
 
     async def _reattach(self, keys: list[str], lease: int) -> None:
@@ -260,7 +233,7 @@ class EtcdBindingStore:
                     self._touched.add(key)
                     return
             if done and current is not None:
-                self._apply_put(replace(binding, revision=current.mod_revision), lease)
+                self._bindings.put(replace(binding, revision=current.mod_revision), lease)
 
         await asyncio.gather(*(one(key) for key in keys))
 
@@ -268,11 +241,6 @@ class EtcdBindingStore:
 
     def _key(self, binding_key: str) -> bytes:
         return self._prefix + binding_key.encode()
-
-    def _binding_key(self, etcd_key: bytes) -> str | None:
-        if not etcd_key.startswith(self._prefix):
-            return None
-        return etcd_key[len(self._prefix):].decode(errors="replace")
 
     def _set_degraded(self, reason: str) -> None:
         if not self._degraded:
