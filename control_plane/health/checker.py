@@ -1,4 +1,5 @@
-"""Probe every engine's health path; scrape its /metrics; publish state changes (leader only).
+"""Probe every engine's health path; scrape its /metrics (the load `kvgate endpoints list` and
+`kvgate status` show, kept in memory); publish state changes (leader only).
 
 Every replica probes, so a new leader starts from fresh observations; only the leader writes
 them to etcd, so replicas never fight over a record.
@@ -7,7 +8,6 @@ them to etcd, so replicas never fight over a record.
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -31,7 +31,6 @@ class HealthChecker:
         self, config: Config, client: EtcdClient, leading: Callable[[], bool] = lambda: True
     ) -> None:
         self._config = config
-        self._client = client
         self._records = EndpointRecords(client, config.etcd.prefix)
         self._leading = leading
         self._tasks: list[asyncio.Task[None]] = []
@@ -115,7 +114,6 @@ class HealthChecker:
                 async with self._http.get(url, timeout=timeout) as reply:
                     if reply.status == 200:
                         tracker.update(await reply.text())
-                        await self._publish_load(pool.name, endpoint.key, tracker.current)
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
                 pass  # health probes decide about failure; load is best effort
             await asyncio.sleep(SCRAPE_INTERVAL)
@@ -132,16 +130,3 @@ class HealthChecker:
             except EtcdUnavailable as exc:
                 log.warning("endpoint_publish_failed", endpoint=address, error=str(exc))
                 await asyncio.sleep(0.5)
-
-    async def _publish_load(self, pool: str, address: str, load: EndpointLoad) -> None:
-        if not self._leading():
-            return
-        key = f"{self._config.etcd.prefix}load/{pool}/{address}".encode()
-        value = json.dumps({
-            "running": load.running, "waiting": load.waiting,
-            "kv_cache_usage": load.kv_cache_usage, "hit_rate": load.hit_rate,
-        }).encode()
-        try:
-            await self._client.put(key, value)
-        except EtcdUnavailable:
-            pass
