@@ -1,19 +1,9 @@
 """``python -m emulator``: same as ``kvgate emulate``."""
 
-from __future__ import annotations
-
-import argparse
 import sys
 
 from emulator.command import add_arguments, run
-
-
-def main() -> int:
-    """Parse arguments and run."""
-    parser = argparse.ArgumentParser(prog="python -m emulator", description=__doc__)
-    add_arguments(parser)
-    return run(parser.parse_args())
-
+from kvgate.runtime.entry import run_alone
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_alone("python -m emulator", __doc__, add_arguments, run))
