@@ -1,11 +1,8 @@
-"""Names shared by the xDS builders, Envoy's filter chain, the ext_proc service and the ring
-rebuild (kvgate.placement.ring)."""
+"""Names shared by the resources, Envoy's filter chain and the ext_proc service."""
 
 from __future__ import annotations
 
-# Dynamic metadata namespace and key that override_host reads the picked host(s) from. The key is
-# also a request header no client may set: the listener strips it, the config refuses it as a
-# session header.
+# Dynamic metadata namespace and key that override_host reads the picked host(s) from.
 LB_NAMESPACE = "envoy.lb"
 DESTINATION_KEY = "x-gateway-destination-endpoint"
 # gRPC initial metadata telling ext_proc which pool the matched route serves.
@@ -17,7 +14,7 @@ EXT_PROC_CLUSTER = "kvgate_ext_proc"
 XDS_CLUSTER = "kvgate_xds"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 
-# Envoy's ring_hash defaults, pinned in the clusters so ext_proc rebuilds the identical ring.
+# Envoy's ring_hash defaults, pinned so ext_proc can rebuild the identical ring.
 RING_MIN_SIZE = 1024
 RING_MAX_SIZE = 8 * 1024 * 1024
 
