@@ -161,3 +161,17 @@ def test_version_bounds_match_what_the_committed_stubs_embed() -> None:
     assert bound(runtime, "grpcio", ">=") == grpc_version
     assert bound(runtime, "protobuf", ">=") == protobuf_version
     assert not any(r.name == "grpcio-tools" for r in runtime)
+
+
+def test_ci_runs_exactly_the_readmes_test_command() -> None:
+    readme = (ROOT / "README.md").read_text()
+    steps = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+             if line and not line.startswith("#")]
+    test_command = steps[-1]
+    assert f"```bash\n{test_command}\n```" in readme
+    assert "pip install -e '.[test]'" in test_command and "python -m pytest -q" in test_command
+    # install, lint, type-check, then the tests
+    assert steps.index("python -m pip install --quiet -e '.[test]'") < steps.index(
+        "ruff check .") < steps.index("mypy") < len(steps) - 1
+    # the quick start installs the gateway alone
+    assert "pip install -e . && kvgate up\n" in readme
