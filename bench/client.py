@@ -16,6 +16,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -75,7 +76,7 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
     sent = time.perf_counter()
     arrival = (sent - origin) / scale
     first: float | None = None
-    usage: dict[str, object] | None = None
+    usage: dict[str, Any] | None = None  # parsed JSON
     tokens = 0
     text: list[str] = []
     try:
@@ -116,9 +117,9 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
     result.output_tokens += tokens
     if measured:
         details = usage.get("prompt_tokens_details") or {}
-        cached = int(details.get("cached_tokens") or 0)  # type: ignore[union-attr]
+        cached = int(details.get("cached_tokens") or 0)
         result.stats.add(arrival, (first - sent) / scale, arrival + (done - sent) / scale,
-                         int(usage["prompt_tokens"]), cached)  # type: ignore[call-overload]
+                         int(usage["prompt_tokens"]), cached)
     return "".join(text)
 
 

@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
         options = CompareOptions(engine, workdir, progress, args.header)
-        results = asyncio.run(compare(workload, args.modes, options, say))
+        compared = asyncio.run(compare(workload, args.modes, options, say))
+        results = {str(mode): result for mode, result in compared.items()}
         block = engine.block_size
     else:
         engines = [u.strip() for u in (args.engine_urls or "").split(",") if u.strip()]

@@ -43,7 +43,7 @@ def serve_baseline(port_file: Path) -> None:
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = runner.addresses[0][1]  # the port the OS chose for port 0
         payload = json.dumps({"engines": [f"127.0.0.1:{port}"]})
         await asyncio.to_thread(port_file.write_text, payload)
         await asyncio.Event().wait()

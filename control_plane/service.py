@@ -8,8 +8,10 @@ import asyncio
 import contextlib
 import os
 import socket
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import structlog
@@ -143,9 +145,9 @@ class ControlPlaneService:
             raise OSError(f"cannot listen on {address}")
         return port
 
-    def _spawn(self, *coroutines: object) -> None:
+    def _spawn(self, *coroutines: Coroutine[Any, Any, None]) -> None:
         for coroutine in coroutines:
-            self._tasks.append(asyncio.create_task(coroutine))  # type: ignore[arg-type]
+            self._tasks.append(asyncio.create_task(coroutine))
 
     def request_reload(self) -> None:
         self._reload_wanted.set()

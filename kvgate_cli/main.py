@@ -6,6 +6,9 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib import metadata
+
+from kvgate.extras import MissingExtra, extra_providing, require
 
 # subcommand → (module, help). Each module offers add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -25,9 +28,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
                 "measure a workload's shapes (a trace beside bank-coding)"),
 }
 
+# subcommand → the pip extra it needs (charts, progress bars), checked before it starts
+NEEDS_EXTRA: dict[str, str] = {"bench": "bench", "simulate": "bench"}
+
 
 def build_parser(chosen: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvgate", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"kvgate {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         command_parser = sub.add_parser(name, help=help_text, description=help_text)
@@ -36,17 +43,36 @@ def build_parser(chosen: str | None) -> argparse.ArgumentParser:
     return parser
 
 
+def version() -> str:
+    """The installed distribution's version (pyproject.toml's, once installed)."""
+    try:
+        return metadata.version("kvgate")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed: pip install -e .)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     chosen = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(chosen if chosen in COMMANDS else None)
-    args = parser.parse_args(argv)
-    if args.command is None:
-        parser.print_help()
-        return 2
-    module = importlib.import_module(COMMANDS[args.command][0])
     try:
+        parser = build_parser(chosen if chosen in COMMANDS else None)
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        if args.command in NEEDS_EXTRA:
+            require(args.command, NEEDS_EXTRA[args.command])
+        module = importlib.import_module(COMMANDS[args.command][0])
         return int(module.run(args) or 0)
+    except MissingExtra as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:  # an extra's module imported where none was declared
+        extra = extra_providing(exc.name)
+        if extra is None or chosen is None:
+            raise
+        print(MissingExtra(chosen, extra, exc.name or extra), file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -59,8 +59,8 @@ def simulate_runs(workload: Workload, runs: Sequence[Run], jobs: int,
     ctx = multiprocessing.get_context("fork")
     todo: multiprocessing.Queue[int | None] = ctx.Queue()
     longest_first = sorted(range(len(runs)), key=lambda i: -_WORK[runs[i][0]])
-    for index in [*longest_first, *[None] * jobs]:  # None: no more runs for this worker
-        todo.put(index)
+    for queued in [*longest_first, *[None] * jobs]:  # None: no more runs for this worker
+        todo.put(queued)
     results: multiprocessing.Queue[tuple[int, ModeStats | None, float | str]] = ctx.Queue()
 
     def work() -> None:

@@ -94,6 +94,7 @@ class AffinityRouter:
         self._members = _Members(addresses, kv_pools)
         self._directory = _Directory(self._members)
         store = MemoryBindingStore(idle_ttl=idle_ttl, clock=clock)
+        # _Directory offers what the Decider calls of an EndpointDirectory (view, refresh).
         self._decider = Decider(store, self._directory, load_factor)  # type: ignore[arg-type]
 
     async def route(self, session: str) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NoReturn
 
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import Admission, EngineConfig, EngineModel
@@ -29,6 +30,9 @@ from simulator.routing import make_router
 from simulator.sending import NEVER, SendOrder
 from workload.hashing import PromptBlocks
 from workload.model import Workload
+
+if TYPE_CHECKING:  # only with the bench extra, imported when a progress bar is wanted
+    from tqdm import tqdm
 
 _FIRST, _FINISH, _FLEET = 0, 1, 2
 
@@ -99,7 +103,9 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
     order = SendOrder(workload)
     answered = order.answered
     breakable = any(event.kind == "fail" for event in config.events)
-    heap: list[tuple[float, int, int, object]] = []
+    # (time, tie-break, kind, a fleet event or an admitted request: engine, its generation,
+    # the admission, the request's index)
+    heap: list[tuple[float, int, int, FleetEvent | tuple[int, int, Admission, int]]] = []
     seq = 0
     for event in config.events:
         heapq.heappush(heap, (event.time, seq, _FLEET, event))
@@ -131,10 +137,10 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
         # Events up to the next send first: a finish may make a turn due before it.
         if heap and heap[0][0] <= due:
             _, _, kind, data = heapq.heappop(heap)
-            if kind == _FLEET:
-                fleet_event(data)  # type: ignore[arg-type]
+            if isinstance(data, FleetEvent):  # kind _FLEET
+                fleet_event(data)
                 continue
-            e, gen, admission, i = data  # type: ignore[misc]
+            e, gen, admission, i = data
             if gen != generation[e]:
                 continue  # its engine failed; counted then
             if kind == _FIRST:
@@ -162,14 +168,13 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
         engine = engines[e]
         probe = engine.probe_hashes(now, blocks.hashes(i), blocks.tokens[i])
         ddr = pool.lookup(probe.ddr_candidates) if pool is not None else None
-        admission: Admission = engine.admit(now, probe, request.max_tokens, ddr,
-                                            blocks.answer_hashes(i))
-        event = (e, generation[e], admission, i)
+        admission = engine.admit(now, probe, request.max_tokens, ddr, blocks.answer_hashes(i))
+        admitted = (e, generation[e], admission, i)
         if pool is not None:  # the first token only matters for the pool write
-            heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST, event))
+            heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST, admitted))
         if breakable:
             unfinished[e][i] = admission
-            heapq.heappush(heap, (admission.slot.finish, seq + 1, _FINISH, event))
+            heapq.heappush(heap, (admission.slot.finish, seq + 1, _FINISH, admitted))
         else:  # nothing can fail: the schedule is final now
             served(i, admission)
         seq += 2
@@ -201,7 +206,7 @@ class _Fleet:
         return broken
 
 
-def _progress(enabled: bool, total: int, mode: RoutingMode):  # type: ignore[no-untyped-def]
+def _progress(enabled: bool, total: int, mode: RoutingMode) -> tqdm[NoReturn] | None:
     if not enabled:
         return None
     from tqdm import tqdm

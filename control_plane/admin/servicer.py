@@ -8,6 +8,7 @@ from typing import TypeVar
 
 import grpc
 import structlog
+from google.protobuf.message import Message
 
 from control_plane.operations import (
     EndpointStatus,
@@ -156,9 +157,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return response
 
 
-def _optional(request: object, name: str) -> str | None:
+def _optional(request: Message, name: str) -> str | None:
     """An optional string field: unset or blank → None (the CLI sends blanks as unset anyway)."""
-    if not request.HasField(name):  # type: ignore[attr-defined]
+    if not request.HasField(name):
         return None
     value = str(getattr(request, name)).strip()
     return value or None

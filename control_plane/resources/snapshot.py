@@ -12,10 +12,11 @@ from control_plane.resources.listener import gateway_listener
 from control_plane.resources.routes import route_configuration
 from control_plane.resources.types import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from kvgate.config.model import Config
+from kvgate.contract.states import EndpointState
 
 
 def gateway_resources(
-    config: Config, states: Mapping[str, Mapping[str, str]] | None = None
+    config: Config, states: Mapping[str, Mapping[str, EndpointState]] | None = None
 ) -> dict[str, dict[str, Message]]:
     """`states` maps pool → `ip:port` → active/draining/failed (EDS health status)."""
     states = states or {}

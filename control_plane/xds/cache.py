@@ -47,9 +47,9 @@ class Snapshot:
 def check_consistency(resources: Resources) -> list[str]:
     """Every EDS cluster has endpoints, every RDS name has routes, every route's cluster exists."""
     problems = []
-    clusters: Mapping[str, cluster_pb2.Cluster] = resources.get(CLUSTER, {})  # type: ignore[assignment]
+    clusters: Mapping[str, cluster_pb2.Cluster] = resources.get(CLUSTER, {})
     assignments = resources.get(ENDPOINT, {})
-    routes: Mapping[str, route_pb2.RouteConfiguration] = resources.get(ROUTE, {})  # type: ignore[assignment]
+    routes: Mapping[str, route_pb2.RouteConfiguration] = resources.get(ROUTE, {})
     for name, cluster in clusters.items():
         if cluster.type == cluster_pb2.Cluster.EDS and name not in assignments:
             problems.append(f"cluster {name}: no endpoints (EDS) resource")
@@ -57,7 +57,7 @@ def check_consistency(resources: Resources) -> list[str]:
         if name not in clusters:
             problems.append(f"endpoints {name}: no such cluster")
     listener: listener_pb2.Listener
-    for listener in resources.get(LISTENER, {}).values():  # type: ignore[assignment]
+    for listener in resources.get(LISTENER, {}).values():
         for chain in listener.filter_chains:
             for network_filter in chain.filters:
                 manager = hcm.HttpConnectionManager()

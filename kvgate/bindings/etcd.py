@@ -144,6 +144,7 @@ class EtcdBindingStore:
     async def _commit(self, op: _Pending, limit_s: float | None = None) -> Binding:
         key = self._key(op.binding.key)
         value = op.binding.encode()
+        current: KeyValue | None = None
         for attempt in range(2):
             try:
                 if op.expected_revision == 0:

@@ -50,7 +50,8 @@ class Fields:
         return value
 
     def optional(
-        self, raw: dict[str, Any], key: str, path: Path, read: Callable[[Any, Path], T], default: T
+        self, raw: dict[str, Any], key: str, path: Path, read: Callable[[Any, Path], T | None],
+        default: T,
     ) -> T:
         if key not in raw or raw[key] is None:
             return default

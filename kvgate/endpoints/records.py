@@ -73,9 +73,9 @@ async def seed_from_config(client: EtcdClient, config: Config) -> None:
     existing, _ = await client.get_prefix(endpoints_prefix(prefix))
     current: dict[bytes, EndpointRecord | None] = {}
     for kv in existing:
-        pool, _, address = kv.key[len(endpoints_prefix(prefix)):].decode().partition("/")
+        pool_name, _, address = kv.key[len(endpoints_prefix(prefix)):].decode().partition("/")
         try:
-            current[kv.key] = EndpointRecord.decode(pool, address, kv.value)
+            current[kv.key] = EndpointRecord.decode(pool_name, address, kv.value)
         except (ValueError, KeyError, TypeError):
             current[kv.key] = None  # unreadable: rewritten from the YAML below
     wanted: set[bytes] = set()

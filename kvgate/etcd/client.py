@@ -195,7 +195,7 @@ class EtcdClient:
             raise EtcdUnavailable(f"etcd {self.endpoint}: {exc.code().name}") from None
         finally:
             call.cancel()
-        return 0 if reply is grpc.aio.EOF else reply.TTL  # type: ignore[union-attr]
+        return 0 if reply is grpc.aio.EOF else reply.TTL
 
     async def watch_prefix(
         self, prefix: bytes, start_revision: int

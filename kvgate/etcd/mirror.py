@@ -17,7 +17,7 @@ class MirrorHandler(Protocol):
 
     def reset(self, kvs: list[KeyValue]) -> None: ...
 
-    def apply(self, event: WatchEvent) -> None: ...
+    def apply(self, event: WatchEvent) -> object: ...  # what it returns is its own business
 
 
 class PrefixMirror:

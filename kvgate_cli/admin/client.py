@@ -83,8 +83,8 @@ class AdminClient:
             raise self._explain(method, exc) from None
 
     def _explain(self, method: str, exc: grpc.RpcError) -> CliError:
-        code: grpc.StatusCode = exc.code()  # type: ignore[attr-defined]
-        details: str = exc.details() or code.name  # type: ignore[attr-defined]
+        code: grpc.StatusCode = exc.code()
+        details: str = exc.details() or code.name
         where = f"admin API at {self.address}"
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             # The server itself answers UNAVAILABLE when etcd is down; only a channel that never
