@@ -27,7 +27,7 @@ def write_config(path: Path, config: Config) -> Path:
     return path
 
 
-def with_endpoints(config: Config, endpoints: list[str]) -> Config:
+def with_endpoints(config: Config, endpoints: list[str | dict[str, Any]]) -> Config:
     """The same config with another endpoint list for its one pool."""
     data = to_dict(config)
     data["pools"][0]["endpoints"] = endpoints
