@@ -274,7 +274,11 @@ class EtcdBindingStore:
             lease, previous = self._lease, self._previous_lease
             touched, self._touched = self._touched, set()
             stale = [s for s in touched if self._leases.get(s) not in (lease, previous)]
-            await self._reattach(stale, lease)
+            try:
+                await self._reattach(stale, lease)
+            except BaseException:
+                self._touched.update(stale)  # not lost: the next epoch re-attaches them
+                raise
 
     async def _reattach(self, keys: list[str], lease: int) -> None:
         limit = asyncio.Semaphore(32)
