@@ -68,7 +68,8 @@ class EtcdBindingStore:
         self._flush_wanted = asyncio.Event()
         self._reattach_wanted = asyncio.Event()
         self._previous_lease = 0
-        self._last_error: EtcdError | None = None  # the background tasks' latest, logged once
+        # Each background failure's latest error, by log event: logged once per change of kind.
+        self._failures: dict[str, EtcdError] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -248,7 +249,7 @@ class EtcdBindingStore:
             self._index.put(stored)
         if self._degraded:
             self._degraded = False
-            self._last_error = None
+            self._failures.pop("bindings_flush_failed", None)
             log.info("etcd_recovered", flushed=True)
 
     async def _refresh_loop(self) -> None:
@@ -261,9 +262,7 @@ class EtcdBindingStore:
                 # The touched set keeps growing; the next epoch's lease catches up.
                 self._background_failed("bindings_lease_refresh_failed", exc)
                 continue
-            if self._last_error is not None and not self._degraded:
-                log.info("bindings_etcd_recovered", after=str(self._last_error.kind))
-                self._last_error = None
+            self._background_ok("bindings_lease_refresh_failed")
             self._previous_lease, self._lease = self._lease, lease
             self._reattach_wanted.set()
 
@@ -298,6 +297,7 @@ class EtcdBindingStore:
                     return
             if done and current is not None:
                 self._apply_put(replace(binding, revision=current.mod_revision), lease)
+            self._background_ok("bindings_reattach_failed")
 
         await asyncio.gather(*(one(key) for key in keys))
 
@@ -321,6 +321,12 @@ class EtcdBindingStore:
 
     def _background_failed(self, event: str, error: EtcdError) -> None:
         """Logs a background etcd failure once per change of kind, not once per retry."""
-        if self._last_error is None or self._last_error.kind != error.kind:
+        before = self._failures.get(event)
+        if before is None or before.kind != error.kind:
             log.warning(event, kind=str(error.kind), error=str(error), pending=len(self._pending))
-        self._last_error = error
+        self._failures[event] = error
+
+    def _background_ok(self, event: str) -> None:
+        before = self._failures.pop(event, None)
+        if before is not None:
+            log.info("bindings_etcd_recovered", after=event, kind=str(before.kind))
