@@ -78,7 +78,10 @@ class AdminServer:
             except RuntimeError as exc:  # grpc's own words for a key that fits no certificate
                 raise TlsError(f"admin TLS {self._tls.cert_file}: {exc}") from None
         if port == 0:
-            raise OSError(f"admin API: cannot listen on {self._listen}")
+            raise OSError(f"admin API: cannot listen on {self._listen} (address in use?)")
+        if not serving:  # grpc's health service says SERVING by default
+            for service in ("", ADMIN_SERVICE):
+                await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
         self._server, self.port = server, port
         if serving:

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from control_plane.admin.server import AdminServer
+from control_plane.operations import Operations
+from control_plane.status import ControlPlaneStatus
 from kvgate.config.model import HostPort
 from kvgate.endpoints.records import record_key
 from kvgate.etcd import EtcdClient
@@ -141,3 +144,19 @@ async def _status(admin: HostPort) -> dict:
     result = await run_cli("status", "--json", admin=str(admin))
     assert result.code == 0, result.err
     return json.loads(result.out)
+
+
+async def test_the_admin_api_says_not_serving_until_the_control_plane_is_ready(
+    etcd, prefix: str
+) -> None:
+    client = EtcdClient([etcd.endpoint])
+    server = AdminServer(Operations(client, prefix), lambda: ControlPlaneStatus("x", None, "", ""),
+                         HostPort("127.0.0.1", 0), None)
+    try:
+        await server.start(serving=False)
+        assert not await grpc_serving(server.address)  # bound, but `kvgate up` must wait
+        await server.set_serving()
+        assert await grpc_serving(server.address)
+    finally:
+        await server.stop(0)
+        await client.close()
