@@ -18,7 +18,7 @@ from kvgate.bindings.mirror import BindingMirror
 from kvgate.bindings.model import Binding
 from kvgate.contract.states import EndpointState
 from kvgate.endpoints import EndpointDirectory
-from kvgate.etcd import EtcdClient, EtcdUnavailable
+from kvgate.etcd import EtcdClient, EtcdError
 from kvgate.placement import place, session_hash
 
 log = structlog.get_logger("kvgate.failover")
@@ -93,8 +93,15 @@ class Failover:
                 return_exceptions=True,
             )
             moved += sum(1 for r in results if r is True)
-            if any(isinstance(r, EtcdUnavailable) for r in results):
-                break  # etcd away: the next sweep retries
+            unexpected = [r for r in results
+                          if isinstance(r, BaseException) and not isinstance(r, EtcdError)]
+            if unexpected:
+                raise unexpected[0]  # to the supervisor: logged, counted, the loop restarted
+            refused = [r for r in results if isinstance(r, EtcdError)]
+            if refused:  # etcd away or refusing writes: the next sweep retries
+                log.warning("sessions_move_paused", pool=pool, moved=moved,
+                            kind=str(refused[0].kind), error=str(refused[0]))
+                break
         if moved:
             log.info("sessions_moved", pool=pool, moved=moved, planned=len(plans))
         return moved

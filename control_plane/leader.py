@@ -7,12 +7,12 @@ and a follower, which checks every `ttl / 3`, takes over.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
-import grpc
 import structlog
 
-from kvgate.etcd import EtcdClient, EtcdUnavailable
+from kvgate.etcd import EtcdClient, EtcdError
 
 log = structlog.get_logger("kvgate.leader")
 
@@ -32,20 +32,23 @@ class LeaderElection:
         self._lease = 0
 
     async def run(self) -> None:
+        """Runs until cancelled; an etcd failure of any kind makes this replica step down until
+        etcd answers again. Whatever ends it also ends its leadership."""
         try:
             while True:
                 try:
                     await self._round()
-                except (EtcdUnavailable, grpc.aio.AioRpcError) as exc:
-                    log.warning("leader_election_etcd", error=str(exc))
+                except EtcdError as exc:
+                    log.warning("leader_election_etcd", kind=str(exc.kind), error=str(exc))
                     self._set(False, None)
                 await asyncio.sleep(self._ttl / 3)
         finally:
             if self.leading and self._lease:
-                try:  # hand over at once instead of making followers wait for the lease
+                # hand over at once instead of making followers wait for the lease
+                with contextlib.suppress(EtcdError):
                     await self._client.revoke_lease(self._lease)
-                except (EtcdUnavailable, grpc.aio.AioRpcError):
-                    pass
+                self._lease = 0
+            self._set(False, None)
 
     async def _round(self) -> None:
         if self.leading:

@@ -68,6 +68,10 @@ class Operations:
         self._loads = loads
         self._clock = clock
 
+    async def etcd_alarms(self) -> list[str]:
+        """etcd's active alarms (NOSPACE: writes refused until an operator disarms it)."""
+        return await self._client.alarms()
+
     # -- endpoints -------------------------------------------------------------------------
 
     async def list_endpoints(self, pool: str | None = None) -> list[EndpointStatus]:

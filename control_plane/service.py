@@ -1,6 +1,10 @@
-"""The control plane's lifecycle: etcd mirrors → snapshot cache → ADS and admin servers →
-leader election, health checks, failover; config reloads on SIGHUP or file change.
-Stopped in reverse order."""
+"""The control plane's lifecycle: validate (admin token, listening ports, the snapshot) before
+any side effect → etcd membership → etcd mirrors → snapshot cache → ADS → leader election,
+health checks, failover; config reloads on SIGHUP or file change. Stopped in reverse order.
+
+Every background task runs under one supervisor (kvgate.runtime.supervisor): a task that fails
+is logged, counted, shown in `kvgate status` and restarted with backoff.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,8 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import structlog
@@ -26,16 +28,25 @@ from control_plane.leader import LeaderElection
 from control_plane.operations import Operations
 from control_plane.resources.snapshot import gateway_resources
 from control_plane.status import ControlPlaneStatus
-from control_plane.xds.cache import InconsistentSnapshot, SnapshotCache
+from control_plane.xds.cache import InconsistentSnapshot, SnapshotCache, check_consistency
 from control_plane.xds.metrics import XdsMetrics
 from control_plane.xds.server import AdsServer, NodeRegistry
 from kvgate.bindings.mirror import BindingMirror
 from kvgate.config import Config, ConfigError, load_file
 from kvgate.config.model import HostPort
-from kvgate.endpoints import EndpointDirectory, seed_from_config
-from kvgate.etcd import EtcdClient, KeyValue, PrefixMirror
+from kvgate.contract.states import EndpointState
+from kvgate.endpoints import (
+    EndpointDirectory,
+    MembershipConflict,
+    MembershipWatch,
+    membership_digest,
+    sync_membership,
+)
+from kvgate.etcd import EtcdClient, EtcdError, KeyValue, PrefixMirror
 from kvgate.etcd.client import WatchEvent, wait_until_ready
+from kvgate.etcd.observed import EtcdErrorLog
 from kvgate.observability.http import MetricsServer
+from kvgate.runtime.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.control_plane")
 
@@ -72,8 +83,10 @@ class ControlPlaneService:
     def __init__(self, config: Config, options: ControlPlaneOptions) -> None:
         self.config = config
         self._options = options
-        self._etcd = EtcdClient(options.etcd)
         self.registry = CollectorRegistry()
+        self.supervisor = Supervisor("control_plane", self.registry)
+        self.etcd_errors = EtcdErrorLog("control_plane", self.registry)
+        self._etcd = EtcdClient(options.etcd, on_error=self.etcd_errors)
         self.cache = SnapshotCache()
         self.nodes = NodeRegistry()
         self.directory = EndpointDirectory(config)
@@ -83,12 +96,16 @@ class ControlPlaneService:
             self._etcd, f"{config.etcd.prefix}leader".encode(), options.identity,
             on_change=self._on_leadership,
         )
-        self.checker = HealthChecker(config, self._etcd, leading=lambda: self.leader.leading)
+        self.checker = HealthChecker(config, self._etcd, self.supervisor,
+                                     leading=lambda: self.leader.leading)
         self.failover = Failover(self._etcd, self.directory, self.bindings,
                                  config.placement.load_factor)
         self.operations = Operations(self._etcd, config.etcd.prefix, loads=self.checker.load)
         self.last_reload_error: str | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self.membership = MembershipWatch(config.etcd.prefix)
+        self._seen_mtime = _mtime(options.config_path)  # kept across restarts of the reload task
+        self._reload_retry_at: float | None = None  # loop time; set after etcd refused a reload
+        self._reload_backoff = 1.0
         self._xds: grpc.aio.Server | None = None
         self._admin: AdminServer | None = None
         self._health = health.aio.HealthServicer()
@@ -104,56 +121,73 @@ class ControlPlaneService:
               registry=self.registry).set_function(lambda: 1.0 if self.leader.leading else 0.0)
 
     async def start(self, etcd_wait: float = 10.0) -> None:
-        loop = asyncio.get_running_loop()
-        await wait_until_ready(self._etcd, loop.time() + etcd_wait)
-        await seed_from_config(self._etcd, self.config)
-        endpoints = PrefixMirror(self._etcd, self.directory.prefix,
-                                 _Notifying(self.directory, self._states_changed))
-        bindings = PrefixMirror(self._etcd, self.bindings.prefix, self.bindings)
-        self._spawn(endpoints.run(), bindings.run())
-        await asyncio.wait_for(endpoints.synced.wait(), etcd_wait)
-        await self._publish()
-        self._xds = grpc.aio.server()
+        # Validate, then act: whatever can refuse the start (the admin token, a port in use, a
+        # config Envoy would reject) is checked before etcd is written.
+        problems = check_consistency(gateway_resources(self.config, self._configured_states()))
+        if problems:
+            raise ValueError("the config makes an inconsistent Envoy snapshot: "
+                             + "; ".join(problems))
+        self._admin = AdminServer(self.operations, self.status, self._options.admin,
+                                  self._options.admin_token, self._health,
+                                  self._options.admin_tls)
+        self._xds = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AdsServer(self.cache, XdsMetrics(self.registry), self.nodes), self._xds
         )
         self.xds_port = self._listen(self._xds, self.config.control_plane.xds)
-        await self._xds.start()
-        await self._start_admin()
-        await self.checker.start()
-        self._spawn(self.leader.run(), self._snapshot_loop(), self._failover_loop(),
-                    self._reload_loop())
+        await self._admin.start(serving=False)
         if self._options.metrics is not None:
             self._metrics_server = MetricsServer(
                 self.registry, self._options.metrics.host, self._options.metrics.port
             )
             await self._metrics_server.start()
+
+        loop = asyncio.get_running_loop()
+        await wait_until_ready(self._etcd, loop.time() + etcd_wait)
+        state = await sync_membership(self._etcd, self.config, self._options.identity,
+                                      claim=False)
+        self.membership.stored = state.stored
+        if not state.in_sync:
+            log.warning("membership_differs", **self._membership_fields())
+        endpoints = PrefixMirror(self._etcd, self.directory.prefix,
+                                 _Notifying(self.directory, self._states_changed))
+        bindings = PrefixMirror(self._etcd, self.bindings.prefix, self.bindings)
+        membership = PrefixMirror(self._etcd, self.membership.key, self.membership)
+        self.supervisor.spawn("endpoints-mirror", endpoints.run)
+        self.supervisor.spawn("bindings-mirror", bindings.run)
+        self.supervisor.spawn("membership-mirror", membership.run)
+        await asyncio.wait_for(endpoints.synced.wait(), etcd_wait)
+        await self._publish()
+        await self._xds.start()
+        await self.checker.start()
+        for name, run in (("leader-election", self.leader.run), ("snapshot", self._snapshot_loop),
+                          ("failover", self._failover_loop), ("reload", self._reload_loop)):
+            self.supervisor.spawn(name, run)
+        await self._admin.set_serving()
         log.info("control_plane_ready", xds=f"{self.config.control_plane.xds.host}:"
                  f"{self.xds_port}", admin=str(self._options.admin),
                  identity=self._options.identity)
 
-    async def _start_admin(self) -> None:
-        self._admin = AdminServer(self.operations, self.status, self._options.admin,
-                                  self._options.admin_token, self._health,
-                                  self._options.admin_tls)
-        await self._admin.start()
+    def _configured_states(self) -> dict[str, dict[str, EndpointState]]:
+        return {p.name: {e.key: EndpointState.ACTIVE for e in p.endpoints}
+                for p in self.config.pools}
 
     @staticmethod
     def _listen(server: grpc.aio.Server, address: HostPort) -> int:
-        port = server.add_insecure_port(str(address))
+        try:
+            port = server.add_insecure_port(str(address))
+        except RuntimeError:  # grpc's words for a port in use (SO_REUSEPORT is off)
+            port = 0
         if port == 0:
-            raise OSError(f"cannot listen on {address}")
+            raise OSError(f"cannot listen on {address} (address in use?)")
         return port
-
-    def _spawn(self, *coroutines: Coroutine[Any, Any, None]) -> None:
-        for coroutine in coroutines:
-            self._tasks.append(asyncio.create_task(coroutine))
 
     def request_reload(self) -> None:
         self._reload_wanted.set()
 
     def status(self) -> ControlPlaneStatus:
         snapshot = self.cache.current
+        stored = self.membership.stored
         return ControlPlaneStatus(
             identity=self._options.identity,
             leader=self.leader.leader,
@@ -161,7 +195,27 @@ class ControlPlaneService:
             config_source=str(self._options.config_path),
             nodes=self.nodes.snapshot(),
             last_reload_error=self.last_reload_error,
+            failing_tasks=tuple(self.supervisor.failing()),
+            etcd_errors=tuple(self.etcd_errors.recent()),
+            membership_generation=0 if stored is None else stored.generation,
+            membership_warning=self._membership_warning(),
         )
+
+    def _membership_fields(self) -> dict[str, object]:
+        stored = self.membership.stored
+        return {"generation": None if stored is None else stored.generation,
+                "written_by": None if stored is None else stored.by,
+                "hint": "this replica's file was not written to etcd; reload it (kill -HUP or "
+                        "edit the file) to make it the fleet's membership"}
+
+    def _membership_warning(self) -> str | None:
+        stored = self.membership.stored
+        if stored is None or stored.digest == membership_digest(self.config):
+            return None
+        return (f"this replica's file differs from etcd's endpoint membership (generation "
+                f"{stored.generation}, written by {stored.by or '?'}), which is what Envoy and "
+                "ext_proc use; reload this replica (kill -HUP or edit its file) to make its "
+                "file the fleet's membership")
 
     # -- background loops ------------------------------------------------------------------
 
@@ -182,7 +236,11 @@ class ControlPlaneService:
         while True:
             await self._states_changed.wait()
             self._states_changed.clear()
-            await self._publish()
+            try:
+                await self._publish()
+            except BaseException:
+                self._states_changed.set()  # not published: the restarted loop tries again
+                raise
             self._failover_wanted.set()
 
     async def _failover_loop(self) -> None:
@@ -190,50 +248,77 @@ class ControlPlaneService:
             if self.leader.leading:
                 try:
                     await self.failover.sweep()
-                except Exception:
-                    log.exception("failover_sweep_failed")
+                except EtcdError as exc:  # anything else goes to the supervisor
+                    log.warning("failover_sweep_failed", kind=str(exc.kind), error=str(exc))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._failover_wanted.wait(), 0.25)
             self._failover_wanted.clear()
 
     def _on_leadership(self, leading: bool) -> None:
         if leading:
-            self._spawn(self.checker.publish_all())
+            self.supervisor.cancel("publish-health")
+            self.supervisor.spawn("publish-health", self.checker.publish_all, once=True)
 
     async def _reload_loop(self) -> None:
+        loop = asyncio.get_running_loop()
         path = self._options.config_path
-        seen = _mtime(path)
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._reload_wanted.wait(), 0.2)  # a stat() per tick
-            changed = self._options.watch_file and _mtime(path) != seen
-            if not (self._reload_wanted.is_set() or changed):
+            changed = self._options.watch_file and _mtime(path) != self._seen_mtime
+            retry = self._reload_retry_at is not None and loop.time() >= self._reload_retry_at
+            if not (self._reload_wanted.is_set() or changed or retry):
                 continue
             self._reload_wanted.clear()
-            seen = _mtime(path)
+            self._seen_mtime = _mtime(path)
+            self._reload_retry_at = None
             await self.reload()
 
     async def reload(self) -> bool:
-        """Applies the file if valid; otherwise keeps the running config and says why."""
+        """Validate, then act: the file is parsed and checked, then etcd must accept its endpoint
+        membership, and only then is it applied in memory. A file failing any step changes
+        nothing and says why (log, `kvgate status`); an etcd refusal is retried with backoff."""
         try:
             config = load_file(self._options.config_path)
         except ConfigError as exc:
-            self.last_reload_error = exc.render()
-            log.error("config_rejected", problems=[str(p) for p in exc.problems])
-            return False
+            return self._reload_failed(exc.render(), [str(p) for p in exc.problems])
         if config.etcd.prefix != self.config.etcd.prefix:
-            self.last_reload_error = "etcd.prefix cannot change while running; restart instead"
-            log.error("config_rejected", problems=[self.last_reload_error])
-            return False
+            return self._reload_failed("etcd.prefix cannot change while running; restart instead")
+        problems = check_consistency(gateway_resources(config, self._configured_states()))
+        if problems:
+            return self._reload_failed("the config makes an inconsistent Envoy snapshot: "
+                                       + "; ".join(problems))
+        try:
+            state = await sync_membership(self._etcd, config, self._options.identity, claim=True)
+        except MembershipConflict as exc:
+            return self._reload_failed(str(exc))
+        except EtcdError as exc:
+            delay = self._reload_backoff
+            self._reload_backoff = min(self._reload_backoff * 2, 30.0)
+            self._reload_retry_at = asyncio.get_running_loop().time() + delay
+            return self._reload_failed(
+                f"etcd did not take the new endpoint membership ({exc.kind}): {exc}; the "
+                f"running config stays; retrying in {delay:.0f}s", kind=str(exc.kind),
+            )
+        self._reload_backoff = 1.0
+        self.membership.stored = state.stored
         self.config = config
         self.last_reload_error = None
-        await seed_from_config(self._etcd, config)
         self.directory.reconfigure(config)
         await self.checker.reconfigure(config)
         self._states_changed.set()
         log.info("config_reloaded", pools=len(config.pools),
-                 endpoints=sum(len(p.endpoints) for p in config.pools))
+                 endpoints=sum(len(p.endpoints) for p in config.pools),
+                 membership_generation=None if state.stored is None else state.stored.generation,
+                 records_changed=state.changed)
         return True
+
+    def _reload_failed(
+        self, reason: str, problems: list[str] | None = None, kind: str | None = None
+    ) -> bool:
+        self.last_reload_error = reason
+        log.error("config_rejected", problems=problems or [reason], kind=kind)
+        return False
 
     async def stop(self, grace: float = 2.0) -> None:
         await self._health.enter_graceful_shutdown()
@@ -242,9 +327,7 @@ class ControlPlaneService:
         if self._xds is not None:
             await self._xds.stop(grace)
         await self.checker.stop()
-        for task in reversed(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.supervisor.stop()
         if self._metrics_server is not None:
             await self._metrics_server.stop()
         await self._etcd.close()

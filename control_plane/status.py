@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvgate.etcd.observed import EtcdErrorSeen
+from kvgate.runtime.supervisor import TaskFailure
+
 
 @dataclass(frozen=True, slots=True)
 class NodeStatus:
@@ -26,3 +29,7 @@ class ControlPlaneStatus:
     config_source: str  # the YAML file
     nodes: tuple[NodeStatus, ...] = ()
     last_reload_error: str | None = None
+    failing_tasks: tuple[TaskFailure, ...] = ()  # background tasks failing and being restarted
+    etcd_errors: tuple[EtcdErrorSeen, ...] = ()  # by kind, seen in the last 5 minutes
+    membership_generation: int = 0  # of the endpoint membership etcd holds (0: none yet)
+    membership_warning: str | None = None  # this replica's file is not etcd's membership

@@ -1,8 +1,8 @@
-"""ext_proc's lifecycle: etcd mirrors and binding store → gRPC server → metrics; stop in reverse."""
+"""ext_proc's lifecycle: bind the listening port (before any side effect) → etcd mirrors and
+binding store → serve → metrics; stop in reverse. Background tasks run under one supervisor."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 import grpc
@@ -19,7 +19,9 @@ from kvgate.bindings.store import BindingStore
 from kvgate.config.model import Config, HostPort
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient, PrefixMirror
+from kvgate.etcd.observed import EtcdErrorLog
 from kvgate.observability.http import MetricsServer
+from kvgate.runtime.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.ext_proc")
 
@@ -40,7 +42,8 @@ class ExtProcService:
         self._etcd: EtcdClient | None = None
         self.store: BindingStore
         self._mirror: PrefixMirror | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self.supervisor = Supervisor("ext_proc", self.metrics.registry)
+        self.etcd_errors = EtcdErrorLog("ext_proc", self.metrics.registry)
         self._server: grpc.aio.Server | None = None
         self._health = health.aio.HealthServicer()
         self._metrics_server: MetricsServer | None = None
@@ -48,14 +51,25 @@ class ExtProcService:
 
     async def start(self) -> None:
         config = self._config
+        # Bound first: a busy port fails the start before etcd is touched.
+        self._server = grpc.aio.server(
+            options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10_000)]
+        )
+        listen = self._options.listen
+        try:
+            self.port = self._server.add_insecure_port(f"{listen}")
+        except RuntimeError:
+            self.port = 0
+        if self.port == 0:
+            raise OSError(f"ext_proc: cannot listen on {listen} (address in use?)")
         if self._options.etcd_endpoints:
-            self._etcd = EtcdClient(self._options.etcd_endpoints)
+            self._etcd = EtcdClient(self._options.etcd_endpoints, on_error=self.etcd_errors)
             etcd_store = EtcdBindingStore(
                 self._etcd, config.etcd.prefix, config.session.idle_ttl,
-                on_etcd_error=self.metrics.etcd_errors.inc,
+                supervisor=self.supervisor, on_etcd_error=self.metrics.etcd_errors.inc,
             )
             self._mirror = PrefixMirror(self._etcd, self.directory.prefix, self.directory)
-            self._tasks.append(asyncio.create_task(self._mirror.run(), name="endpoints-mirror"))
+            self.supervisor.spawn("endpoints-mirror", self._mirror.run)
             await etcd_store.start()
             self.store = etcd_store
             mirror = self._mirror
@@ -71,15 +85,8 @@ class ExtProcService:
         decider = Decider(self.store, self.directory, config.placement.load_factor)
         default_pool = config.pools[0].name if len(config.pools) == 1 else None
         servicer = ExternalProcessor(decider, config.session.headers, self.metrics, default_pool)
-        self._server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10_000)]
-        )
         pb_grpc.add_ExternalProcessorServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        listen = self._options.listen
-        self.port = self._server.add_insecure_port(f"{listen}")
-        if self.port == 0:
-            raise OSError(f"ext_proc: cannot listen on {listen}")
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         if self._options.metrics is not None:
@@ -98,10 +105,9 @@ class ExtProcService:
             await self._server.stop(grace)
         if self._metrics_server is not None:
             await self._metrics_server.stop()
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.store.close()
+        if hasattr(self, "store"):  # absent when start() failed before making it
+            await self.store.close()
+        await self.supervisor.stop()
         if self._etcd is not None:
             await self._etcd.close()
         log.info("ext_proc_stopped")

@@ -15,12 +15,13 @@ from tests.support.upstreams import Upstream
 
 
 class EtcdServer:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, extra_args: tuple[str, ...] = ()) -> None:
         self.client_port, self.peer_port = free_ports(2)
         self.endpoint = f"127.0.0.1:{self.client_port}"
         self.child: Child = embedded_etcd(
             workdir / "etcd-data", self.client_port, self.peer_port, workdir / "etcd.log"
         )
+        self.child.argv.extend(extra_args)
 
     async def start(self) -> None:
         await self.child.start()
@@ -33,6 +34,19 @@ class EtcdServer:
 @pytest.fixture
 async def etcd(tmp_path: Path) -> AsyncIterator[EtcdServer]:
     server = EtcdServer(tmp_path / "etcd")
+    await server.start()
+    yield server
+    await server.stop()
+
+
+ETCD_SMALL_QUOTA = 4 * 1024 * 1024
+
+
+@pytest.fixture
+async def small_etcd(tmp_path: Path) -> AsyncIterator[EtcdServer]:
+    """A real etcd whose backend quota is only ETCD_SMALL_QUOTA bytes: NOSPACE within seconds."""
+    server = EtcdServer(tmp_path / "etcd",
+                        ("--quota-backend-bytes", str(ETCD_SMALL_QUOTA)))
     await server.start()
     yield server
     await server.stop()

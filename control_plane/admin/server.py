@@ -56,27 +56,36 @@ class AdminServer:
     def address(self) -> HostPort:
         return HostPort(self._listen.host, self.port or self._listen.port)
 
-    async def start(self) -> int:
+    async def start(self, serving: bool = True) -> int:
+        """Binds and serves; with `serving` False the health service says NOT_SERVING until
+        `set_serving()` (a caller still starting up)."""
         interceptors = [TokenInterceptor(self._token)] if self._token else []
-        server = grpc.aio.server(interceptors=interceptors)
+        # SO_REUSEPORT off: a port another process holds is an error, not silently shared.
+        server = grpc.aio.server(interceptors=interceptors, options=[("grpc.so_reuseport", 0)])
         admin_pb2_grpc.add_AdminServicer_to_server(self._servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (ADMIN_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         if self._tls is None:
-            port = server.add_insecure_port(str(self._listen))
+            try:
+                port = server.add_insecure_port(str(self._listen))
+            except RuntimeError:  # grpc's words for a port in use
+                port = 0
         else:
             try:
                 port = server.add_secure_port(str(self._listen), self._tls.credentials())
             except RuntimeError as exc:  # grpc's own words for a key that fits no certificate
                 raise TlsError(f"admin TLS {self._tls.cert_file}: {exc}") from None
         if port == 0:
-            raise OSError(f"admin API: cannot listen on {self._listen}")
+            raise OSError(f"admin API: cannot listen on {self._listen} (address in use?)")
+        if not serving:  # grpc's health service says SERVING by default
+            for service in ("", ADMIN_SERVICE):
+                await self._health.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
         self._server, self.port = server, port
-        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self._health.set(ADMIN_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+        if serving:
+            await self.set_serving()
         # Whether a token is enforced, never the token itself.
         log.info("admin_api_ready", address=str(self.address), token=bool(self._token),
                  tls=self._tls is not None)
@@ -85,6 +94,10 @@ class AdminServer:
                         hint="the token crosses the network in clear: give --admin-tls-cert "
                         "and --admin-tls-key")
         return port
+
+    async def set_serving(self) -> None:
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set(ADMIN_SERVICE, health_pb2.HealthCheckResponse.SERVING)
 
     async def stop(self, grace: float | None = 2.0) -> None:
         if self._server is None:

@@ -22,7 +22,7 @@ from control_plane.status import ControlPlaneStatus, NodeStatus
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.endpoints import EndpointRecord
-from kvgate.etcd import EtcdUnavailable
+from kvgate.etcd import EtcdError, EtcdNoSpace
 
 log = structlog.get_logger("kvgate.admin")
 
@@ -42,7 +42,8 @@ _STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
     (NotFound, grpc.StatusCode.NOT_FOUND),
     (Invalid, grpc.StatusCode.FAILED_PRECONDITION),
     (OperationError, grpc.StatusCode.FAILED_PRECONDITION),
-    (EtcdUnavailable, grpc.StatusCode.UNAVAILABLE),
+    (EtcdNoSpace, grpc.StatusCode.RESOURCE_EXHAUSTED),  # the message names the kind
+    (EtcdError, grpc.StatusCode.UNAVAILABLE),
 )
 
 
@@ -149,11 +150,15 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         response = control_plane_status(self._status())
         try:
             found = await self._ops.list_endpoints()
-        except EtcdUnavailable as exc:
-            # The control plane's own view (Envoys, versions) is still worth showing.
-            response.endpoints_error = f"etcd unavailable: {exc}"
+        except EtcdError as exc:
+            # The control plane's own view (Envoys, versions, tasks) is still worth showing.
+            response.endpoints_error = str(exc)
         else:
             response.endpoints.extend(endpoint_status(s) for s in found)
+        try:
+            response.etcd_alarms.extend(await self._ops.etcd_alarms())
+        except EtcdError:
+            pass  # already named in endpoints_error or etcd_errors
         return response
 
 
@@ -219,4 +224,15 @@ def control_plane_status(status: ControlPlaneStatus) -> pb.StatusResponse:
         message.leader = status.leader
     if status.last_reload_error is not None:
         message.last_reload_error = status.last_reload_error
+    message.failing_tasks.extend(
+        pb.TaskFailure(task=f.task, restarts=f.restarts, error=f.error, failed_at=f.failed_at)
+        for f in status.failing_tasks
+    )
+    message.etcd_errors.extend(
+        pb.EtcdErrorSeen(kind=e.kind, count=e.count, error=e.error, last_at=e.last_at)
+        for e in status.etcd_errors
+    )
+    message.membership_generation = status.membership_generation
+    if status.membership_warning is not None:
+        message.membership_warning = status.membership_warning
     return message

@@ -4,22 +4,26 @@ Keys: `{prefix}bindings/{pool}/{session}` → {"endpoint": "ip:port"}, attached 
 Idle expiry without a write per request: leases are granted per epoch (idle_ttl/4); `touch` only
 marks a session as used, and once per epoch the sessions used in it are re-attached to the newest
 lease. A binding is kept at least idle_ttl after its last use and gone by 1.75 × idle_ttl.
+
+Its background tasks (the mirror, lease refresh, re-attach, the degraded-mode flush) run under the
+service's supervisor; an etcd failure of any kind only pauses them, named in the log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
-import grpc
 import structlog
 
 from kvgate.bindings.mirror import BindingMirror
 from kvgate.bindings.model import Binding, binding_key
-from kvgate.etcd import EtcdClient, EtcdUnavailable, KeyValue, PrefixMirror
+from kvgate.etcd import EtcdClient, EtcdError, KeyValue, PrefixMirror
 from kvgate.etcd.client import WatchEvent
+from kvgate.etcd.errors import EtcdLeaseNotFound
+from kvgate.runtime.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.bindings")
 
@@ -37,6 +41,7 @@ class EtcdBindingStore:
         prefix: str,
         idle_ttl: float,
         *,
+        supervisor: Supervisor,
         on_etcd_error: Callable[[], None] | None = None,
         flush_interval: float = 0.5,
         write_limit_s: float = 0.1,
@@ -59,31 +64,44 @@ class EtcdBindingStore:
         self._write_limit_s = write_limit_s
         self._on_etcd_error = on_etcd_error
         self._mirror = PrefixMirror(client, self._prefix, self)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._supervisor = supervisor
         self._flush_wanted = asyncio.Event()
+        self._reattach_wanted = asyncio.Event()
+        self._previous_lease = 0
+        # Each background failure's latest error, by log event: logged once per change of kind.
+        self._failures: dict[str, EtcdError] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self, sync_timeout: float = 5.0) -> None:
         try:
             self._lease = await self._client.grant_lease(self._lease_ttl)
-        except EtcdUnavailable:
-            self._set_degraded("lease grant failed at start")
-        self._tasks = [
-            asyncio.create_task(self._mirror.run(), name="bindings-mirror"),
-            asyncio.create_task(self._refresh_loop(), name="bindings-refresh"),
-            asyncio.create_task(self._flush_loop(), name="bindings-flush"),
-        ]
+        except EtcdError as exc:
+            self._set_degraded(exc)
+        for name, run in self._background().items():
+            self._supervisor.spawn(name, run)
         try:
             await asyncio.wait_for(self._mirror.synced.wait(), sync_timeout)
         except TimeoutError:
-            log.warning("bindings_start_unsynced", reason="etcd not reachable; serving degraded")
+            error = self._mirror.last_error
+            log.warning("bindings_start_unsynced", serving="degraded",
+                        kind=None if error is None else str(error.kind),
+                        reason="no answer from etcd" if error is None else str(error))
+
+    def _background(self) -> dict[str, Callable[[], Awaitable[None]]]:
+        return {
+            "bindings-mirror": self._mirror.run,
+            "bindings-refresh": self._refresh_loop,
+            "bindings-reattach": self._reattach_loop,
+            "bindings-flush": self._flush_loop,
+        }
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks = []
+        await self._supervisor.stop(self._background())
+
+    @property
+    def mirror(self) -> PrefixMirror:
+        return self._mirror
 
     @property
     def degraded(self) -> bool:
@@ -126,8 +144,8 @@ class EtcdBindingStore:
             return self._queue(op)
         try:
             return await self._commit(op, self._write_limit_s)
-        except EtcdUnavailable as exc:
-            self._set_degraded(str(exc))
+        except EtcdError as exc:  # whatever etcd's trouble, the request is answered from memory
+            self._set_degraded(exc)
             return self._queue(op)
 
     def _queue(self, op: _Pending) -> Binding:
@@ -154,10 +172,10 @@ class EtcdBindingStore:
                         key, value, op.expected_revision, self._lease, limit_s
                     )
                 break
-            except grpc.aio.AioRpcError as exc:
+            except EtcdLeaseNotFound:
                 # The epoch lease expired while etcd was away: take a new one and retry once.
-                if exc.code() != grpc.StatusCode.NOT_FOUND or attempt:
-                    raise EtcdUnavailable(f"etcd txn: {exc.details()}") from None
+                if attempt:
+                    raise
                 self._lease = await self._client.grant_lease(self._lease_ttl)
         if current is None:  # the expected key vanished (expired): create it afresh
             return await self._commit(_Pending(op.binding, 0))
@@ -186,7 +204,8 @@ class EtcdBindingStore:
             await self._flush_wanted.wait()
             try:
                 await self._flush()
-            except EtcdUnavailable:
+            except EtcdError as exc:
+                self._background_failed("bindings_flush_failed", exc)
                 await asyncio.sleep(self._flush_interval)
                 continue
             self._flush_wanted.clear()
@@ -204,19 +223,35 @@ class EtcdBindingStore:
             self._index.put(stored)
         if self._degraded:
             self._degraded = False
+            self._failures.pop("bindings_flush_failed", None)
             log.info("etcd_recovered", flushed=True)
 
     async def _refresh_loop(self) -> None:
+        """A new lease every epoch; the re-attach task then moves the sessions used onto it."""
         while True:
             await asyncio.sleep(self._epoch)
             try:
                 lease = await self._client.grant_lease(self._lease_ttl)
-            except EtcdUnavailable:
-                continue  # the touched set keeps growing; the next epoch catches up
+            except EtcdError as exc:
+                # The touched set keeps growing; the next epoch's lease catches up.
+                self._background_failed("bindings_lease_refresh_failed", exc)
+                continue
+            self._background_ok("bindings_lease_refresh_failed")
+            self._previous_lease, self._lease = self._lease, lease
+            self._reattach_wanted.set()
+
+    async def _reattach_loop(self) -> None:
+        while True:
+            await self._reattach_wanted.wait()
+            self._reattach_wanted.clear()
+            lease, previous = self._lease, self._previous_lease
             touched, self._touched = self._touched, set()
-            previous, self._lease = self._lease, lease
             stale = [s for s in touched if self._bindings.leases.get(s) not in (lease, previous)]
-            await self._reattach(stale, lease)
+            try:
+                await self._reattach(stale, lease)
+            except BaseException:
+                self._touched.update(stale)  # not lost: the next epoch re-attaches them
+                raise
 
     async def _reattach(self, keys: list[str], lease: int) -> None:
         limit = asyncio.Semaphore(32)
@@ -230,11 +265,13 @@ class EtcdBindingStore:
                     done, current = await self._client.replace(
                         self._key(key), binding.encode(), binding.revision, lease
                     )
-                except EtcdUnavailable:
-                    self._touched.add(key)
+                except EtcdError as exc:
+                    self._touched.add(key)  # retried next epoch
+                    self._background_failed("bindings_reattach_failed", exc)
                     return
             if done and current is not None:
                 self._bindings.put(replace(binding, revision=current.mod_revision), lease)
+            self._background_ok("bindings_reattach_failed")
 
         await asyncio.gather(*(one(key) for key in keys))
 
@@ -243,9 +280,22 @@ class EtcdBindingStore:
     def _key(self, binding_key: str) -> bytes:
         return self._prefix + binding_key.encode()
 
-    def _set_degraded(self, reason: str) -> None:
+    def _set_degraded(self, error: EtcdError) -> None:
         if not self._degraded:
-            log.warning("etcd_degraded", reason=reason, pending=len(self._pending))
+            log.warning("etcd_degraded", kind=str(error.kind), reason=str(error),
+                        pending=len(self._pending))
         self._degraded = True
         if self._on_etcd_error is not None:
             self._on_etcd_error()
+
+    def _background_failed(self, event: str, error: EtcdError) -> None:
+        """Logs a background etcd failure once per change of kind, not once per retry."""
+        before = self._failures.get(event)
+        if before is None or before.kind != error.kind:
+            log.warning(event, kind=str(error.kind), error=str(error), pending=len(self._pending))
+        self._failures[event] = error
+
+    def _background_ok(self, event: str) -> None:
+        before = self._failures.pop(event, None)
+        if before is not None:
+            log.info("bindings_etcd_recovered", after=event, kind=str(before.kind))

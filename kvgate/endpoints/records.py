@@ -8,11 +8,9 @@ all that ext_proc reads.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from kvgate.config.model import Config
 from kvgate.contract.states import EndpointState
-from kvgate.etcd import EtcdClient
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,34 +59,3 @@ def endpoints_prefix(prefix: str) -> bytes:
 
 def record_key(prefix: str, pool: str, address: str) -> bytes:
     return endpoints_prefix(prefix) + f"{pool}/{address}".encode()
-
-
-async def seed_from_config(client: EtcdClient, config: Config) -> None:
-    """Make etcd's endpoint records match the YAML's membership, keeping each one's state.
-
-    Stands in for the control plane: new endpoints start active, drained or failed ones stay so,
-    and records of endpoints no longer configured are removed.
-    """
-    prefix = config.etcd.prefix
-    existing, _ = await client.get_prefix(endpoints_prefix(prefix))
-    current: dict[bytes, EndpointRecord | None] = {}
-    for kv in existing:
-        pool_name, _, address = kv.key[len(endpoints_prefix(prefix)):].decode().partition("/")
-        try:
-            current[kv.key] = EndpointRecord.decode(pool_name, address, kv.value)
-        except (ValueError, KeyError, TypeError):
-            current[kv.key] = None  # unreadable: rewritten from the YAML below
-    wanted: set[bytes] = set()
-    for pool in config.pools:
-        for endpoint in pool.endpoints:
-            key = record_key(prefix, pool.name, endpoint.key)
-            wanted.add(key)
-            old = current.get(key)
-            record = EndpointRecord(pool.name, endpoint.key, endpoint.kv_pool, endpoint.weight)
-            if old is not None:
-                record = replace(record, admin=old.admin, healthy=old.healthy,
-                                 drain_deadline=old.drain_deadline)
-            if old != record:
-                await client.put(key, record.encode())
-    for key in current.keys() - wanted:
-        await client.delete(key)

@@ -7,7 +7,7 @@ explicit deadline, watches surface stream loss as an exception, and several endp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 import grpc
@@ -15,9 +15,13 @@ from aetcd.rpc import kv_pb2
 from aetcd.rpc import rpc_pb2 as rpc
 from aetcd.rpc import rpc_pb2_grpc as stubs
 
-
-class EtcdUnavailable(Exception):
-    """etcd could not be reached or did not answer in time."""
+from kvgate.etcd.errors import (
+    EtcdError,
+    EtcdErrorKind,
+    EtcdUnavailable,
+    from_message,
+    from_rpc_error,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +36,22 @@ class KeyValue:
 class WatchEvent:
     deleted: bool
     kv: KeyValue
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """A transaction's condition: `key` still has `mod_revision` (0: the key does not exist)."""
+
+    key: bytes
+    mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """A transaction's operation: put `value` at `key`, or delete `key` when value is None."""
+
+    key: bytes
+    value: bytes | None
 
 
 def prefix_end(prefix: bytes) -> bytes:
@@ -49,15 +69,23 @@ def _kv(kv: object) -> KeyValue:
 
 
 class EtcdClient:
-    """One gRPC channel to the first reachable endpoint; rotates on UNAVAILABLE."""
+    """One gRPC channel to the first reachable endpoint; rotates on UNAVAILABLE.
 
-    def __init__(self, endpoints: Sequence[str], timeout: float = 2.0) -> None:
+    Every failure is raised as a classified `EtcdError` (kvgate.etcd.errors) and also passed to
+    `on_error`, which services use to count and show them.
+    """
+
+    def __init__(
+        self, endpoints: Sequence[str], timeout: float = 2.0,
+        on_error: Callable[[EtcdError], None] | None = None,
+    ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is required")
         self._endpoints = list(endpoints)
         self._index = 0
         self._timeout = timeout
         self._channel: grpc.aio.Channel | None = None  # opened on first use, inside the loop
+        self.on_error = on_error
 
     @property
     def endpoint(self) -> str:
@@ -76,6 +104,7 @@ class EtcdClient:
         self._kv = stubs.KVStub(self._channel)
         self._watch = stubs.WatchStub(self._channel)
         self._lease = stubs.LeaseStub(self._channel)
+        self._maintenance = stubs.MaintenanceStub(self._channel)
 
     async def _rotate(self) -> None:
         if len(self._endpoints) == 1 or self._channel is None:
@@ -102,10 +131,20 @@ class EtcdClient:
         try:
             return await method(request, timeout=limit_s or self._timeout)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-                await self._rotate()
-                raise EtcdUnavailable(f"etcd {self.endpoint}: {exc.code().name}") from None
-            raise
+            raise await self._failed(exc, name) from None
+
+    async def _failed(self, exc: grpc.aio.AioRpcError, operation: str) -> EtcdError:
+        """Classifies a failed call, reports it, and moves on to the next endpoint if this one
+        is unreachable."""
+        error = from_rpc_error(exc, operation, self.endpoint)
+        if isinstance(error, EtcdUnavailable):
+            await self._rotate()
+        self._report(error)
+        return error
+
+    def _report(self, error: EtcdError) -> None:
+        if self.on_error is not None:
+            self.on_error(error)
 
     async def get_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
         """Every key under `prefix`, and the store revision they were read at."""
@@ -175,6 +214,27 @@ class EtcdClient:
         kvs = reply.responses[0].response_range.kvs  # type: ignore[attr-defined]
         return False, _kv(kvs[0]) if kvs else None  # type: ignore[return-value]
 
+    async def commit(self, guards: Sequence[Guard], writes: Sequence[Write]) -> int | None:
+        """Applies every write in one transaction if every guard holds; returns the store's
+        revision after it, or None when a guard failed (someone wrote meanwhile)."""
+        compare = [
+            rpc.Compare(key=g.key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                        create_revision=0) if g.mod_revision == 0
+            else rpc.Compare(key=g.key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL,
+                             mod_revision=g.mod_revision)
+            for g in guards
+        ]
+        success = [
+            rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=w.key))
+            if w.value is None
+            else rpc.RequestOp(request_put=rpc.PutRequest(key=w.key, value=w.value))
+            for w in writes
+        ]
+        reply = await self._call("Txn", "_kv", rpc.TxnRequest(compare=compare, success=success))
+        if not reply.succeeded:  # type: ignore[attr-defined]
+            return None
+        return reply.header.revision  # type: ignore[attr-defined]
+
     async def grant_lease(self, ttl: int) -> int:
         reply = await self._call("LeaseGrant", "_lease", rpc.LeaseGrantRequest(TTL=ttl))
         return reply.ID  # type: ignore[attr-defined]
@@ -191,8 +251,7 @@ class EtcdClient:
             reply = await call.read()
             await call.done_writing()
         except grpc.aio.AioRpcError as exc:
-            await self._rotate()
-            raise EtcdUnavailable(f"etcd {self.endpoint}: {exc.code().name}") from None
+            raise await self._failed(exc, "LeaseKeepAlive") from None
         finally:
             call.cancel()
         return 0 if reply is grpc.aio.EOF else reply.TTL
@@ -200,7 +259,8 @@ class EtcdClient:
     async def watch_prefix(
         self, prefix: bytes, start_revision: int
     ) -> AsyncIterator[tuple[list[WatchEvent], int]]:
-        """Event batches from `start_revision` on; raises EtcdUnavailable when the stream ends."""
+        """Event batches from `start_revision` on; raises a classified EtcdError when the stream
+        ends (EtcdUnavailable when it was lost or compacted away: relist and watch again)."""
         create = rpc.WatchRequest(
             create_request=rpc.WatchCreateRequest(
                 key=prefix, range_end=prefix_end(prefix), start_revision=start_revision,
@@ -214,21 +274,61 @@ class EtcdClient:
             while True:
                 reply = await call.read()
                 if reply is grpc.aio.EOF:
-                    raise EtcdUnavailable("etcd watch stream ended")
+                    raise self._watch_lost("watch stream ended")
                 if reply.compact_revision:
-                    raise EtcdUnavailable(f"watch compacted at {reply.compact_revision}")
+                    raise self._watch_lost(f"watch compacted at {reply.compact_revision}")
                 if reply.canceled:
-                    raise EtcdUnavailable(f"watch canceled: {reply.cancel_reason}")
+                    error = from_message(f"watch canceled: {reply.cancel_reason}", "Watch",
+                                         self.endpoint)
+                    self._report(error)
+                    raise error
                 events = [
                     WatchEvent(event.type == kv_pb2.Event.DELETE, _kv(event.kv))
                     for event in reply.events
                 ]
                 yield events, reply.header.revision
         except grpc.aio.AioRpcError as exc:
-            await self._rotate()
-            raise EtcdUnavailable(f"etcd watch: {exc.code().name}") from None
+            raise await self._failed(exc, "Watch") from None
         finally:
             call.cancel()
+
+    def _watch_lost(self, detail: str) -> EtcdUnavailable:
+        error = EtcdUnavailable(detail, operation="Watch", endpoint=self.endpoint)
+        self._report(error)
+        return error
+
+    # -- maintenance: what an operator does with etcdctl after a NOSPACE alarm -------------
+
+    async def alarms(self) -> list[str]:
+        """The active alarms, e.g. ["NOSPACE"] (`etcdctl alarm list`)."""
+        reply = await self._call("Alarm", "_maintenance",
+                                 rpc.AlarmRequest(action=rpc.AlarmRequest.GET))
+        return sorted({rpc.AlarmType.Name(a.alarm) for a in reply.alarms})  # type: ignore[attr-defined]
+
+    async def disarm_alarms(self) -> int:
+        """Deactivates every active alarm (`etcdctl alarm disarm`); returns how many."""
+        reply = await self._call("Alarm", "_maintenance",
+                                 rpc.AlarmRequest(action=rpc.AlarmRequest.GET))
+        alarms = list(reply.alarms)  # type: ignore[attr-defined]
+        for alarm in alarms:
+            await self._call("Alarm", "_maintenance", rpc.AlarmRequest(
+                action=rpc.AlarmRequest.DEACTIVATE, memberID=alarm.memberID, alarm=alarm.alarm,
+            ))
+        return len(alarms)
+
+    async def compact(self, revision: int | None = None) -> int:
+        """Drops history before `revision` (default: now) (`etcdctl compact`); returns it."""
+        if revision is None:
+            reply = await self._call("Range", "_kv", rpc.RangeRequest(key=b"\0", limit=1))
+            revision = reply.header.revision  # type: ignore[attr-defined]
+        await self._call("Compact", "_kv",
+                         rpc.CompactionRequest(revision=revision, physical=True))
+        return revision
+
+    async def defragment(self, limit_s: float = 60.0) -> None:
+        """Returns the compacted space to the file system on the connected member
+        (`etcdctl defrag`)."""
+        await self._call("Defragment", "_maintenance", rpc.DefragmentRequest(), limit_s)
 
 
 async def wait_until_ready(client: EtcdClient, deadline: float) -> None:
@@ -242,3 +342,7 @@ async def wait_until_ready(client: EtcdClient, deadline: float) -> None:
             if loop.time() > deadline:
                 raise
             await asyncio.sleep(0.05)
+
+
+__all__ = ["EtcdClient", "EtcdError", "EtcdErrorKind", "EtcdUnavailable", "Guard", "KeyValue",
+           "WatchEvent", "Write", "prefix_end", "wait_until_ready"]

@@ -47,6 +47,13 @@ def status_dict(s: pb.StatusResponse) -> dict[str, Any]:
         "last_reload_error": _opt(s, "last_reload_error"), "nodes": nodes,
         "endpoints": [endpoint_status_dict(e) for e in s.endpoints],
         "endpoints_error": _opt(s, "endpoints_error"),
+        "failing_tasks": [{"task": t.task, "restarts": t.restarts, "error": t.error,
+                           "failed_at": t.failed_at} for t in s.failing_tasks],
+        "etcd_errors": [{"kind": e.kind, "count": e.count, "error": e.error,
+                         "last_at": e.last_at} for e in s.etcd_errors],
+        "etcd_alarms": list(s.etcd_alarms),
+        "membership_generation": s.membership_generation,
+        "membership_warning": _opt(s, "membership_warning"),
     }
 
 
@@ -128,6 +135,17 @@ def sessions_table(found: Sequence[pb.SessionBinding]) -> str:
     return table(["POOL", "SESSION", "ENDPOINT", "REVISION", "LEASE"], rows)
 
 
+def _trouble_lines(s: pb.StatusResponse) -> list[str]:
+    """etcd alarms, etcd errors by kind and failing background tasks: nothing when all is well."""
+    lines = [f"etcd alarm     {alarm}: etcd refuses writes until it is disarmed (README, "
+             "Operations)" for alarm in s.etcd_alarms]
+    lines.extend(f"etcd errors    {e.kind} ×{e.count}, last {moment(e.last_at)}: {e.error}"
+                 for e in s.etcd_errors)
+    lines.extend(f"task failing   {t.task}: restarted {t.restarts}×, last {moment(t.failed_at)}: "
+                 f"{t.error}" for t in s.failing_tasks)
+    return lines
+
+
 def status_text(s: pb.StatusResponse) -> str:
     leader = s.leader if s.HasField("leader") else "none elected"
     lines = [
@@ -137,6 +155,10 @@ def status_text(s: pb.StatusResponse) -> str:
     ]
     if s.HasField("last_reload_error"):
         lines.append(f"last reload    FAILED: {s.last_reload_error}")
+    lines.append(f"membership     generation {s.membership_generation or '-'}")
+    if s.HasField("membership_warning"):
+        lines.append(f"               WARNING: {s.membership_warning}")
+    lines.extend(_trouble_lines(s))
     lines.append("")
     if s.nodes:
         rows = []

@@ -9,7 +9,7 @@ import pytest
 from control_plane.admin.server import AdminServer, ServerTls
 from control_plane.operations import Operations
 from kvgate.config import HostPort
-from kvgate.endpoints import seed_from_config
+from kvgate.endpoints import sync_membership
 from kvgate.etcd import EtcdClient
 from tests.admin.admin_helpers import (
     SESSION_A,
@@ -28,7 +28,7 @@ async def fleet(etcd: object, prefix: str) -> AsyncIterator[Fleet]:
     endpoint: str = etcd.endpoint  # type: ignore[attr-defined]
     client = EtcdClient([endpoint])
     config = config_for(endpoint, prefix)
-    await seed_from_config(client, config)
+    await sync_membership(client, config, "test", claim=True)
     for pool, session, target in (("coder", SESSION_A, "10.0.0.11:8000"),
                                   ("coder", SESSION_B, "10.0.0.11:8000"),
                                   ("chat", SESSION_C, "10.0.1.1:8000")):

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 
 import httpx
 
 
-async def eventually(check: Callable[[], bool], within: float = 10.0) -> None:
-    """Polls `check` until it holds; fails the test if it does not within `within` seconds."""
+async def eventually(
+    check: Callable[[], bool | Awaitable[bool]], within: float = 10.0
+) -> None:
+    """Polls `check` (plain or async) until it holds; fails the test if it does not within
+    `within` seconds."""
     deadline = asyncio.get_running_loop().time() + within
-    while not check():
+    while True:
+        held = check()
+        if inspect.isawaitable(held):
+            held = await held
+        if held:
+            return
         assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
         await asyncio.sleep(0.05)
 

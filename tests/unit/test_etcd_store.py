@@ -6,10 +6,12 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.model import Binding
 from kvgate.etcd import EtcdClient
+from kvgate.runtime.supervisor import Supervisor
 from tests.support.polling import eventually
 
 
@@ -19,7 +21,9 @@ async def stores(etcd, prefix: str) -> AsyncIterator[Callable[..., EtcdBindingSt
 
     async def make(idle_ttl: float = 3600) -> EtcdBindingStore:
         client = EtcdClient([etcd.endpoint])
-        store = EtcdBindingStore(client, prefix, idle_ttl, write_limit_s=2.0)
+        supervisor = Supervisor("ext_proc", CollectorRegistry())
+        store = EtcdBindingStore(client, prefix, idle_ttl, supervisor=supervisor,
+                                 write_limit_s=2.0)
         await store.start()
         made.append((store, client))
         return store

@@ -192,7 +192,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., connected_at: _Optional[float] = ..., acked: _Optional[_Mapping[str, str]] = ..., nacks: _Optional[int] = ..., last_nack: _Optional[str] = ..., last_nack_version: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("identity", "leader", "config_version", "config_source", "nodes", "last_reload_error", "endpoints", "endpoints_error")
+    __slots__ = ("identity", "leader", "config_version", "config_source", "nodes", "last_reload_error", "endpoints", "endpoints_error", "failing_tasks", "etcd_errors", "etcd_alarms", "membership_generation", "membership_warning")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,11 @@ class StatusResponse(_message.Message):
     LAST_RELOAD_ERROR_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
     ENDPOINTS_ERROR_FIELD_NUMBER: _ClassVar[int]
+    FAILING_TASKS_FIELD_NUMBER: _ClassVar[int]
+    ETCD_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ETCD_ALARMS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERSHIP_GENERATION_FIELD_NUMBER: _ClassVar[int]
+    MEMBERSHIP_WARNING_FIELD_NUMBER: _ClassVar[int]
     identity: str
     leader: str
     config_version: str
@@ -209,4 +214,33 @@ class StatusResponse(_message.Message):
     last_reload_error: str
     endpoints: _containers.RepeatedCompositeFieldContainer[EndpointStatus]
     endpoints_error: str
-    def __init__(self, identity: _Optional[str] = ..., leader: _Optional[str] = ..., config_version: _Optional[str] = ..., config_source: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., last_reload_error: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ..., endpoints_error: _Optional[str] = ...) -> None: ...
+    failing_tasks: _containers.RepeatedCompositeFieldContainer[TaskFailure]
+    etcd_errors: _containers.RepeatedCompositeFieldContainer[EtcdErrorSeen]
+    etcd_alarms: _containers.RepeatedScalarFieldContainer[str]
+    membership_generation: int
+    membership_warning: str
+    def __init__(self, identity: _Optional[str] = ..., leader: _Optional[str] = ..., config_version: _Optional[str] = ..., config_source: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., last_reload_error: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ..., endpoints_error: _Optional[str] = ..., failing_tasks: _Optional[_Iterable[_Union[TaskFailure, _Mapping]]] = ..., etcd_errors: _Optional[_Iterable[_Union[EtcdErrorSeen, _Mapping]]] = ..., etcd_alarms: _Optional[_Iterable[str]] = ..., membership_generation: _Optional[int] = ..., membership_warning: _Optional[str] = ...) -> None: ...
+
+class TaskFailure(_message.Message):
+    __slots__ = ("task", "restarts", "error", "failed_at")
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    FAILED_AT_FIELD_NUMBER: _ClassVar[int]
+    task: str
+    restarts: int
+    error: str
+    failed_at: float
+    def __init__(self, task: _Optional[str] = ..., restarts: _Optional[int] = ..., error: _Optional[str] = ..., failed_at: _Optional[float] = ...) -> None: ...
+
+class EtcdErrorSeen(_message.Message):
+    __slots__ = ("kind", "count", "error", "last_at")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_AT_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    count: int
+    error: str
+    last_at: float
+    def __init__(self, kind: _Optional[str] = ..., count: _Optional[int] = ..., error: _Optional[str] = ..., last_at: _Optional[float] = ...) -> None: ...
