@@ -53,6 +53,7 @@ class ExtProcService:
             etcd_store = EtcdBindingStore(
                 self._etcd, config.etcd.prefix, config.session.idle_ttl,
                 on_etcd_error=self.metrics.etcd_errors.inc,
+                write_limit_s=config.ext_proc.etcd_write_deadline,
             )
             self._mirror = PrefixMirror(self._etcd, self.directory.prefix, self.directory)
             self._tasks.append(asyncio.create_task(self._mirror.run(), name="endpoints-mirror"))

@@ -55,7 +55,11 @@ def to_dict(config: Config) -> dict[str, Any]:
         ],
         "routes": [
             {
-                "match": {"prefix": r.match.prefix, "headers": dict(r.match.headers)},
+                "match": {
+                    **({"path": r.match.path} if r.match.path is not None
+                       else {"prefix": r.match.prefix}),
+                    "headers": dict(r.match.headers),
+                },
                 "pool": r.pool,
                 "timeout": _seconds(r.timeout),
             }
