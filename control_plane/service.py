@@ -81,7 +81,8 @@ class ControlPlaneService:
             self._etcd, f"{config.etcd.prefix}leader".encode(), options.identity,
             on_change=self._on_leadership,
         )
-        self.checker = HealthChecker(config, self._etcd, leading=lambda: self.leader.leading)
+        self.checker = HealthChecker(config, self._etcd, leading=lambda: self.leader.leading,
+                                     registry=self.registry)
         self.failover = Failover(self._etcd, self.directory, self.bindings,
                                  config.placement.load_factor)
         self.operations = Operations(self._etcd, config.etcd.prefix, loads=self.checker.load)

@@ -49,6 +49,7 @@ def to_dict(config: Config) -> dict[str, Any]:
                     "timeout": _seconds(pool.health.timeout),
                     "unhealthy_threshold": pool.health.unhealthy_threshold,
                     "healthy_threshold": pool.health.healthy_threshold,
+                    "max_failed_fraction": pool.health.max_failed_fraction,
                 },
             }
             for pool in config.pools

@@ -237,7 +237,8 @@ def _placement(f: Fields, value: Any, path: Path) -> Placement:
 def _health(f: Fields, value: Any, path: Path) -> Health:
     raw = f.mapping(
         value, path,
-        ("path", "interval", "timeout", "unhealthy_threshold", "healthy_threshold"),
+        ("path", "interval", "timeout", "unhealthy_threshold", "healthy_threshold",
+         "max_failed_fraction"),
     )
     d = Health()
     health = Health(
@@ -250,6 +251,9 @@ def _health(f: Fields, value: Any, path: Path) -> Health:
                                        lambda v, p: f.integer(v, p, 1, 100), d.unhealthy_threshold),
         healthy_threshold=f.optional(raw, "healthy_threshold", path,
                                      lambda v, p: f.integer(v, p, 1, 100), d.healthy_threshold),
+        max_failed_fraction=f.optional(raw, "max_failed_fraction", path,
+                                       lambda v, p: f.number(v, p, 0.0, 1.0),
+                                       d.max_failed_fraction),
     )
     return health
 

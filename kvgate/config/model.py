@@ -21,6 +21,9 @@ class Health:
     timeout: float = 1.0
     unhealthy_threshold: int = 3
     healthy_threshold: int = 2
+    # Probes never mark more than this share of a pool failed (Envoy's max_ejection_percent):
+    # past it, an engine they call dead keeps routing, since the prober is more likely wrong.
+    max_failed_fraction: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
