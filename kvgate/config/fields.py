@@ -188,9 +188,10 @@ class Fields:
             try:
                 host = str(ipaddress.ip_address(host))
             except ValueError:
+                hint = " (write 127.0.0.1)" if host == "localhost" else ""
                 self.error(
-                    path, f"must be an IP address and port (Envoy does not resolve names here), "
-                    f"got {_show(value)}"
+                    path, f"must be an IP address and port (Envoy does not resolve names "
+                    f"here{hint}), got {_show(value)}"
                 )
                 return None
         elif not _HOST.fullmatch(host) and not _is_ip(host):

@@ -286,7 +286,7 @@ def test_up_engines_flag_builds_one_pool() -> None:
 
 @pytest.mark.parametrize(("engines", "expected"), [
     ("10.0.0.1:8000,http://localhost:8101", "--engines: must be an IP address and port (Envoy "
-     "does not resolve names here), got 'http://localhost:8101'"),
+     "does not resolve names here (write 127.0.0.1)), got 'http://localhost:8101'"),
     ("https://10.0.0.1:8000", "--engines: https:// is not supported"),
     ("10.0.0.1:8000,http://10.0.0.1:8000", "--engines: engine 10.0.0.1:8000 given twice "
      "('http://10.0.0.1:8000')"),
