@@ -36,7 +36,7 @@ def gateway_config(header: str) -> Config:
         "control_plane": {"xds": f"127.0.0.1:{xds}", "admin": f"127.0.0.1:{api}"},
         "ext_proc": {"address": [f"127.0.0.1:{ext_proc}"], "metrics": f"127.0.0.1:{metrics}"},
         "session": {"headers": [header]},
-    }))
+    }), require_pools=False)
 
 
 def free_port_run(count: int, host: str = "127.0.0.1") -> int:

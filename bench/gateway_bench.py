@@ -84,6 +84,8 @@ def gateway_config(upstreams: list[int], replicas: int) -> Config:
         "ext_proc": {"address": [f"127.0.0.1:{next(ports)}" for _ in range(replicas)],
                      "metrics": f"127.0.0.1:{next(ports)}"},
         "pools": [{"name": "bench", "endpoints": [f"127.0.0.1:{p}" for p in upstreams]}],
+        # Not an inference path: the default routes would not serve it.
+        "routes": [{"match": {"path": "/v1/bench"}, "pool": "bench"}],
     })
     return load_text(text)
 

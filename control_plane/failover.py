@@ -1,5 +1,6 @@
 """Leader-only: move the sessions of failed endpoints at once, and of drained endpoints once
-their deadline passes, with the gateway's own placement (same KV pool first), in batches.
+their deadline passes, with the gateway's own placement (same KV pool first, within the pool's
+load bound, spilling to other KV pools only when the siblings are full), in batches.
 
 Every move is a compare-and-set on the binding that keeps its lease (its idle expiry); a
 binding that changed meanwhile (ext_proc re-bound it first) is left as it is.
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
 from collections.abc import Callable
 
 import structlog
@@ -20,6 +20,7 @@ from kvgate.contract.states import EndpointState
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient, EtcdError
 from kvgate.placement import place, session_hash
+from kvgate.placement.load import PoolLoad
 
 log = structlog.get_logger("kvgate.failover")
 
@@ -73,7 +74,9 @@ class Failover:
 
     async def _move(self, pool: str, orphans: list[Binding]) -> int:
         view = self._directory.view(pool)
-        loads = Counter(dict(self._bindings.index.load(pool)))
+        loads = PoolLoad()  # what the moves below leave behind, kept as they are planned
+        for endpoint, count in self._bindings.index.load(pool).items():
+            loads.add(endpoint, count)
         plans: list[tuple[Binding, str]] = []
         for binding in orphans:
             target = place(
@@ -83,8 +86,8 @@ class Failover:
             )
             if target is None:
                 continue  # nowhere to go: ext_proc will place it when it next asks
-            loads[target] += 1
-            loads[binding.endpoint] -= 1
+            loads.add(target, 1)
+            loads.add(binding.endpoint, -1)
             plans.append((binding, target))
         moved = 0
         for start in range(0, len(plans), self._batch):

@@ -97,7 +97,7 @@ class ControlPlaneService:
             on_change=self._on_leadership,
         )
         self.checker = HealthChecker(config, self._etcd, self.supervisor,
-                                     leading=lambda: self.leader.leading)
+                                     leading=lambda: self.leader.leading, registry=self.registry)
         self.failover = Failover(self._etcd, self.directory, self.bindings,
                                  config.placement.load_factor)
         self.operations = Operations(self._etcd, config.etcd.prefix, loads=self.checker.load)

@@ -67,6 +67,7 @@ class ExtProcService:
             etcd_store = EtcdBindingStore(
                 self._etcd, config.etcd.prefix, config.session.idle_ttl,
                 supervisor=self.supervisor, on_etcd_error=self.metrics.etcd_errors.inc,
+                write_limit_s=config.ext_proc.etcd_write_deadline,
             )
             self._mirror = PrefixMirror(self._etcd, self.directory.prefix, self.directory)
             self.supervisor.spawn("endpoints-mirror", self._mirror.run)

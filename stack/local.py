@@ -15,7 +15,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from control_plane.resources.bootstrap import ads_bootstrap, static_bootstrap, to_json
 from kvgate.config.dump import to_yaml
-from kvgate.config.model import Config, Endpoint, Etcd, HostPort, Pool, Route, RouteMatch
+from kvgate.config.load import with_default_routes
+from kvgate.config.model import Config, Endpoint, Etcd, HostPort, Pool
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.child import Child, ChildFailed
 from kvgate.runtime.envoy import envoy_child, envoy_ready
@@ -118,8 +119,8 @@ class Stack:
                 for i, address in enumerate(fleet["engines"])
             ),
         )
-        self.config = replace(self.config, pools=(pool,),
-                              routes=(Route(RouteMatch("/"), pool.name),))
+        # The emulated fleet serves what real engines would: the inference API only.
+        self.config = with_default_routes(replace(self.config, pools=(pool,), routes=()))
         self.fleet = child
         self.report(f"  {'':<12}        engines {', '.join(fleet['engines'])}; "
                     f"DDR pool {fleet.get('pool_url')}")

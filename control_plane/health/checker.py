@@ -15,7 +15,11 @@ from dataclasses import replace
 
 import aiohttp
 import structlog
+from prometheus_client import CollectorRegistry
 
+from control_plane.health.guard import allowed_failures, guard
+from control_plane.health.lag import LoopLag
+from control_plane.health.metrics import HealthMetrics
 from control_plane.health.scrape import LoadTracker
 from control_plane.health.tracker import HealthTracker
 from control_plane.operations import EndpointLoad
@@ -27,12 +31,14 @@ from kvgate.runtime.supervisor import Supervisor
 log = structlog.get_logger("kvgate.health")
 
 SCRAPE_INTERVAL = 5.0
+_RESULTS = {True: "ok", False: "failed", None: "inconclusive"}
 
 
 class HealthChecker:
     def __init__(
         self, config: Config, client: EtcdClient, supervisor: Supervisor,
         leading: Callable[[], bool] = lambda: True,
+        registry: CollectorRegistry | None = None,
     ) -> None:
         self._config = config
         self._records = EndpointRecords(client, config.etcd.prefix)
@@ -41,7 +47,14 @@ class HealthChecker:
         self._tasks: list[str] = []  # names of this checker's tasks under the supervisor
         self._unpublished: set[tuple[str, str]] = set()  # states etcd has not taken yet
         self._http: aiohttp.ClientSession | None = None
+        self.metrics = HealthMetrics(registry or CollectorRegistry())
+        self.lag = LoopLag()
+        # What this replica says (published while it leads): the probes' verdicts, guarded.
         self.healthy: dict[tuple[str, str], bool] = {}
+        # Engines whose probes say dead, since when (loop time): the guard serves them in order.
+        self._failing: dict[tuple[str, str], float] = {}
+        self.held: set[tuple[str, str]] = set()
+        self._settling: dict[str, asyncio.Lock] = {}
         self.loads: dict[str, LoadTracker] = {}
 
     def load(self, address: str) -> EndpointLoad:
@@ -51,6 +64,7 @@ class HealthChecker:
     async def start(self) -> None:
         # Probes must not reuse a connection the engine has half-closed: one per probe.
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True))
+        self._supervisor.spawn("health-loop-lag", self.lag.run)
         self._spawn()
 
     def _spawn(self) -> None:
@@ -68,10 +82,16 @@ class HealthChecker:
         wanted = {(p.name, e.key) for p in config.pools for e in p.endpoints}
         self.healthy = {k: v for k, v in self.healthy.items() if k in wanted}
         self._unpublished &= wanted
+        # Failed engines keep their verdict (their probes restart failed); held ones are judged
+        # again from fresh probes.
+        self._failing = {k: t for k, t in self._failing.items()
+                         if k in wanted and not self.healthy.get(k, True)}
+        self.held &= set(self._failing)
         self._spawn()
 
     async def stop(self) -> None:
         await self._cancel()
+        await self._supervisor.stop(["health-loop-lag"])
         if self._http is not None:
             await self._http.close()
 
@@ -89,26 +109,68 @@ class HealthChecker:
         health = pool.health
         key = (pool.name, endpoint.key)
         tracker = HealthTracker(health.unhealthy_threshold, health.healthy_threshold,
-                                failed=not self.healthy.get(key, True))
+                                failed=key in self._failing)
         self.healthy.setdefault(key, True)
         url = f"http://{endpoint.key}{health.path}"
+        loop = asyncio.get_running_loop()
         while True:
-            changed = tracker.observe(await self._probe(url, health.timeout))
+            result = await self._probe(url, health.timeout)
+            self.metrics.probes.labels(pool.name, _RESULTS[result]).inc()
+            changed = None if result is None else tracker.observe(result)
             if changed is not None:
-                self.healthy[key] = not changed
-                log.warning("endpoint_health", pool=pool.name, endpoint=endpoint.key,
+                log.warning("endpoint_probes", pool=pool.name, endpoint=endpoint.key,
                             healthy=not changed)
-                self._unpublished.add(key)
-            if key in self._unpublished and await self._publish(*key, self.healthy[key]):
+                if changed:
+                    self._failing[key] = loop.time()
+                else:
+                    self._failing.pop(key, None)
+                await self._settle(pool)
+            elif key in self._unpublished and await self._publish(*key, self.healthy[key]):
                 self._unpublished.discard(key)
             await asyncio.sleep(health.interval)
 
-    async def _probe(self, url: str, limit: float) -> bool:
+    async def _settle(self, pool: Pool) -> None:
+        """Publishes the pool's guarded verdicts: at most max_failed_fraction failed at once."""
+        async with self._settling.setdefault(pool.name, asyncio.Lock()):
+            keys = [(pool.name, e.key) for e in pool.endpoints]
+            failing = sorted((k for k in keys if k in self._failing), key=self._failing.__getitem__)
+            failed = {k for k in keys if not self.healthy.get(k, True)}
+            limit = allowed_failures(len(keys), pool.health.max_failed_fraction)
+            verdict = guard(failing, failed, limit)
+            for key in verdict.held:
+                if key not in self.held:
+                    self.metrics.held.labels(pool.name).inc()
+                    log.warning("health_guard_holding", pool=pool.name, endpoint=key[1],
+                                failing=len(failing), limit=limit,
+                                reason="probes call it dead, but max_failed_fraction of the "
+                                "pool is failed already; it stays active")
+            self.held = (self.held - set(keys)) | set(verdict.held)
+            self.metrics.holding.labels(pool.name).set(len(verdict.held))
+            for key in keys:
+                healthy = key not in verdict.failed
+                if self.healthy.get(key, True) != healthy:
+                    self.healthy[key] = healthy
+                    log.warning("endpoint_health", pool=pool.name, endpoint=key[1],
+                                healthy=healthy)
+                    self._unpublished.add(key)
+            for key in keys:
+                if key in self._unpublished and await self._publish(*key, self.healthy[key]):
+                    self._unpublished.discard(key)
+
+    async def _probe(self, url: str, limit: float) -> bool | None:
+        """True: healthy; False: not; None: timed out while the loop itself was stalled for
+        half the timeout or more, so the engine's answer may just not have been read."""
         assert self._http is not None
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         try:
             async with self._http.get(url, timeout=aiohttp.ClientTimeout(total=limit)) as reply:
                 return 200 <= reply.status < 300
-        except (aiohttp.ClientError, TimeoutError, OSError):
+        except TimeoutError:
+            end = loop.time()
+            stalled = max(self.lag.stalled_between(start, end), end - start - limit)
+            return None if stalled >= limit / 2 else False
+        except (aiohttp.ClientError, OSError):
             return False
 
     async def _scrape(self, pool: Pool, endpoint: Endpoint) -> None:

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_or_report(args.config)
+    config = load_or_report(args.config, require_pools=not args.ads)
     if config is None:
         return 1
     if not config.pools and not args.ads:

@@ -43,6 +43,9 @@ def gateway_listener(
         use_remote_address=protos.bool_value(True),
         normalize_path=protos.bool_value(True),
         merge_slashes=True,
+        # An encoded slash would slip `/v1/responses/..%2f..%2fmetrics` past the routes to an
+        # engine that decodes it; no inference path has one.
+        path_with_escaped_slashes_action=hcm.HttpConnectionManager.REJECT_REQUEST,
         # Minutes-long prefill at peak may precede the first byte; stalled streams still end.
         stream_idle_timeout=protos.duration(600.0),
         request_timeout=protos.duration(0.0),

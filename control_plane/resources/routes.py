@@ -35,7 +35,8 @@ def route_configuration(
             rc.VirtualHost(
                 name="kvgate",
                 domains=["*"],
-                routes=[_route(route, config, mode) for route in config.routes],
+                routes=[*(_route(route, config, mode) for route in config.routes),
+                        _not_found(mode)],
             )
         ],
     )
@@ -43,7 +44,6 @@ def route_configuration(
 
 def _route(route: Route, config: Config, mode: RoutingMode) -> rc.Route:
     match = rc.RouteMatch(
-        prefix=route.match.prefix,
         headers=[
             rc.HeaderMatcher(
                 name=name, string_match=string_pb2.StringMatcher(exact=value)
@@ -51,6 +51,10 @@ def _route(route: Route, config: Config, mode: RoutingMode) -> rc.Route:
             for name, value in route.match.headers
         ],
     )
+    if route.match.path is not None:
+        match.path = route.match.path
+    else:
+        match.prefix = route.match.prefix
     action = rc.RouteAction(
         cluster=pool_cluster_name(route.pool),
         timeout=protos.duration(route.timeout),
@@ -82,7 +86,7 @@ def _route(route: Route, config: Config, mode: RoutingMode) -> rc.Route:
         )
     )
     return rc.Route(
-        name=f"{route.pool}:{route.match.prefix}",
+        name=f"{route.pool}:{route.match.describe}",
         match=match,
         route=action,
         typed_per_filter_config=(
@@ -91,3 +95,20 @@ def _route(route: Route, config: Config, mode: RoutingMode) -> rc.Route:
     )
 
 
+
+def _not_found(mode: RoutingMode) -> rc.Route:
+    """Every path no route serves: 404 from Envoy itself, without asking ext_proc (no binding is
+    made for a request nobody serves) and without reaching an engine."""
+    disabled = ext_proc_pb2.ExtProcPerRoute(disabled=True)
+    return rc.Route(
+        name="kvgate:not-found",
+        match=rc.RouteMatch(prefix="/"),
+        direct_response=rc.DirectResponseAction(
+            status=404,
+            body=base_pb2.DataSource(inline_string="no route: this gateway serves only its "
+                                                   "configured paths\n"),
+        ),
+        typed_per_filter_config=(
+            {EXT_PROC_FILTER: protos.pack(disabled)} if mode is RoutingMode.AFFINITY else {}
+        ),
+    )

@@ -49,13 +49,18 @@ def to_dict(config: Config) -> dict[str, Any]:
                     "timeout": _seconds(pool.health.timeout),
                     "unhealthy_threshold": pool.health.unhealthy_threshold,
                     "healthy_threshold": pool.health.healthy_threshold,
+                    "max_failed_fraction": pool.health.max_failed_fraction,
                 },
             }
             for pool in config.pools
         ],
         "routes": [
             {
-                "match": {"prefix": r.match.prefix, "headers": dict(r.match.headers)},
+                "match": {
+                    **({"path": r.match.path} if r.match.path is not None
+                       else {"prefix": r.match.prefix}),
+                    "headers": dict(r.match.headers),
+                },
                 "pool": r.pool,
                 "timeout": _seconds(r.timeout),
             }

@@ -16,6 +16,10 @@ Path = tuple[PathPart, ...]
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _HEADER_NAME = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
+# C0 controls and DEL: CR/LF in a path or header value would split an HTTP request.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_HOST = re.compile(r"^[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})$")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
 class Fields:
@@ -23,9 +27,19 @@ class Fields:
 
     def __init__(self) -> None:
         self.problems: list[Problem] = []
+        self.warnings: list[Problem] = []
 
     def error(self, path: Path, message: str) -> None:
         self.problems.append(Problem(path, message))
+
+    def warn(self, path: Path, message: str) -> None:
+        """Allowed, but probably not what the user wants: reported, never refused."""
+        self.warnings.append(Problem(path, message))
+
+    def failed(self, path: Path) -> bool:
+        """Whether a problem was recorded at `path` or below it (its value is a default now, so
+        checks across fields skip it rather than report a consequence as a second problem)."""
+        return any(p.path[: len(path)] == path for p in self.problems)
 
     def mapping(self, value: Any, path: Path, allowed: tuple[str, ...]) -> dict[str, Any]:
         if value is None:
@@ -62,7 +76,28 @@ class Fields:
         if not isinstance(value, str) or not value:
             self.error(path, f"must be a non-empty string, got {_kind(value)}")
             return None
+        control = _CONTROL.search(value)
+        if control is not None:
+            self.error(path, f"must not contain control characters, found {control.group()!r} "
+                       f"at position {control.start()} of {_show(value)}")
+            return None
         return value
+
+    def http_path(self, value: Any, path: Path, *, query: bool) -> str | None:
+        """An absolute request path as sent on the wire: no spaces; a query only if `query`."""
+        text = self.string(value, path)
+        if text is None:
+            return None
+        if not text.startswith("/"):
+            self.error(path, f"must start with '/', got {_show(text)}")
+            return None
+        bad = " \t#" if query else " \t#?"
+        if any(c in bad for c in text):
+            what = ("spaces or '#'" if query
+                    else "spaces, '?' or '#' (a route matches the path only)")
+            self.error(path, f"must not contain {what}, got {_show(text)}")
+            return None
+        return text
 
     def integer(self, value: Any, path: Path, low: int, high: int) -> int | None:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -86,16 +121,16 @@ class Fields:
         """Accepts `250ms`, `2s`, `1h30m`, or a plain number of seconds."""
         seconds: float | None = None
         if isinstance(value, int | float) and not isinstance(value, bool):
-            seconds = float(value)
+            seconds = float(value) if abs(value) < 1e300 else float("inf")
         elif isinstance(value, str):
             parts = _DURATION.findall(value)
             if parts and "".join(n + u for n, u in parts) == value:
                 seconds = sum(float(n) * _UNIT_SECONDS[u] for n, u in parts)
         if seconds is None:
-            self.error(path, f"must be a duration like 500ms, 2s, 5m or 1h, got {value!r}")
+            self.error(path, f"must be a duration like 500ms, 2s, 5m or 1h, got {_show(value)}")
             return None
         if not low <= seconds <= high:
-            self.error(path, f"must be between {_fmt(low)} and {_fmt(high)}, got {value!r}")
+            self.error(path, f"must be between {_fmt(low)} and {_fmt(high)}, got {_show(value)}")
             return None
         return seconds
 
@@ -107,7 +142,8 @@ class Fields:
             return str(ipaddress.ip_address(text.strip("[]")))
         except ValueError:
             self.error(
-                path, f"must be an IP address (Envoy does not resolve names here), got {text!r}"
+                path,
+                f"must be an IP address (Envoy does not resolve names here), got {_show(text)}",
             )
             return None
 
@@ -121,29 +157,47 @@ class Fields:
         return value
 
     def host_port(self, value: Any, path: Path, *, require_ip: bool) -> HostPort | None:
-        """Reads `host:port` or `[v6]:port`; `require_ip` for addresses Envoy must use verbatim."""
+        """Reads `host:port`, `[v6]:port` or `http://host:port`; `require_ip` for addresses
+        Envoy must use verbatim. Any other scheme is an error: kvgate would connect without TLS
+        to an address written as `https://`, so it refuses it rather than pretend."""
         text = self.string(value, path)
         if text is None:
             return None
-        text = re.sub(r"^[a-z]+://", "", text).rstrip("/")
-        host, sep, port_text = text.rpartition(":")
-        if not sep or not host or not port_text.isdigit():
-            self.error(path, f"must be host:port, got {value!r}")
+        scheme = _SCHEME.match(text)
+        if scheme is not None:
+            if scheme.group(1).lower() != "http":
+                self.error(path, f"{scheme.group(1)}:// is not supported: kvgate connects to "
+                           f"this address in plain text, without TLS; write host:port or "
+                           f"http://host:port, got {_show(value)}")
+                return None
+            text = text[scheme.end():]
+        text = text.removesuffix("/")
+        if "/" in text:
+            self.error(path, f"must be host:port, without a path, got {_show(value)}")
             return None
-        port = int(port_text)
+        host, sep, port_text = text.rpartition(":")
+        if not sep or not host or not (port_text.isascii() and port_text.isdigit()):
+            self.error(path, f"must be host:port, got {_show(value)}")
+            return None
+        port = int(port_text) if len(port_text) <= 5 else 0
         if not 1 <= port <= 65535:
-            self.error(path, f"port must be 1..65535, got {port}")
+            shown = port_text if len(port_text) <= 12 else f"{port_text[:12]}..."
+            self.error(path, f"port must be 1..65535, got {shown}")
             return None
         host = host.strip("[]")
         if require_ip:
             try:
                 host = str(ipaddress.ip_address(host))
             except ValueError:
+                hint = " (write 127.0.0.1)" if host == "localhost" else ""
                 self.error(
-                    path, f"must be an IP address and port (Envoy does not resolve names here), "
-                    f"got {value!r}"
+                    path, f"must be an IP address and port (Envoy does not resolve names "
+                    f"here{hint}), got {_show(value)}"
                 )
                 return None
+        elif not _HOST.fullmatch(host) and not _is_ip(host):
+            self.error(path, f"not a valid host name or IP address: {_show(host)}")
+            return None
         return HostPort(host, port)
 
     def header_name(self, value: Any, path: Path) -> str | None:
@@ -152,9 +206,17 @@ class Fields:
             return None
         name = text.lower()
         if not _HEADER_NAME.fullmatch(name):
-            self.error(path, f"not a valid HTTP header name: {text!r}")
+            self.error(path, f"not a valid HTTP header name: {_show(text)}")
             return None
         return name
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _kind(value: Any) -> str:
@@ -166,7 +228,13 @@ def _kind(value: Any) -> str:
         return "a mapping"
     if isinstance(value, list):
         return "a list"
-    return f"{type(value).__name__} {value!r}"
+    return f"{type(value).__name__} {_show(value)}"
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """repr, shortened: a problem names the value without echoing a megabyte of it."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _fmt(seconds: float) -> str:

@@ -6,7 +6,7 @@ Every problem is collected with its field path; a file with any problem yields n
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path as FilePath
 from typing import Any
 
@@ -27,41 +27,69 @@ from kvgate.config.model import (
     Route,
     RouteMatch,
     Session,
+    inference_routes,
 )
+from kvgate.config.read import READ_WAIT, read_text
+from kvgate.config.strict_yaml import YamlProblem, parse
+from kvgate.config.validate import validate
 from kvgate.contract.envoy import DESTINATION_KEY
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
+MIN_MESSAGE_TIMEOUT = 0.05
 TOP_LEVEL = (
     "listener", "envoy_admin", "control_plane", "ext_proc", "etcd",
     "session", "placement", "pools", "routes",
 )
 
 
-def load_file(path: str | FilePath) -> Config:
-    file = FilePath(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError([Problem((), f"cannot read file: {exc}")], str(file)) from None
-    return load_text(text, source=str(file))
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """A usable config and what is allowed in it but probably unwise (each with its line)."""
+
+    config: Config
+    warnings: tuple[Problem, ...] = ()
 
 
-def load_text(text: str, source: str = "") -> Config:
+def load_file(path: str | FilePath, *, require_pools: bool = True) -> Config:
+    return check_file(path, require_pools=require_pools).config
+
+
+def load_text(text: str, source: str = "", *, require_pools: bool = True) -> Config:
+    return check_text(text, source, require_pools=require_pools).config
+
+
+def check_file(
+    path: str | FilePath, *, require_pools: bool = True, wait: float = READ_WAIT
+) -> Checked:
+    """The file at `path`, read with a size cap and a deadline (pipes, FIFOs, devices)."""
+    return check_text(read_text(path, wait=wait), str(path), require_pools=require_pools)
+
+
+def check_text(text: str, source: str = "", *, require_pools: bool = True) -> Checked:
+    """Parses and validates; raises ConfigError with every problem, field-level and across
+    fields, each with its line. `require_pools=False` for `kvgate up`, which then runs an
+    emulated fleet."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise ConfigError([Problem((), f"not valid YAML: {exc}", line)], source) from None
+        root, raw, duplicates = parse(text)
+    except YamlProblem as exc:
+        raise ConfigError([exc.problem], source) from None
     fields = Fields()
-    config = _config(fields, raw)
-    if not fields.problems:
-        _validate(fields, config)
-    if fields.problems:
-        problems = [Problem(p.path, p.message, _line_of(root, p.path)) for p in fields.problems]
-        raise ConfigError(problems, source)
-    return with_default_routes(config)
+    if root is None:
+        fields.error((), "the file is empty: a kvgate config needs at least `pools:` "
+                     "(see examples/kvgate.yaml)")
+        config = Config()
+    else:
+        config = _config(fields, raw)
+        validate(fields, config, require_pools=require_pools)
+    problems = duplicates + [_located(root, p) for p in fields.problems]
+    if problems:
+        raise ConfigError(sorted(problems, key=lambda p: p.line or 0), source)
+    warnings = tuple(_located(root, w) for w in fields.warnings)
+    return Checked(with_default_routes(config), warnings)
+
+
+def _located(root: yaml.Node | None, problem: Problem) -> Problem:
+    return Problem(problem.path, problem.message, _line_of(root, problem.path) or 1)
 
 
 def _config(f: Fields, raw: Any) -> Config:
@@ -140,10 +168,21 @@ def _ext_proc(f: Fields, value: Any, path: Path) -> ExtProc:
             raw, "metrics", path, lambda v, p: f.host_port(v, p, require_ip=False), d.metrics
         ),
         message_timeout=f.optional(
-            raw, "message_timeout", path, lambda v, p: f.duration(v, p, 0.01, 10.0),
+            raw, "message_timeout", path, lambda v, p: _message_timeout(f, v, p),
             d.message_timeout,
         ),
     )
+
+
+def _message_timeout(f: Fields, value: Any, path: Path) -> float | None:
+    seconds = f.duration(value, path, 0.0, 10.0)
+    if seconds is not None and seconds < MIN_MESSAGE_TIMEOUT:
+        # A new session's etcd write gets half of it (ExtProc.etcd_write_deadline).
+        f.error(path, f"must be at least {MIN_MESSAGE_TIMEOUT * 1000:g}ms, got {value!r}: a new "
+                "session's etcd write gets half of it, and etcd (an fsync per write) would "
+                "routinely miss a shorter deadline, leaving every new binding queued")
+        return None
+    return seconds
 
 
 def _etcd(f: Fields, value: Any, path: Path) -> Etcd:
@@ -198,11 +237,12 @@ def _placement(f: Fields, value: Any, path: Path) -> Placement:
 def _health(f: Fields, value: Any, path: Path) -> Health:
     raw = f.mapping(
         value, path,
-        ("path", "interval", "timeout", "unhealthy_threshold", "healthy_threshold"),
+        ("path", "interval", "timeout", "unhealthy_threshold", "healthy_threshold",
+         "max_failed_fraction"),
     )
     d = Health()
     health = Health(
-        path=f.optional(raw, "path", path, f.string, d.path),
+        path=f.optional(raw, "path", path, lambda v, p: f.http_path(v, p, query=True), d.path),
         interval=f.optional(raw, "interval", path, lambda v, p: f.duration(v, p, 0.05, 3600),
                             d.interval),
         timeout=f.optional(raw, "timeout", path, lambda v, p: f.duration(v, p, 0.01, 600),
@@ -211,9 +251,10 @@ def _health(f: Fields, value: Any, path: Path) -> Health:
                                        lambda v, p: f.integer(v, p, 1, 100), d.unhealthy_threshold),
         healthy_threshold=f.optional(raw, "healthy_threshold", path,
                                      lambda v, p: f.integer(v, p, 1, 100), d.healthy_threshold),
+        max_failed_fraction=f.optional(raw, "max_failed_fraction", path,
+                                       lambda v, p: f.number(v, p, 0.0, 1.0),
+                                       d.max_failed_fraction),
     )
-    if not health.path.startswith("/"):
-        f.error((*path, "path"), f"must start with '/', got {health.path!r}")
     return health
 
 
@@ -255,11 +296,17 @@ def _endpoint(f: Fields, value: Any, path: Path, pool_kv: str) -> Endpoint | Non
 
 def _route(f: Fields, value: Any, path: Path) -> Route | None:
     raw = f.mapping(value, path, ("match", "pool", "timeout"))
-    match_raw = f.mapping(raw.get("match"), (*path, "match"), ("prefix", "headers"))
-    prefix = f.optional(match_raw, "prefix", (*path, "match"), f.string, "/")
-    if not prefix.startswith("/"):
-        f.error((*path, "match", "prefix"), f"must start with '/', got {prefix!r}")
-    headers_path: tuple[PathPart, ...] = (*path, "match", "headers")
+    match_path: tuple[PathPart, ...] = (*path, "match")
+    match_raw = f.mapping(raw.get("match"), match_path, ("prefix", "path", "headers"))
+
+    def read_path(v: Any, p: Path) -> str | None:
+        return f.http_path(v, p, query=False)
+
+    prefix = f.optional(match_raw, "prefix", match_path, read_path, "/")
+    exact = f.optional(match_raw, "path", match_path, read_path, None)
+    if "prefix" in match_raw and "path" in match_raw:
+        f.error((*match_path, "path"), "give either prefix or path, not both")
+    headers_path: tuple[PathPart, ...] = (*match_path, "headers")
     headers_raw = match_raw.get("headers") or {}
     headers: list[tuple[str, str]] = []
     if not isinstance(headers_raw, dict):
@@ -267,9 +314,7 @@ def _route(f: Fields, value: Any, path: Path) -> Route | None:
     else:
         for key, val in headers_raw.items():
             name = f.header_name(key, (*headers_path, str(key)))
-            text = val if isinstance(val, str) else None
-            if text is None:
-                f.error((*headers_path, str(key)), f"value must be a string, got {val!r}")
+            text = f.string(val, (*headers_path, str(key)))
             if name is not None and text is not None:
                 headers.append((name, text))
     if "pool" not in raw:
@@ -279,7 +324,7 @@ def _route(f: Fields, value: Any, path: Path) -> Route | None:
     timeout = f.optional(raw, "timeout", path, lambda v, p: f.duration(v, p, 0.0, 86400.0), 0.0)
     if pool is None:
         return None
-    return Route(RouteMatch(prefix, tuple(headers)), pool, timeout)
+    return Route(RouteMatch(prefix, tuple(headers), exact), pool, timeout)
 
 
 def _name(f: Fields, value: Any, path: Path) -> str | None:
@@ -290,51 +335,12 @@ def _name(f: Fields, value: Any, path: Path) -> str | None:
     return text
 
 
-def _validate(f: Fields, config: Config) -> None:
-    seen_pools: dict[str, int] = {}
-    seen_endpoints: dict[str, tuple[PathPart, ...]] = {}
-    for i, pool in enumerate(config.pools):
-        if pool.name in seen_pools:
-            f.error(("pools", i, "name"), f"duplicate pool name {pool.name!r} "
-                    f"(first at pools[{seen_pools[pool.name]}])")
-        seen_pools.setdefault(pool.name, i)
-        for j, endpoint in enumerate(pool.endpoints):
-            where = ("pools", i, "endpoints", j)
-            if endpoint.key in seen_endpoints:
-                first = seen_endpoints[endpoint.key]
-                f.error(where, f"endpoint {endpoint.key} listed twice (first at "
-                        f"pools[{first[1]}].endpoints[{first[3]}])")
-            seen_endpoints.setdefault(endpoint.key, where)
-        if pool.health.timeout > pool.health.interval:
-            f.error(("pools", i, "health", "timeout"), "must not exceed health.interval")
-    for i, route in enumerate(config.routes):
-        if route.pool not in seen_pools:
-            known = ", ".join(seen_pools) or "none defined"
-            f.error(("routes", i, "pool"), f"unknown pool {route.pool!r} (pools: {known})")
-    if config.pools and not config.routes and len(config.pools) > 1:
-        f.error(("routes",), "required when more than one pool is defined")
-    ports = {
-        "listener": config.listener,
-        "envoy_admin": config.envoy_admin,
-        "control_plane.xds": config.control_plane.xds,
-        "control_plane.admin": config.control_plane.admin,
-        "ext_proc.metrics": config.ext_proc.metrics,
-    }
-    for i, address in enumerate(config.ext_proc.addresses):
-        ports[f"ext_proc.address[{i}]"] = address
-    owners: dict[tuple[str, int], str] = {}
-    for name, address in ports.items():
-        key = (address.host, address.port)
-        if key in owners:
-            f.error(tuple(name.split(".")), f"{address} is already used by {owners[key]}")
-        owners.setdefault(key, name)
-
-
 def with_default_routes(config: Config) -> Config:
-    """A config with one pool and no routes sends everything to that pool."""
+    """A config with one pool and no routes serves the inference API from that pool, and
+    nothing else (model.INFERENCE_PATHS)."""
     if config.routes or len(config.pools) != 1:
         return config
-    return replace(config, routes=(Route(RouteMatch("/"), config.pools[0].name),))
+    return replace(config, routes=inference_routes(config.pools[0].name))
 
 
 def _line_of(root: yaml.Node | None, path: tuple[PathPart, ...]) -> int | None:

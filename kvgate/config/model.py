@@ -21,6 +21,9 @@ class Health:
     timeout: float = 1.0
     unhealthy_threshold: int = 3
     healthy_threshold: int = 2
+    # Probes never mark more than this share of a pool failed (Envoy's max_ejection_percent):
+    # past it, an engine they call dead keeps routing, since the prober is more likely wrong.
+    max_failed_fraction: float = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +50,11 @@ class Pool:
 class RouteMatch:
     prefix: str = "/"
     headers: tuple[tuple[str, str], ...] = ()
+    path: str | None = None  # an exact path (query ignored); when set, `prefix` is not used
+
+    @property
+    def describe(self) -> str:
+        return self.path if self.path is not None else f"{self.prefix}*"
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +62,32 @@ class Route:
     match: RouteMatch
     pool: str
     timeout: float = 0.0
+
+
+# Without `routes:`, a one-pool gateway serves these and nothing else (README, "Routes"): the
+# OpenAI-compatible inference API as vLLM serves it. Not its /metrics, /health, /tokenize,
+# profiling, sleep, LoRA loading (/v1/load_lora_adapter is under /v1/ too) or any admin path.
+INFERENCE_PATHS = (
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/v1/models",
+    "/v1/audio/transcriptions",
+    "/v1/audio/translations",
+    "/v1/rerank",
+    "/v1/score",
+)
+# Sub-resources: GET /v1/responses/{id}, POST /v1/responses/{id}/cancel.
+INFERENCE_PREFIXES = ("/v1/responses/",)
+
+
+def inference_routes(pool: str) -> tuple[Route, ...]:
+    """The default route table for one pool: exactly the inference API, each without timeout."""
+    return (
+        *(Route(RouteMatch(path=path), pool) for path in INFERENCE_PATHS),
+        *(Route(RouteMatch(prefix=prefix), pool) for prefix in INFERENCE_PREFIXES),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +113,13 @@ class ExtProc:
     addresses: tuple[HostPort, ...] = (HostPort("127.0.0.1", 9002),)
     metrics: HostPort = HostPort("127.0.0.1", 9003)
     message_timeout: float = 0.2
+
+    @property
+    def etcd_write_deadline(self) -> float:
+        """How long a request may wait for its new binding's etcd write before it is queued
+        instead: half of Envoy's wait for the decision (the rest is for the gRPC round trip and
+        the decision), at most 100 ms (a slower etcd is treated as away)."""
+        return min(0.1, self.message_timeout / 2)
 
 
 @dataclass(frozen=True, slots=True)

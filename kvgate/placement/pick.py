@@ -8,7 +8,7 @@ import math
 from collections.abc import Mapping
 
 from kvgate.placement.load import PoolLoad
-from kvgate.placement.view import PoolView
+from kvgate.placement.view import PoolView, RingChoice
 
 
 def place(
@@ -22,28 +22,38 @@ def place(
 ) -> str | None:
     """The endpoint a session should be bound to, or None when the pool has no active endpoint.
 
-    Consistent hashing with bounded loads: an endpoint is skipped while it holds more than
-    `load_factor` × its weighted share of the pool's sessions (counting the one being placed).
+    Consistent hashing with bounded loads: an endpoint is skipped while it holds
+    `load_factor` × its weighted share of the pool's sessions (counting the one being placed,
+    and those still bound to inactive endpoints: they are about to move too). The bound is the
+    whole pool's, also when re-placing: with `prefer_kv_pool` the ring of that KV pool is walked
+    first, and the whole pool's ring only once every endpoint of the KV pool is at its bound,
+    so a failed engine's sessions fill its DDR-pool siblings evenly and spill over, rather than
+    all landing on one sibling.
     """
-    choice = view.ring_for(prefer_kv_pool, exclude)
-    if choice is None:
+    whole = view.ring_for(None, exclude)
+    if whole is None:
         return None
-    total_weight = choice.total_weight
-    if exclude is not None and exclude in choice.hosts:
+    total_weight = whole.total_weight
+    if exclude is not None and exclude in whole.hosts:
         total_weight -= view.weight(exclude)
-    if isinstance(loads, PoolLoad) and prefer_kv_pool is None and exclude is None:
-        # The whole pool: its running total (sessions still on an inactive endpoint count too,
-        # which loosens the bound a little while they move).
-        sessions = loads.total + 1
-    else:
-        sessions = sum(loads.get(m, 0) for m in choice.hosts if m != exclude) + 1
-    for address in choice.ring.walk(hash_value):
-        if address == exclude:
-            continue
-        bound = math.ceil(load_factor * sessions * view.weight(address) / total_weight)
-        if loads.get(address, 0) < bound:
-            return address
-    return None  # unreachable with load_factor ≥ 1
+    sessions = (loads.total if isinstance(loads, PoolLoad) else sum(loads.values())) + 1
+
+    def first_under_bound(choice: RingChoice) -> str | None:
+        for address in choice.ring.walk(hash_value):
+            if address == exclude:
+                continue
+            bound = math.ceil(load_factor * sessions * view.weight(address) / total_weight)
+            if loads.get(address, 0) < bound:
+                return address
+        return None
+
+    if prefer_kv_pool is not None:
+        same_kv = view.ring_for(prefer_kv_pool, exclude)
+        if same_kv is not None and same_kv is not whole:
+            address = first_under_bound(same_kv)
+            if address is not None:
+                return address
+    return first_under_bound(whole)  # None only with load_factor < 1
 
 
 def fallback_for(view: PoolView, hash_value: int, primary: str) -> str | None:

@@ -7,13 +7,11 @@ import asyncio
 import signal
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
-from kvgate.config import Config, ConfigError, load_file, load_text
-from kvgate.config.dump import to_yaml
+from kvgate.config import Config, ConfigError
+from kvgate.config.flags import report_warnings, with_engines
+from kvgate.config.load import check_file
 from kvgate.runtime.child import ChildFailed
 from stack.local import Stack
 
@@ -40,11 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        config = load_file(args.config) if args.config else Config()
+        # Without pools (or --engines), kvgate up runs an emulated fleet.
+        checked = check_file(args.config, require_pools=False) if args.config else None
     except ConfigError as exc:
         print(exc.render(), file=sys.stderr)
         print("kvgate up: configuration rejected; nothing was started", file=sys.stderr)
         return 1
+    config = checked.config if checked is not None else Config()
+    if checked is not None:
+        report_warnings(args.config, checked.warnings)
     if args.engines:
         try:
             config = with_engines(config, args.engines)
@@ -63,16 +65,6 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     return asyncio.run(_up(stack, workdir))
-
-
-def with_engines(config: Config, engines: str) -> Config:
-    """The config fronting `engines` (URLs or host:port, comma separated) as its one pool."""
-    items = [e.strip() for e in engines.split(",") if e.strip()]
-    text = to_yaml(replace(config, pools=(), routes=()))
-    data = yaml.safe_load(text)
-    data["pools"] = [{"name": "default", "endpoints": items}]
-    data["routes"] = []
-    return load_text(yaml.safe_dump(data), source="--engines")
 
 
 def _say(line: str) -> None:

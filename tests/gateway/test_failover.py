@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
+import sys
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -148,3 +151,42 @@ async def test_drain_with_deadline_then_undrain(
                 assert drained in later
         finally:
             await client.close()
+
+
+async def test_endpoints_fail_spreads_sessions_within_the_load_bound(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    ups = await upstreams(4)
+    victim, sibling, *others = [u.address for u in ups]
+    endpoints = [{"address": victim, "kv_pool": "ddr-a"}, {"address": sibling, "kv_pool": "ddr-a"},
+                 *({"address": a, "kv_pool": "ddr-b"} for a in others)]
+    config = gateway_config(endpoints, prefix=prefix, load_factor=1.25)
+    sessions = [f"dev-{i}" for i in range(600)]
+    async with running_stack(config, tmp_path / "stack") as stack:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
+            for start in range(0, len(sessions), 25):
+                batch = sessions[start:start + 25]
+                replies = await asyncio.gather(*(
+                    http.get("/v1/chat", headers={"x-session-id": s}) for s in batch))
+                assert all(r.status_code == 200 for r in replies)
+        before = Counter((await _bindings(stack.etcd_endpoints, prefix)).values())
+        assert sum(before.values()) == len(sessions) and before[victim] > 100, before
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kvgate", "endpoints", "fail", victim,
+            "--admin", str(config.control_plane.admin),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        _, err = await asyncio.wait_for(process.communicate(), 30)
+        assert process.returncode == 0, err.decode()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 15
+        while (after := Counter((await _bindings(stack.etcd_endpoints, prefix)).values()))[victim]:
+            assert loop.time() < deadline, after
+            await asyncio.sleep(0.1)
+    bound = math.ceil(1.25 * (len(sessions) + 1) / 3)  # the pool's sessions over 3 engines
+    assert sum(after.values()) == len(sessions)
+    assert max(after.values()) <= bound, (before, after)
+    # The DDR-pool sibling took what its bound allowed; only the rest went to the other pool.
+    assert after[sibling] == min(bound, before[sibling] + before[victim]), (before, after)
+    spilled = sum(after[a] - before[a] for a in others)
+    assert spilled == before[victim] - (after[sibling] - before[sibling]), (before, after)

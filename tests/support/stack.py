@@ -23,7 +23,10 @@ def gateway_config(
     load_factor: float = 1.25,
     kv_pool: str = "kv-a",
     message_timeout: str = "200ms",
+    default_routes: bool = False,
 ) -> Config:
+    """A one-pool config on free ports. Every path goes to the pool, unless `default_routes`:
+    then no `routes:` key, so the gateway serves only the inference API."""
     ports = iter(free_ports(5 + ext_procs))
     data: dict[str, object] = {
         "listener": {"address": "127.0.0.1", "port": next(ports)},
@@ -46,6 +49,8 @@ def gateway_config(
         }],
         "routes": [{"match": {"prefix": "/"}, "pool": "coder"}],
     }
+    if default_routes:
+        del data["routes"]
     return load_text(yaml.safe_dump(data))
 
 

@@ -107,6 +107,41 @@ def test_rebind_lands_where_the_retry_fallback_went(kv_pools: list[str], gone_as
         assert fallback_for(after, h, victim) == retried_to  # also while it drains
 
 
+def _rebind_all(view: PoolView, loads: Counter[str], victim: str, count: int) -> Counter[str]:
+    """Re-places `count` sessions of `victim` one by one, as the failover does."""
+    moved: Counter[str] = Counter()
+    for n in range(count):
+        target = place(view, session_hash(f"o{n}".encode()), loads, 1.25,
+                       prefer_kv_pool=view.kv_pool_of(victim), exclude=victim)
+        assert target is not None and target != victim
+        loads[target] += 1
+        loads[victim] -= 1
+        moved[target] += 1
+    return moved
+
+
+def test_rebinding_fills_the_kv_pool_siblings_to_the_bound_then_spills() -> None:
+    a1, a2, b1, b2 = "10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1"
+    view = _view(Member(a1, "kv-a", state="failed"), Member(a2, "kv-a"),
+                 Member(b1, "kv-b"), Member(b2, "kv-b"))
+    loads = Counter({a1: 374, a2: 331, b1: 350, b2: 340})
+    bound = math.ceil(1.25 * (sum(loads.values()) + 1) / 3)
+    moved = _rebind_all(view, loads, a1, 374)
+    assert loads[a1] == 0 and max(loads.values()) <= bound
+    assert moved[a2] == bound - 331  # the DDR-pool sibling first, up to its bound
+    assert moved[b1] + moved[b2] == 374 - moved[a2]  # only the rest spilled
+
+
+def test_rebinding_stays_in_the_kv_pool_while_it_has_room() -> None:
+    a1, a2, a3, b1 = "10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1"
+    view = _view(Member(a1, "kv-a", state="failed"), Member(a2, "kv-a"),
+                 Member(a3, "kv-a"), Member(b1, "kv-b"))
+    loads = Counter({a1: 100, a2: 100, a3: 100, b1: 100})
+    moved = _rebind_all(view, loads, a1, 100)
+    assert moved[b1] == 0 and moved[a2] + moved[a3] == 100
+    assert max(moved.values()) <= 60, moved  # both siblings, not one
+
+
 def test_no_active_endpoint_places_nowhere() -> None:
     view = _view(Member("10.0.0.1:1", "kv", state="failed"))
     assert place(view, 1, {}, 1.25) is None

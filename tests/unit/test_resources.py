@@ -16,7 +16,8 @@ from envoy.extensions.load_balancing_policies.override_host.v3 import override_h
 
 from control_plane.resources import gateway_listener, pool_cluster, route_configuration
 from control_plane.resources.bootstrap import static_bootstrap, to_json
-from kvgate.config import load_file
+from kvgate.config import load_file, load_text
+from kvgate.config.model import INFERENCE_PATHS, INFERENCE_PREFIXES
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.envoy import envoy_binary
 
@@ -53,7 +54,7 @@ def test_filter_chain_strips_then_asks_ext_proc_then_routes() -> None:
 
 def test_routes_hash_on_session_retry_safely_and_name_their_pool() -> None:
     route = _manager().route_config.virtual_hosts[0].routes[0]
-    assert route.match.prefix == "/v1/"
+    assert route.match.path == "/v1/chat/completions"
     assert route.route.hash_policy[0].header.header_name == "x-session-id"
     assert route.route.retry_policy.retry_on == "connect-failure,refused-stream,reset"
     assert route.route.retry_policy.retry_host_predicate[0].name.endswith("previous_hosts")
@@ -63,6 +64,25 @@ def test_routes_hash_on_session_retry_safely_and_name_their_pool() -> None:
     assert [(h.key, h.value) for h in per_route.overrides.grpc_initial_metadata] == [
         ("x-kvgate-pool", "coder")
     ]
+
+
+@pytest.mark.parametrize("mode", list(RoutingMode))
+def test_default_routes_serve_the_inference_api_and_envoy_answers_404_for_the_rest(
+    mode: RoutingMode,
+) -> None:
+    config = load_text("pools: [{name: coder, endpoints: [10.0.0.1:8000]}]\n")
+    routes = list(route_configuration(config, mode).virtual_hosts[0].routes)
+    served = [(r.match.path or r.match.prefix, r.route.cluster) for r in routes[:-1]]
+    assert served == [(p, "kvgate_pool_coder") for p in (*INFERENCE_PATHS, *INFERENCE_PREFIXES)]
+    last = routes[-1]
+    assert (last.match.prefix, last.direct_response.status) == ("/", 404)
+    if mode is RoutingMode.AFFINITY:  # ext_proc is not asked (and binds nothing) for a 404
+        per_route = ext_proc_pb2.ExtProcPerRoute()
+        last.typed_per_filter_config["envoy.filters.http.ext_proc"].Unpack(per_route)
+        assert per_route.disabled
+    manager = _manager(mode)
+    assert manager.normalize_path.value and manager.merge_slashes
+    assert manager.path_with_escaped_slashes_action == manager.REJECT_REQUEST
 
 
 def test_pool_cluster_overrides_only_from_metadata_and_never_to_unhealthy() -> None:
