@@ -196,7 +196,7 @@ def test_the_real_command_on_hostile_files(tmp_path: Path) -> None:
         mutated[-1].write_bytes(data)
     for path in [Path("/dev/zero"), deep, huge_number, *mutated]:
         result = subprocess.run(
-            [sys.executable, "-m", "kvgate", "check-config", str(path)],
+            [sys.executable, "-m", "kvgate_cli", "check-config", str(path)],
             capture_output=True, text=True, check=False, timeout=60,  # a hang fails here
         )
         assert "Traceback" not in result.stderr, result.stderr
@@ -207,6 +207,6 @@ def test_the_real_command_on_hostile_files(tmp_path: Path) -> None:
             assert result.returncode == 1, result
             assert result.stderr.endswith("1 problem(s); nothing applied\n"), result.stderr
     assert "the file is larger than 1024 KiB" in subprocess.run(
-        [sys.executable, "-m", "kvgate", "check-config", "/dev/zero"],
+        [sys.executable, "-m", "kvgate_cli", "check-config", "/dev/zero"],
         capture_output=True, text=True, check=False, timeout=60,
     ).stderr
