@@ -12,6 +12,7 @@ import httpx
 from kvgate.etcd import EtcdClient
 from kvgate.runtime.ports import free_port
 from kvgate.session import normalize_session
+from tests.support.polling import eventually
 from tests.support.stack import gateway_config, running_stack
 
 
@@ -49,13 +50,9 @@ async def test_etcd_outage_keeps_routing_and_writes_back_later(
             for session in fresh:  # placed while etcd was away, and sticky all the same
                 assert await _route(http, session) == homes[session]
             await etcd.start()
-            deadline = asyncio.get_running_loop().time() + 15
-            while True:
-                stored = await _bindings(etcd.endpoint, prefix)
-                if len(stored) >= len(homes):
-                    break
-                assert asyncio.get_running_loop().time() < deadline, stored
-                await asyncio.sleep(0.1)
+            stored = await eventually(lambda: _bindings(etcd.endpoint, prefix),
+                                      until=lambda stored: len(stored) >= len(homes),
+                                      what="bindings written back to etcd")
             for session in known + fresh:
                 assert await _route(http, session) == homes[session]
     by_session = {key.rsplit("/", 1)[1]: value for key, value in stored.items()}

@@ -28,13 +28,18 @@ def _alive(pid: int) -> bool:
 
 async def _read_until(stream: asyncio.StreamReader, pattern: str, within: float) -> str:
     seen = ""
-    deadline = asyncio.get_running_loop().time() + within
-    while pattern not in seen:
-        remaining = deadline - asyncio.get_running_loop().time()
-        assert remaining > 0, f"no {pattern!r} in:\n{seen}"
-        line = await asyncio.wait_for(stream.readline(), remaining)
-        assert line, f"output ended before {pattern!r}:\n{seen}"
-        seen += line.decode()
+
+    async def read() -> None:
+        nonlocal seen
+        while pattern not in seen:
+            line = await stream.readline()
+            assert line, f"output ended before {pattern!r}:\n{seen}"
+            seen += line.decode()
+
+    try:
+        await asyncio.wait_for(read(), within)
+    except TimeoutError:
+        raise AssertionError(f"no {pattern!r} within {within:g} s in:\n{seen}") from None
     return seen
 
 
