@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -14,7 +15,10 @@ from typing import Any
 
 import pytest
 
-from emulator.command import add_arguments
+from emulator.command import add_arguments, options_from_args
+from emulator.fleet import Fleet
+from emulator.options import EmulatorOptions
+from kvgate.runtime.ports import free_ports
 from tests.support.polling import eventually_sync
 
 # The checkout root, so the children import this tree's `emulator` whatever the caller's cwd.
@@ -94,3 +98,22 @@ def test_time_scale_accepts_fractions() -> None:
         with pytest.raises(SystemExit):
             parser.parse_args(["--time-scale", bad])
 
+
+async def test_ports_puts_each_instance_on_its_own_port() -> None:
+    wanted = tuple(free_ports(3))
+    async with Fleet(EmulatorOptions(instances=3, ports=wanted, time_scale=0)) as fleet:
+        assert fleet.engines == [f"127.0.0.1:{p}" for p in wanted]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--instances", "2", "--ports", "8101,8107"])
+    assert options_from_args(args).ports == (8101, 8107)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--ports", "8101,x"])
+    for options, message in (
+        (EmulatorOptions(instances=2, ports=(8101,)), "one port per instance (2), got 1"),
+        (EmulatorOptions(instances=2, ports=(8101, 8101)), "ports must be distinct"),
+        (EmulatorOptions(instances=1, ports=(70000,)), "ports must be 1..65535"),
+        (EmulatorOptions(instances=1, port=8100, ports=(8101,)), "port and ports exclude"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            options.validate()
