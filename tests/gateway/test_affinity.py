@@ -22,7 +22,7 @@ async def test_sessions_stick_and_spread_within_load_factor(
     config = gateway_config([u.address for u in ups], prefix=prefix)
     async with running_stack(config, tmp_path) as stack:
         seen: defaultdict[str, set[str]] = defaultdict(set)
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             for turn in range(10):
                 for s in range(20):
                     reply = await http.get(f"/v1/chat/{turn}", headers={"x-session-id": f"s-{s}"})
@@ -50,7 +50,7 @@ async def test_client_destination_header_is_ignored_and_stripped(
     ups = await upstreams(3)
     config = gateway_config([u.address for u in ups], prefix=prefix)
     async with running_stack(config, tmp_path):
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             first = await http.get("/v1/x", headers={"x-session-id": "pinned"})
             home = first.json()["upstream"]
             others = [u.address for u in ups if u.address != home]

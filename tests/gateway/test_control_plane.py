@@ -45,7 +45,7 @@ async def test_reload_adds_and_removes_engines_and_rejects_bad_files(
     async with running_stack(config, tmp_path) as stack:
         path = stack.workdir / "kvgate.effective.yaml"
         admin = str(stack.config.control_plane.admin)
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             sessions = [f"r-{i}" for i in range(16)]
             before = await homes_of(http, sessions)
             assert await _envoy_hosts(http, str(config.envoy_admin)) == {a.address, b.address}
@@ -114,7 +114,8 @@ async def test_leader_killed_follower_takes_over_and_traffic_never_stops(
 
                 async def traffic() -> None:
                     nonlocal sent
-                    async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+                    gateway = f"http://{config.listener}"
+                    async with httpx.AsyncClient(base_url=gateway, timeout=30) as http:
                         while not stop.is_set():
                             reply = await http.get("/v1/chat",
                                                    headers={"x-session-id": f"t-{sent % 10}"})

@@ -67,7 +67,7 @@ async def test_ext_proc_killed_mid_traffic_fails_nothing_and_moves_nobody(
                             load_factor=load_factor)
     sessions = [f"conv-{i}" for i in range(30)]
     async with running_stack(config, tmp_path) as stack:
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             homes = await homes_of(http, sessions)
             traffic = SteadyTraffic(http, homes)
             traffic.start()
@@ -94,7 +94,7 @@ async def test_dead_upstream_retried_elsewhere_and_session_rebound(
                             health=FAST_HEALTH)
     sessions = [f"user-{i}" for i in range(24)]
     async with running_stack(config, tmp_path) as stack:
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             homes = await homes_of(http, sessions)
             victim = next(u for u in ups if u.address in homes.values())
             orphans = [s for s, home in homes.items() if home == victim.address]

@@ -60,7 +60,7 @@ async def test_up_serves_then_sigterm_stops_everything(
         pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
         assert len(pids) == 4, output  # etcd, control plane, ext_proc, Envoy
         assert f"http://{config.listener}" in output
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             homes = {
                 (await http.get("/v1/models", headers={"x-session-id": "up-1"})).json()["upstream"]
                 for _ in range(5)

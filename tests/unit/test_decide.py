@@ -74,7 +74,7 @@ async def test_concurrent_first_requests_share_one_write_even_if_one_is_cancelle
     store = SlowStore()
     decider = Decider(store, EndpointDirectory(CONFIG), 1.25)
     requests = [asyncio.create_task(decider.decide("p", b"together")) for _ in range(3)]
-    await asyncio.wait_for(store.started.wait(), 5)
+    await asyncio.wait_for(store.started.wait(), 30)
     requests[0].cancel()  # Envoy gave up on the first one
     store.gate.set()
     answers = await asyncio.gather(*requests[1:])

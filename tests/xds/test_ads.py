@@ -31,7 +31,7 @@ async def test_envoy_receives_every_resource_over_ads_and_routes_sticky(
     ups = await upstreams(3)
     config = gateway_config([u.address for u in ups], prefix=prefix)
     async with running_stack(config, tmp_path):
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             dump = (await http.get(f"http://{config.envoy_admin}/config_dump")).json()
             text = str(dump)
             for name in ("kvgate_pool_coder", "kvgate_ext_proc", "kvgate_gateway",
