@@ -1,5 +1,5 @@
 """`kvgate bench --compare` on the real stack agrees with `kvgate simulate`: exactly where the
-outcome is deterministic, within 5 points where it depends on timing."""
+outcome is deterministic, one-sidedly where it depends on how busy the machine is."""
 
 from __future__ import annotations
 
@@ -55,22 +55,32 @@ async def test_compare_and_simulate_agree_per_mode(tmp_path: Path) -> None:
         # before it: on the real stack, sessions that start close together are placed in
         # whatever order their requests reach ext_proc, and one placement may not yet see
         # another still being written to etcd, so which engine a session lands on (and hence
-        # the per-engine counts) may differ from the simulator's strict arrival order. The
-        # hit rates do not depend on which engine, only on every turn going back to it, so
-        # they agree within a few points; the time scale's jitter (when an eviction falls
-        # relative to a request) accounts for the rest.
+        # the per-engine counts) may differ from the simulator's strict arrival order.
         assert real["errors"] == 0, mode
         assert real["requests"] == len(workload.requests), mode
-        assert real["hit_rate"] == pytest.approx(sim["hit_rate"], abs=0.05), mode
-        assert real["ddr_hit_rate"] == pytest.approx(sim["ddr_hit_rate"], abs=0.05), mode
-        rates[mode] = real["hit_rate"]
         assert len(used) == 3, (mode, used)  # every engine served, through the gateway
+        # Whether a session's blocks are still in HBM at its next turn depends on how much ran
+        # on its engine in between, i.e. on timing. The real run keeps to the workload's
+        # timeline only as well as the machine lets it (1 ms late is 40 ms emulated here): on a
+        # busy machine its requests run late and overlap more, which can only evict more. So
+        # its HBM hits may fall short of the simulator's (up to 8 points in runs beside four
+        # busy processes on two cores, while hits from the pool rose as much), but never exceed
+        # them beyond round robin's order (which requests land where: 3 points either way).
+        real_hbm, sim_hbm = (f["hit_rate"] - f["ddr_hit_rate"] for f in (real, sim))
+        assert real_hbm <= sim_hbm + 0.05, (mode, real, sim)
+        if mode is Mode.AFFINITY_DDR:
+            # Timing does not matter here: the pool (8x the fleet's HBM) keeps every prompt
+            # block an engine computed, so a block evicted from HBM is still a hit, from the
+            # pool (within 0.2 points in every run, busy or not).
+            assert real["hit_rate"] == pytest.approx(sim["hit_rate"], abs=0.02), (real, sim)
+        rates[mode] = real["hit_rate"]
     # every mode ran on the same engine addresses, taken from the range it was given
     assert len({tuple(r.endpoints) for r in results.values()}) == 1
     ports = [int(e.rsplit(":", 1)[1]) for e in results[Mode.RING_HASH].endpoints]
     assert all(low <= p <= high for p in ports), (ports, low, high)
-    # the comparison is not vacuous: modes differ on this workload
+    # the comparison is not vacuous: modes differ on this workload, on the real stack too
     assert rates["affinity+ddr"] - rates["round_robin"] > 0.15
+    assert rates["affinity"] - rates["round_robin"] > 0.05
 
 
 @pytest.mark.parametrize(("flags", "message"), [
