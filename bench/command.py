@@ -11,12 +11,14 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench.client import DriveOptions, GatewayUnreachable, drive
-from bench.compare import CompareOptions, compare
+from bench.compare import CompareOptions, compare, ports_needed
 from emulator.command import time_scale
 from experiment.fleet_options import add_fleet_arguments
 from experiment.inputs import InputError, engines_and_workload
 from experiment.modes import parse_modes
 from experiment.report import markdown_table, result_document, write_outputs
+from kvgate.runtime.child import ChildFailed
+from kvgate.runtime.ports import NoFreePorts, PortRange, parse_port_range
 from workload.cli import add_workload_arguments
 from workload.hashing import oracle_hit_rate
 
@@ -41,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--modes", type=parse_modes, default=parse_modes("all"),
       help="--compare: comma-separated modes (all)")
     a("--workdir", type=Path, help="--compare: logs and configs (default: a temporary dir)")
+    a("--port-range", type=_port_range, metavar="LOW-HIGH",
+      help="--compare: take every port the run listens on from LOW-HIGH, e.g. on a shared host "
+      "(default: free ports from the OS)")
     a("--out", type=Path, help="write <name>.json, .md and .png here")
     a("--name", help="output file stem (default bench-<workload>)")
     a("--quiet", action="store_true", help="no progress bar")
@@ -51,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
         if args.gateway is not None:
             _check_url(args.gateway)
         engine, workload = engines_and_workload(args, args.time_scale)
+        _check_port_range(args, engine.instances)
     except (InputError, ValueError) as exc:
         print(f"kvgate bench: {exc}", file=sys.stderr)
         return 2
@@ -60,8 +66,12 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.quiet and sys.stderr.isatty()
     if args.compare:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
-        options = CompareOptions(engine, workdir, progress, args.header)
-        compared = asyncio.run(compare(workload, args.modes, options, say))
+        options = CompareOptions(engine, workdir, progress, args.header, args.port_range)
+        try:
+            compared = asyncio.run(compare(workload, args.modes, options, say))
+        except (NoFreePorts, ChildFailed) as exc:
+            print(f"kvgate bench: {exc}", file=sys.stderr)
+            return 1
         results = {str(mode): result for mode, result in compared.items()}
         block = engine.block_size
     else:
@@ -93,6 +103,24 @@ def run(args: argparse.Namespace) -> int:
                                   {m: s.ttfts for m, s in stats.items()}, title):
             say(f"wrote {path}")
     return 0
+
+
+def _port_range(text: str) -> PortRange:
+    try:
+        return parse_port_range(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _check_port_range(args: argparse.Namespace, engines: int) -> None:
+    if args.port_range is None:
+        return
+    if not args.compare:
+        raise ValueError("--port-range applies to --compare only (the runs it starts)")
+    low, high = args.port_range
+    if high - low + 1 < ports_needed(engines):
+        raise ValueError(f"--port-range {low}-{high} holds {high - low + 1} ports; --compare "
+                         f"with {engines} engines listens on {ports_needed(engines)}")
 
 
 def _check_url(url: str) -> None:

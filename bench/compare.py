@@ -4,7 +4,6 @@ same workload through it, then everything stopped."""
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +13,7 @@ from emulator.options import EmulatorOptions
 from experiment.fleet_options import emulator_flags
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.ports import free_ports, port_in_use
+from kvgate.runtime.ports import PortRange, ReservedPorts
 from stack.local import Stack
 from workload.model import Workload
 
@@ -25,11 +24,39 @@ class CompareOptions:
     workdir: Path
     progress: bool = False
     header: str = "x-session-id"
+    port_range: PortRange | None = None  # every port the run listens on from here (shared hosts)
 
 
-def gateway_config(header: str) -> Config:
-    """Every port free; no pools, so the Stack starts the emulated fleet itself."""
-    listener, admin, xds, api, ext_proc, metrics = free_ports(6)
+GATEWAY_PORTS = 6  # listener, Envoy admin, xDS, admin API, ext_proc, ext_proc metrics
+OTHER_PORTS = 1 + GATEWAY_PORTS + 2  # + the DDR pool, + the embedded etcd's client and peer
+
+
+def ports_needed(engines: int) -> int:
+    """How many ports a comparison on ``engines`` engines listens on."""
+    return engines + OTHER_PORTS
+
+
+@dataclass(frozen=True, slots=True)
+class RunPorts:
+    """Every port a comparison listens on, the same in every mode: the engine addresses must not
+    change between modes (the rings place sessions by address, and the simulator reproduces a
+    run from them)."""
+
+    engines: tuple[int, ...]
+    pool: int
+    gateway: tuple[int, ...]  # GATEWAY_PORTS of them, in the order above
+    etcd: tuple[int, int]
+
+    @classmethod
+    def of(cls, engines: int, ports: Sequence[int]) -> RunPorts:
+        rest = iter(ports[engines:])
+        return cls(tuple(ports[:engines]), next(rest),
+                   tuple(next(rest) for _ in range(GATEWAY_PORTS)), (next(rest), next(rest)))
+
+
+def gateway_config(header: str, ports: RunPorts) -> Config:
+    """No pools, so the Stack starts the emulated fleet itself."""
+    listener, admin, xds, api, ext_proc, metrics = ports.gateway
     return load_text(json.dumps({
         "listener": {"port": listener},
         "envoy_admin": {"port": admin},
@@ -39,53 +66,53 @@ def gateway_config(header: str) -> Config:
     }), require_pools=False)
 
 
-def free_port_run(count: int, host: str = "127.0.0.1") -> int:
-    """First of ``count`` consecutive free ports, below Linux's ephemeral range."""
-    rng = random.Random()
-    for _ in range(500):
-        base = rng.randrange(20000, 32000 - count)
-        if not any(port_in_use(host, base + i) for i in range(count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports found")
-
-
-def stack_for(mode: RoutingMode, options: CompareOptions, base_port: int) -> Stack:
-    """The gateway in ``mode`` with its own emulated fleet on ``base_port``.. (the same engine
-    addresses in every mode, so the rings place sessions alike and the simulator can match)."""
+def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> Stack:
+    """The gateway in ``mode`` with its own emulated fleet on ``ports``."""
     engine = options.engine
-    args = ("--time-scale", repr(engine.time_scale), "--port", str(base_port),
+    args = ("--time-scale", repr(engine.time_scale),
+            "--ports", ",".join(map(str, ports.engines)), "--pool-port", str(ports.pool),
             *emulator_flags(engine))
     if not mode.ddr_pool:
         args = (*args, "--no-ddr-pool")
     # One Envoy worker: its round robin is then one rotation over the engines, as in the
     # simulator; with two, each worker keeps its own and the kernel picks which connection
     # lands on which, so round robin's chance hits would differ from run to run.
-    return Stack(gateway_config(options.header), options.workdir / str(mode).replace("+", "-"),
+    return Stack(gateway_config(options.header, ports),
+                 options.workdir / str(mode).replace("+", "-"),
                  mode=mode, emulated_engines=engine.instances, emulator_args=args,
-                 envoy_workers=1)
+                 envoy_workers=1, etcd_ports=ports.etcd)
 
 
 async def compare(workload: Workload, modes: Sequence[RoutingMode], options: CompareOptions,
                   say: Callable[[str], None] = lambda line: None) -> dict[RoutingMode, DriveResult]:
     results: dict[RoutingMode, DriveResult] = {}
-    base_port = free_port_run(options.engine.instances)
-    for mode in modes:
-        stack = stack_for(mode, options, base_port)
-        say(f"{mode}: starting {options.engine.instances} engines and the gateway")
-        await stack.start()
-        try:
-            pool = stack.config.pools[0]
-            drive_options = DriveOptions(
-                url=f"http://{stack.config.listener}", time_scale=options.engine.time_scale,
-                header=options.header, engines=[f"http://{e.key}" for e in pool.endpoints],
-                progress=options.progress, label=str(mode),
-            )
-            results[mode] = await drive(workload, drive_options)
-            results[mode].endpoints = [e.key for e in pool.endpoints]
-        finally:
-            await stack.stop()
-        r = results[mode]
-        say(f"{mode}: {r.stats.figures()['requests']} measured requests, "
-            f"{r.stats.errors} errors, engines used {len(r.engines)}, "
-            f"worst send lateness {r.late_s * 1000:.0f} ms wall")
+    # Free ports from the OS (or the range), reserved for the whole run so that nothing else on
+    # the host takes one between two modes; each mode's children listen on them in turn.
+    engines = options.engine.instances
+    with ReservedPorts(ports_needed(engines), within=options.port_range) as reserved:
+        ports = RunPorts.of(engines, reserved.ports)
+        for mode in modes:
+            results[mode] = await _run_mode(workload, mode, options, ports, say)
     return results
+
+
+async def _run_mode(workload: Workload, mode: RoutingMode, options: CompareOptions, ports: RunPorts,
+                    say: Callable[[str], None]) -> DriveResult:
+    stack = stack_for(mode, options, ports)
+    say(f"{mode}: starting {options.engine.instances} engines and the gateway")
+    await stack.start()
+    try:
+        pool = stack.config.pools[0]
+        drive_options = DriveOptions(
+            url=f"http://{stack.config.listener}", time_scale=options.engine.time_scale,
+            header=options.header, engines=[f"http://{e.key}" for e in pool.endpoints],
+            progress=options.progress, label=str(mode),
+        )
+        result = await drive(workload, drive_options)
+        result.endpoints = [e.key for e in pool.endpoints]
+    finally:
+        await stack.stop()
+    say(f"{mode}: {result.stats.figures()['requests']} measured requests, "
+        f"{result.stats.errors} errors, engines used {len(result.engines)}, "
+        f"worst send lateness {result.late_s * 1000:.0f} ms wall")
+    return result

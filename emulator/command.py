@@ -32,6 +32,15 @@ def time_scale(text: str) -> float:
     return value
 
 
+def port_list(text: str) -> tuple[int, ...]:
+    """``8101,8105,8109`` -> ``(8101, 8105, 8109)`` (an argparse type)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated port numbers, got {text!r}") from None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's options (defaults: DESIGN.md's published figures)."""
     d = EmulatorOptions()
@@ -43,6 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.port,
         help="first instance's port; the others use the next ones; 0 = free ports (%(default)s)",
+    )
+    a(
+        "--ports",
+        type=port_list,
+        default=(),
+        metavar="P1,P2,...",
+        help="one port per instance, in order (instead of --port)",
     )
     a("--model", default=d.model, help="served model name (%(default)s)")
     a(
@@ -125,6 +141,7 @@ def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
         instances=args.instances,
         host=args.host,
         port=args.port,
+        ports=args.ports,
         model=args.model,
         block_size=args.block_size,
         hbm_tokens=args.hbm_tokens,

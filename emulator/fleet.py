@@ -83,7 +83,7 @@ class Fleet:
                 self.clock,
                 self._pool_client,
                 host=opts.host,
-                port=opts.port + i if opts.port else 0,
+                port=opts.ports[i] if opts.ports else (opts.port + i if opts.port else 0),
                 engine_id_template=opts.engine_id,
                 index=i,
                 seed=opts.seed + i,

@@ -19,6 +19,7 @@ class EmulatorOptions:
     instances: int = 1
     host: str = "127.0.0.1"
     port: int = 0  # first instance's port, the others follow; 0 = any free ports
+    ports: tuple[int, ...] = ()  # or one port per instance, in order (instead of `port`)
     model: str = DEFAULT_MODEL
     block_size: int = 16  # 128 mirrors vLLM-Ascend
     hbm_tokens: int = DEFAULT_HBM_TOKENS  # per instance
@@ -41,6 +42,11 @@ class EmulatorOptions:
         checks = [
             (self.instances >= 1, "instances must be >= 1"),
             (0 <= self.port <= 65535 - max(0, self.instances - 1), "port out of range"),
+            (not self.ports or len(self.ports) == self.instances,
+             f"ports must list one port per instance ({self.instances}), got {len(self.ports)}"),
+            (all(1 <= p <= 65535 for p in self.ports), "ports must be 1..65535"),
+            (len(set(self.ports)) == len(self.ports), "ports must be distinct"),
+            (not (self.ports and self.port), "port and ports exclude each other"),
             (0 <= self.pool_port <= 65535, "pool_port out of range"),
             (self.block_size >= 1, "block_size must be >= 1"),
             (self.hbm_tokens >= 0, "hbm_tokens must be >= 0"),

@@ -43,6 +43,8 @@ class Stack:
     emulated_engines: int = 0
     emulator_args: tuple[str, ...] = ()
     envoy_workers: int = 2
+    # The embedded etcd's client and peer ports (default: free ones from the OS).
+    etcd_ports: tuple[int, int] | None = None
     fleet: Child | None = None
     components: list[Component] = field(default_factory=list)
     ext_procs: list[Child] = field(default_factory=list)
@@ -128,7 +130,7 @@ class Stack:
     async def _start_etcd(self) -> None:
         if self.config.etcd.endpoints is not None:
             return
-        client_port, peer_port = free_ports(2)
+        client_port, peer_port = self.etcd_ports or free_ports(2)
         child = embedded_etcd(
             self.workdir / "etcd-data", client_port, peer_port, self.workdir / "etcd.log"
         )

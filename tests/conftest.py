@@ -25,7 +25,7 @@ class EtcdServer:
 
     async def start(self) -> None:
         await self.child.start()
-        await self.child.wait_ready(lambda: etcd_ready(self.endpoint), 20)
+        await self.child.wait_ready(lambda: etcd_ready(self.endpoint), 60)
 
     async def stop(self) -> None:
         await self.child.stop()

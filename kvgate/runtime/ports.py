@@ -2,7 +2,28 @@
 
 from __future__ import annotations
 
+import random
 import socket
+
+PortRange = tuple[int, int]  # (low, high), both included
+
+
+class NoFreePorts(RuntimeError):
+    """Not enough free ports in a range a user confined us to; the message says which."""
+
+
+def parse_port_range(text: str) -> PortRange:
+    """``LOW-HIGH`` (both included) -> ``(low, high)``; ValueError saying what is wrong."""
+    low, sep, high = text.strip().partition("-")
+    try:
+        if not sep:
+            raise ValueError
+        bounds = int(low), int(high)
+    except ValueError:
+        raise ValueError(f"expected LOW-HIGH such as 30000-30999, got {text!r}") from None
+    if not 1 <= bounds[0] <= bounds[1] <= 65535:
+        raise ValueError(f"expected 1 <= LOW <= HIGH <= 65535, got {text!r}")
+    return bounds
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -13,9 +34,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+def free_ports(count: int, host: str = "127.0.0.1", within: PortRange | None = None) -> list[int]:
     """`count` distinct free ports: all held at once while the OS hands them out (one at a time,
-    a port just released can come back)."""
+    a port just released can come back). `within`: only from that range (tried in random order,
+    so two runs confined to one range rarely collide); NoFreePorts if it has too few free."""
+    if within is not None:
+        with ReservedPorts(count, host, within) as reserved:
+            return reserved.ports
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sockets = [socket.socket(family, socket.SOCK_STREAM) for _ in range(count)]
     try:
@@ -25,6 +50,70 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for sock in sockets:
             sock.close()
+
+
+class ReservedPorts:
+    """`count` distinct free ports (from the OS, or from `within`), kept from everyone else until
+    closed, for children started later, possibly several times over.
+
+    Each port is held by a socket bound with SO_REUSEADDR that never listens: no other program can
+    bind it without address reuse, and the kernel never gives an explicitly bound port to an
+    outgoing connection; yet a child that binds with address reuse and listens (the emulator,
+    Envoy, etcd, the gRPC and HTTP servers here all do) gets it. A port released and taken again
+    later could meanwhile become some outgoing connection's, on a busy host."""
+
+    def __init__(self, count: int, host: str = "127.0.0.1",
+                 within: PortRange | None = None) -> None:
+        self._sockets: list[socket.socket] = []
+        try:
+            if within is None:
+                for _ in range(count):
+                    self._sockets.append(_held(host, 0))
+            else:
+                self._hold_within(count, host, within)
+        except BaseException:
+            self.close()
+            raise
+        self.ports = [int(sock.getsockname()[1]) for sock in self._sockets]
+
+    def _hold_within(self, count: int, host: str, within: PortRange) -> None:
+        low, high = within
+        candidates = list(range(low, high + 1))
+        random.shuffle(candidates)
+        for port in candidates:
+            if len(self._sockets) == count:
+                return
+            try:
+                self._sockets.append(_held(host, port))
+            except OSError:
+                continue
+        if len(self._sockets) < count:
+            raise NoFreePorts(f"only {len(self._sockets)} of the {count} ports needed are free "
+                              f"in {low}-{high} on {host}")
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close()
+        self._sockets.clear()
+
+    def __enter__(self) -> ReservedPorts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _held(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        # Bound without address reuse first, so a port anything else has bound (another
+        # reservation included) is refused; reuse is allowed afterwards, for the children.
+        sock.bind((host, port))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    except OSError:
+        sock.close()
+        raise
+    return sock
 
 
 def port_in_use(host: str, port: int) -> bool:

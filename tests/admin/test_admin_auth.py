@@ -50,7 +50,7 @@ async def _list(channel: grpc.aio.Channel, token: str | None) -> admin_pb2.ListE
     metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
     stub = admin_pb2_grpc.AdminStub(channel)
     return await stub.ListEndpoints(admin_pb2.ListEndpointsRequest(), metadata=metadata,
-                                    timeout=5)
+                                    timeout=30)
 
 
 async def _services(channel: grpc.aio.Channel, token: str | None = None) -> list[str]:
@@ -58,7 +58,7 @@ async def _services(channel: grpc.aio.Channel, token: str | None = None) -> list
     stub = reflection_pb2_grpc.ServerReflectionStub(channel)
     call = stub.ServerReflectionInfo(
         iter([reflection_pb2.ServerReflectionRequest(list_services="")]), metadata=metadata,
-        timeout=5)
+        timeout=30)
     async for response in call:
         return [s.name for s in response.list_services_response.service]
     return []
@@ -66,7 +66,7 @@ async def _services(channel: grpc.aio.Channel, token: str | None = None) -> list
 
 async def _health(channel: grpc.aio.Channel, service: str = "") -> int:
     stub = health_pb2_grpc.HealthStub(channel)
-    return (await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)).status
+    return (await stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=30)).status
 
 
 async def test_token_required_off_loopback(
@@ -128,7 +128,7 @@ async def test_reflection_and_health(fleet: Fleet, admin_server: StartServer) ->
         assert await _health(channel, ADMIN_SERVICE) == health_pb2.HealthCheckResponse.SERVING
         stub = reflection_pb2_grpc.ServerReflectionStub(channel)
         call = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(
-            file_containing_symbol="kvgate.admin.v1.Admin")]), timeout=5)
+            file_containing_symbol="kvgate.admin.v1.Admin")]), timeout=30)
         async for response in call:
             files = response.file_descriptor_response.file_descriptor_proto
             assert files and b"kvgate/admin/v1/admin.proto" in files[0]

@@ -52,7 +52,7 @@ async def test_admin_api_over_tls_off_loopback(
     async with grpc.aio.insecure_channel(admin) as channel:  # nothing answers in clear
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await admin_pb2_grpc.AdminStub(channel).ListEndpoints(
-                admin_pb2.ListEndpointsRequest(), timeout=3,
+                admin_pb2.ListEndpointsRequest(), timeout=30,
                 metadata=(("authorization", f"Bearer {TOKEN}"),))
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from emulator.command import add_arguments
+from emulator.command import add_arguments, options_from_args
+from emulator.fleet import Fleet
+from emulator.options import EmulatorOptions
+from kvgate.runtime.ports import free_ports
+from tests.support.polling import eventually_sync
 
 # The checkout root, so the children import this tree's `emulator` whatever the caller's cwd.
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,21 +30,19 @@ ENTRY_POINTS = {
 }
 
 
-def wait_for_file(
-    path: Path, proc: subprocess.Popen[bytes], timeout: float = 20.0
-) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
+def wait_for_file(path: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    def written() -> bool:
         assert proc.poll() is None, f"emulator exited early: {proc.returncode}"
-        assert time.monotonic() < deadline, "ready file never appeared"
-        time.sleep(0.05)
+        return path.exists()
+
+    eventually_sync(written, what="the ready file")
     return json.loads(path.read_text())
 
 
 def port_open(address: str) -> bool:
     host, port = address.rsplit(":", 1)
     with socket.socket() as s:
-        s.settimeout(1)
+        s.settimeout(10)
         return s.connect_ex((host, int(port))) == 0
 
 
@@ -60,13 +62,13 @@ def test_cli_serves_writes_ready_file_and_stops_on_sigterm(tmp_path: Path, entry
             f"http://{engine}/v1/completions", data=body,
             headers={"Content-Type": "application/json"},
         )  # fmt: skip
-        with urllib.request.urlopen(req, timeout=5) as resp:
+        with urllib.request.urlopen(req, timeout=30) as resp:
             assert resp.headers["x-engine-id"] == engine
             assert json.loads(resp.read())["usage"]["completion_tokens"] == 2
-        with urllib.request.urlopen(f"{info['pool_url']}/v1/stats", timeout=5) as resp:
+        with urllib.request.urlopen(f"{info['pool_url']}/v1/stats", timeout=30) as resp:
             assert json.loads(resp.read())["blocks"] > 0
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=15)
+        out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -95,3 +97,23 @@ def test_time_scale_accepts_fractions() -> None:
     for bad in ("-1", "1/0", "fast"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--time-scale", bad])
+
+
+async def test_ports_puts_each_instance_on_its_own_port() -> None:
+    wanted = tuple(free_ports(3))
+    async with Fleet(EmulatorOptions(instances=3, ports=wanted, time_scale=0)) as fleet:
+        assert fleet.engines == [f"127.0.0.1:{p}" for p in wanted]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--instances", "2", "--ports", "8101,8107"])
+    assert options_from_args(args).ports == (8101, 8107)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--ports", "8101,x"])
+    for options, message in (
+        (EmulatorOptions(instances=2, ports=(8101,)), "one port per instance (2), got 1"),
+        (EmulatorOptions(instances=2, ports=(8101, 8101)), "ports must be distinct"),
+        (EmulatorOptions(instances=1, ports=(70000,)), "ports must be 1..65535"),
+        (EmulatorOptions(instances=1, port=8100, ports=(8101,)), "port and ports exclude"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(message)):
+            options.validate()

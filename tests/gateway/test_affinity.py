@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import httpx
 
+from kvgate.etcd import EtcdClient
+from kvgate.session import normalize_session
 from tests.support.stack import gateway_config, running_stack
 
 
@@ -19,7 +22,7 @@ async def test_sessions_stick_and_spread_within_load_factor(
     config = gateway_config([u.address for u in ups], prefix=prefix)
     async with running_stack(config, tmp_path) as stack:
         seen: defaultdict[str, set[str]] = defaultdict(set)
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             for turn in range(10):
                 for s in range(20):
                     reply = await http.get(f"/v1/chat/{turn}", headers={"x-session-id": f"s-{s}"})
@@ -30,7 +33,15 @@ async def test_sessions_stick_and_spread_within_load_factor(
         bound = math.ceil(config.placement.load_factor * 20 / 4)
         assert max(per_upstream.values()) <= bound, per_upstream
         assert len(per_upstream) >= 3, per_upstream
-        assert stack.envoy is not None
+        # They stuck because kvgate bound them: each binding in etcd names the session's upstream.
+        client = EtcdClient(stack.etcd_endpoints)
+        try:
+            kvs, _ = await client.get_prefix(f"{prefix}bindings/coder/".encode())
+        finally:
+            await client.close()
+        bound = {kv.key.decode().rsplit("/", 1)[1]: json.loads(kv.value)["endpoint"] for kv in kvs}
+        assert bound == {normalize_session(s.encode()): next(iter(hosts))
+                         for s, hosts in seen.items()}
 
 
 async def test_client_destination_header_is_ignored_and_stripped(
@@ -39,7 +50,7 @@ async def test_client_destination_header_is_ignored_and_stripped(
     ups = await upstreams(3)
     config = gateway_config([u.address for u in ups], prefix=prefix)
     async with running_stack(config, tmp_path):
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             first = await http.get("/v1/x", headers={"x-session-id": "pinned"})
             home = first.json()["upstream"]
             others = [u.address for u in ups if u.address != home]

@@ -12,6 +12,7 @@ import httpx
 from kvgate.etcd import EtcdClient
 from kvgate.runtime.ports import free_port
 from kvgate.session import normalize_session
+from tests.support.polling import eventually
 from tests.support.stack import gateway_config, running_stack
 
 
@@ -38,7 +39,7 @@ async def test_etcd_outage_keeps_routing_and_writes_back_later(
     known = [f"known-{i}" for i in range(10)]
     fresh = [f"fresh-{i}" for i in range(10)]
     async with running_stack(config, tmp_path / "stack"):
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             homes = {s: await _route(http, s) for s in known}
             await etcd.stop()
             for _ in range(3):
@@ -49,13 +50,9 @@ async def test_etcd_outage_keeps_routing_and_writes_back_later(
             for session in fresh:  # placed while etcd was away, and sticky all the same
                 assert await _route(http, session) == homes[session]
             await etcd.start()
-            deadline = asyncio.get_running_loop().time() + 15
-            while True:
-                stored = await _bindings(etcd.endpoint, prefix)
-                if len(stored) >= len(homes):
-                    break
-                assert asyncio.get_running_loop().time() < deadline, stored
-                await asyncio.sleep(0.1)
+            stored = await eventually(lambda: _bindings(etcd.endpoint, prefix),
+                                      until=lambda stored: len(stored) >= len(homes),
+                                      what="bindings written back to etcd")
             for session in known + fresh:
                 assert await _route(http, session) == homes[session]
     by_session = {key.rsplit("/", 1)[1]: value for key, value in stored.items()}
@@ -77,8 +74,8 @@ async def test_two_gateways_racing_on_new_sessions_agree(
     sessions = [f"race-{i}" for i in range(40)]
     async with running_stack(first, tmp_path / "a"), running_stack(second, tmp_path / "b"):
         async with (
-            httpx.AsyncClient(base_url=f"http://{first.listener}") as a,
-            httpx.AsyncClient(base_url=f"http://{second.listener}") as b,
+            httpx.AsyncClient(base_url=f"http://{first.listener}", timeout=30) as a,
+            httpx.AsyncClient(base_url=f"http://{second.listener}", timeout=30) as b,
         ):
             racing = await asyncio.gather(
                 *(_route(client, s) for s in sessions for client in (a, b))

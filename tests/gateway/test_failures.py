@@ -10,8 +10,8 @@ import pytest
 
 from kvgate.etcd import EtcdClient
 from kvgate.placement import EnvoyRing, session_hash
-from tests.support.polling import homes_of
-from tests.support.stack import gateway_config, running_stack
+from tests.support.polling import eventually, homes_of
+from tests.support.stack import FAST_HEALTH, gateway_config, running_stack
 
 
 class SteadyTraffic:
@@ -29,10 +29,7 @@ class SteadyTraffic:
         self._task = asyncio.create_task(self._run())
 
     async def until_sent(self, count: int) -> None:
-        deadline = asyncio.get_running_loop().time() + 10
-        while self.sent < count:
-            assert asyncio.get_running_loop().time() < deadline
-            await asyncio.sleep(0.01)
+        await eventually(lambda: self.sent >= count, what=f"{count} requests sent")
 
     async def stop(self) -> None:
         self._stop.set()
@@ -70,7 +67,7 @@ async def test_ext_proc_killed_mid_traffic_fails_nothing_and_moves_nobody(
                             load_factor=load_factor)
     sessions = [f"conv-{i}" for i in range(30)]
     async with running_stack(config, tmp_path) as stack:
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             homes = await homes_of(http, sessions)
             traffic = SteadyTraffic(http, homes)
             traffic.start()
@@ -93,10 +90,11 @@ async def test_dead_upstream_retried_elsewhere_and_session_rebound(
     ups = await upstreams(4)
     # Room for every session anywhere, so the rebind always keeps the retry's choice (with the
     # default bound, where the random ports put the ring decides whether a sibling is full).
-    config = gateway_config([u.address for u in ups], prefix=prefix, load_factor=3.0)
+    config = gateway_config([u.address for u in ups], prefix=prefix, load_factor=3.0,
+                            health=FAST_HEALTH)
     sessions = [f"user-{i}" for i in range(24)]
     async with running_stack(config, tmp_path) as stack:
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             homes = await homes_of(http, sessions)
             victim = next(u for u in ups if u.address in homes.values())
             orphans = [s for s, home in homes.items() if home == victim.address]
@@ -106,16 +104,19 @@ async def test_dead_upstream_retried_elsewhere_and_session_rebound(
             assert all(home != victim.address for home in moved.values())
             # The health checker fails the victim; ext_proc re-binds the sessions in etcd.
             client = EtcdClient(stack.etcd_endpoints)
+
+            async def bindings() -> dict[str, bytes]:
+                kvs, _ = await client.get_prefix(f"{prefix}bindings/".encode())
+                await homes_of(http, orphans)  # the orphans keep asking meanwhile
+                return {kv.key.decode().rsplit("/", 1)[1]: kv.value for kv in kvs}
+
             try:
-                deadline = asyncio.get_running_loop().time() + 10
-                while True:
-                    kvs, _ = await client.get_prefix(f"{prefix}bindings/".encode())
-                    bound = {kv.key.decode().rsplit("/", 1)[1]: kv.value for kv in kvs}
-                    await homes_of(http, orphans)
-                    if all(victim.address.encode() not in v for v in bound.values()):
-                        break
-                    assert asyncio.get_running_loop().time() < deadline, bound
-                    await asyncio.sleep(0.1)
+                await eventually(
+                    bindings,
+                    until=lambda bound: all(victim.address.encode() not in v
+                                            for v in bound.values()),
+                    what="the dead upstream's sessions re-bound in etcd",
+                )
             finally:
                 await client.close()
             final = await homes_of(http, sessions)

@@ -27,7 +27,7 @@ async def test_odd_session_ids(tmp_path: Path, upstreams, prefix: str) -> None:
     non_utf8 = b"sess-\xff\xfe\x80-end"
     some_uuid = uuid.UUID("0f8fad5b-d9cb-469f-a165-70867728950e")
     async with running_stack(config, tmp_path):
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             async def route(value: bytes | None) -> str:
                 headers = {} if value is None else {"x-session-id": value}
                 reply = await http.get("/v1/chat", headers=headers)
@@ -67,7 +67,7 @@ async def test_8kib_session_id_reaches_an_emulated_engine(tmp_path: Path, prefix
         config = gateway_config(fleet.engines, prefix=prefix)
         big = "s" * 8192
         async with running_stack(config, tmp_path / "stack"):
-            async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+            async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
                 homes = set()
                 for _ in range(3):
                     reply = await http.post(

@@ -28,13 +28,18 @@ def _alive(pid: int) -> bool:
 
 async def _read_until(stream: asyncio.StreamReader, pattern: str, within: float) -> str:
     seen = ""
-    deadline = asyncio.get_running_loop().time() + within
-    while pattern not in seen:
-        remaining = deadline - asyncio.get_running_loop().time()
-        assert remaining > 0, f"no {pattern!r} in:\n{seen}"
-        line = await asyncio.wait_for(stream.readline(), remaining)
-        assert line, f"output ended before {pattern!r}:\n{seen}"
-        seen += line.decode()
+
+    async def read() -> None:
+        nonlocal seen
+        while pattern not in seen:
+            line = await stream.readline()
+            assert line, f"output ended before {pattern!r}:\n{seen}"
+            seen += line.decode()
+
+    try:
+        await asyncio.wait_for(read(), within)
+    except TimeoutError:
+        raise AssertionError(f"no {pattern!r} within {within:g} s in:\n{seen}") from None
     return seen
 
 
@@ -55,7 +60,7 @@ async def test_up_serves_then_sigterm_stops_everything(
         pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
         assert len(pids) == 4, output  # etcd, control plane, ext_proc, Envoy
         assert f"http://{config.listener}" in output
-        async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             homes = {
                 (await http.get("/v1/models", headers={"x-session-id": "up-1"})).json()["upstream"]
                 for _ in range(5)

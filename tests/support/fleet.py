@@ -36,7 +36,7 @@ class EngineProcesses:
             async def written(path: Path = ready) -> bool:
                 return await asyncio.to_thread(path.exists)
 
-            await child.wait_ready(written, 30)
+            await child.wait_ready(written, 60)
             info = json.loads(ready.read_text())
             if index:
                 self.engines.append(info["engines"][0])

@@ -12,6 +12,18 @@ from kvgate.config import Config, load_text
 from kvgate.runtime.ports import free_ports
 from stack.local import Stack
 
+# Health settings for tests that are not about health: a probe may take up to 2 s and it takes
+# three misses in a row to fail an engine, so a CPU-starved control plane or engine is never
+# failed because the machine is slow. Engines start healthy, so long intervals delay nothing.
+CALM_HEALTH: dict[str, object] = {
+    "interval": "2s", "timeout": "2s", "unhealthy_threshold": 3, "healthy_threshold": 1,
+}
+# For tests of failure detection: a dead engine (connection refused) is failed after two probes,
+# within about 2 s; a live one would have to miss two 1 s probes in a row.
+FAST_HEALTH: dict[str, object] = {
+    "interval": "1s", "timeout": "1s", "unhealthy_threshold": 2, "healthy_threshold": 1,
+}
+
 
 def gateway_config(
     endpoints: Sequence[str | dict[str, object]],
@@ -22,11 +34,14 @@ def gateway_config(
     idle_ttl: str = "1h",
     load_factor: float = 1.25,
     kv_pool: str = "kv-a",
-    message_timeout: str = "200ms",
+    message_timeout: str = "5s",
+    health: dict[str, object] | None = None,
     default_routes: bool = False,
 ) -> Config:
     """A one-pool config on free ports. Every path goes to the pool, unless `default_routes`:
-    then no `routes:` key, so the gateway serves only the inference API."""
+    then no `routes:` key, so the gateway serves only the inference API. `message_timeout`
+    (Envoy's wait for ext_proc) is generous: past it Envoy falls back to its ring and a slow
+    ext_proc would look like a moved session. `health` defaults to :data:`CALM_HEALTH`."""
     ports = iter(free_ports(5 + ext_procs))
     data: dict[str, object] = {
         "listener": {"address": "127.0.0.1", "port": next(ports)},
@@ -44,8 +59,7 @@ def gateway_config(
         "placement": {"load_factor": load_factor},
         "pools": [{
             "name": "coder", "kv_pool": kv_pool, "endpoints": list(endpoints),
-            "health": {"interval": "200ms", "timeout": "150ms", "unhealthy_threshold": 2,
-                       "healthy_threshold": 1},
+            "health": dict(CALM_HEALTH if health is None else health),
         }],
         "routes": [{"match": {"prefix": "/"}, "pool": "coder"}],
     }
@@ -56,7 +70,7 @@ def gateway_config(
 
 @asynccontextmanager
 async def running_stack(config: Config, workdir: Path) -> AsyncIterator[Stack]:
-    stack = Stack(config, workdir)
+    stack = Stack(config, workdir, ready_timeout=60)  # generous: the machine may be busy
     await stack.start()
     try:
         yield stack

@@ -23,18 +23,8 @@ def test_uuid_kept_canonical_other_values_uuid5() -> None:
     assert normalize_session(b"not-a-uuid-but-thirty-six-chars-long") != "not-a-uuid"
 
 
-def test_session_ids_memo_answers_like_normalize_and_stays_bounded() -> None:
-    ids = SessionIds(capacity=4, longest=64)
-    values = [b"chat-%d" % i for i in range(10)] + [b"", b"  ", b"x" * 500, b"chat-3"]
-    for raw in values * 2:
-        assert ids.normalize(raw) == normalize_session(raw)
-        assert len(ids._memo) <= 4 and len(ids._old) <= 4
-    assert b"x" * 500 not in ids._memo  # long values are not kept
-
-
-def test_session_ids_keep_the_sessions_in_use_however_many_pass_by(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    ids = SessionIds(capacity=100)
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The values SessionIds actually hashed (a memo hit computes nothing)."""
     computed: list[bytes] = []
 
     def counted(raw: bytes) -> str | None:
@@ -42,6 +32,38 @@ def test_session_ids_keep_the_sessions_in_use_however_many_pass_by(
         return normalize_session(raw)
 
     monkeypatch.setattr("kvgate.session.normalize_session", counted)
+    return computed
+
+
+def test_session_ids_memo_answers_like_normalize_and_stays_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = SessionIds(capacity=4, longest=64)
+    values = [b"chat-%d" % i for i in range(10)] + [b"", b"  ", b"x" * 500, b"chat-3"]
+    expected = {raw: normalize_session(raw) for raw in values}
+    computed = _counting(monkeypatch)
+    for raw in values * 2:
+        assert ids.normalize(raw) == expected[raw]
+    # Memoised: asked again at once, nothing is computed.
+    computed.clear()
+    assert ids.normalize(b"chat-3") == expected[b"chat-3"] and computed == []
+    # Bounded: two generations of 4 hold at most 8 values, so after 9 others the first is
+    # computed again.
+    for i in range(9):
+        ids.normalize(b"other-%d" % i)
+    computed.clear()
+    ids.normalize(b"chat-3")
+    assert computed == [b"chat-3"]
+    # Long values are never kept: each time is computed again.
+    computed.clear()
+    ids.normalize(b"x" * 500)
+    ids.normalize(b"x" * 500)
+    assert computed == [b"x" * 500] * 2
+
+
+def test_session_ids_keep_the_sessions_in_use_however_many_pass_by(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = SessionIds(capacity=100)
+    computed = _counting(monkeypatch)
     for i in range(1000):  # a busy session between streams of one-off ones
         ids.normalize(b"busy")
         ids.normalize(b"once-%d" % i)
