@@ -13,6 +13,7 @@ from control_plane.service import ControlPlaneOptions, ControlPlaneService
 from kvgate.admin_api.tls import TlsError, load_server_tls
 from kvgate.config.fields import Fields
 from kvgate.config.flags import address_flag, etcd_flag, load_or_report
+from kvgate.etcd.security import EtcdSecurityError
 from kvgate.observability.logs import configure_logging
 from kvgate.runtime.serve import serve_until_signalled
 
@@ -62,7 +63,11 @@ def run(args: argparse.Namespace) -> int:
         config_path=Path(args.config), etcd=etcd, admin=admin, metrics=metrics,
         admin_token=token, admin_tls=tls, **({"identity": args.identity} if args.identity else {}),
     )
-    service = ControlPlaneService(config, options)
+    try:
+        service = ControlPlaneService(config, options)
+    except EtcdSecurityError as exc:
+        print(f"control plane: {exc}", file=sys.stderr)
+        return 2
     return asyncio.run(
         serve_until_signalled(service, "control plane", on_hangup=service.request_reload)
     )
