@@ -44,10 +44,11 @@ def read_auth(f: Fields, value: Any, path: Path, base: FilePath) -> EtcdAuth | N
     raw = f.mapping(value, path, ("username", "password_file"))
     if not isinstance(value, dict):
         return None
+    username = None
     if "username" not in raw:
         f.error((*path, "username"), "required")
-        return None
-    username = f.string(raw["username"], (*path, "username"))
+    else:
+        username = f.string(raw["username"], (*path, "username"))
     password_file = None
     if raw.get("password_file") is not None:
         where = (*path, "password_file")

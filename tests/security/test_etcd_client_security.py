@@ -126,7 +126,7 @@ async def test_wrong_password_is_named(auth_etcd: SecureEtcd) -> None:
 async def test_no_user_against_an_etcd_that_wants_one(auth_etcd: SecureEtcd) -> None:
     client = EtcdClient([auth_etcd.endpoint])
     try:
-        with pytest.raises(EtcdAuthError, match="configure etcd.auth"):
+        with pytest.raises(EtcdAuthError, match=r"configure etcd\.auth"):
             await client.get(PREFIX)
     finally:
         await client.close()
