@@ -12,7 +12,9 @@ import pytest
 from kvgate.config.model import Etcd, EtcdTls
 from kvgate.etcd import EtcdAuthError, EtcdClient, EtcdErrorKind, EtcdUnavailable
 from kvgate.etcd.security import etcd_security
-from tests.support.secure_etcd import PASSWORD, USER, SecureEtcd, make_pki
+from tests.support.secure_etcd import PASSWORD, USER, Pki, SecureEtcd, make_pki
+
+MAKE_CERTS = Path(__file__).resolve().parents[2] / "deploy/tls/make-etcd-certs.sh"
 
 PREFIX = b"/kvgate/t/"
 TOKEN_TTL = 2
@@ -80,6 +82,32 @@ async def test_client_certificate_tls(tls_etcd: SecureEtcd, tmp_path: Path) -> N
                 await refused.get(PREFIX)
         finally:
             await refused.close()
+
+
+async def test_the_deploy_certificate_script_makes_what_etcd_and_kvgate_accept(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "etcd-tls"
+    made = await asyncio.create_subprocess_exec(
+        "sh", str(MAKE_CERTS), str(out), "etcd", "localhost", "127.0.0.1",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    output, _ = await asyncio.wait_for(made.communicate(), 60)
+    assert made.returncode == 0, output
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {
+        "ca.pem": 0o644, "etcd.pem": 0o644, "etcd-key.pem": 0o600, "client.pem": 0o644,
+        "client-key.pem": 0o600}
+    pki = Pki(out / "ca.pem", out / "etcd.pem", out / "etcd-key.pem", out / "client.pem",
+              out / "client-key.pem")
+    server = SecureEtcd(tmp_path / "etcd", tls=True, auth=False, pki=pki)
+    await server.start()  # etcd takes its certificate and the CA
+    try:
+        client = server.client()  # and kvgate its client certificate
+        try:
+            await _exercise(client)
+        finally:
+            await client.close()
+    finally:
+        await server.stop()
 
 
 async def test_authentication(auth_etcd: SecureEtcd) -> None:

@@ -59,12 +59,12 @@ class SecureEtcd:
     user whose role may read and write only under `prefix`)."""
 
     def __init__(self, workdir: Path, *, tls: bool, auth: bool, prefix: str = "/kvgate/",
-                 extra_args: tuple[str, ...] = ()) -> None:
+                 extra_args: tuple[str, ...] = (), pki: Pki | None = None) -> None:
         client_port, peer_port = free_ports(2)
         self.endpoint = f"127.0.0.1:{client_port}"
         self.prefix = prefix
         self.auth = auth
-        self.pki = make_pki(workdir / "pki") if tls else None
+        self.pki = (pki or make_pki(workdir / "pki")) if tls else None
         workdir.mkdir(parents=True, exist_ok=True)
         self.password_file = workdir / "etcd-password"
         self.password_file.write_text(PASSWORD + "\n")
