@@ -58,7 +58,8 @@ class ControlPlaneOptions:
     etcd: tuple[str, ...]
     admin: HostPort
     metrics: HostPort | None = None
-    admin_token: str | None = None
+    admin_token: str | None = None  # the operator token (None on loopback: one is made)
+    admin_read_token: str | None = None
     admin_tls: ServerTls | None = None
     identity: str = f"{socket.gethostname()}-{os.getpid()}"
     watch_file: bool = True  # reload when the file changes, not only on SIGHUP
@@ -132,7 +133,7 @@ class ControlPlaneService:
                              + "; ".join(problems))
         self._admin = AdminServer(self.operations, self.status, self._options.admin,
                                   self._options.admin_token, self._health,
-                                  self._options.admin_tls)
+                                  self._options.admin_tls, self._options.admin_read_token)
         self._xds = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AdsServer(self.cache, XdsMetrics(self.registry), self.nodes), self._xds

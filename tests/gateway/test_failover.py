@@ -172,7 +172,7 @@ async def test_endpoints_fail_spreads_sessions_within_the_load_bound(
         before = Counter((await _bindings(stack.etcd_endpoints, prefix)).values())
         assert sum(before.values()) == len(sessions) and before[victim] > 100, before
         process = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kvgate", "endpoints", "fail", victim,
+            sys.executable, "-m", "kvgate_cli", "endpoints", "fail", victim,
             "--admin", str(config.control_plane.admin),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
