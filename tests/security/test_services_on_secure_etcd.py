@@ -169,3 +169,23 @@ async def test_debug_logs_of_a_working_ext_proc_never_hold_the_password(
     assert process.returncode == 0, text
     assert '"etcd_user": "kvgate"' in text and "etcd_mirror_synced" in text
     assert PASSWORD not in text
+
+
+async def test_etcd_security_cannot_change_by_reload(
+    tmp_path: Path, upstreams, secure_etcd: SecureEtcd, prefix: str
+) -> None:
+    from tests.failsafe.failsafe_helpers import running_control_plane
+
+    ups = await upstreams(1)
+    config = _secured(gateway_config([u.address for u in ups], prefix=prefix,
+                                     etcd=[secure_etcd.endpoint]), secure_etcd)
+    path = _write(config, tmp_path / "kvgate.yaml")
+    async with running_control_plane(config, path) as service:
+        other = tmp_path / "other-password"
+        other.write_text("another\n")
+        _write(replace(config, etcd=replace(config.etcd, auth=EtcdAuth(USER, str(other)))), path)
+        assert not await service.reload()
+        assert service.last_reload_error == (
+            "etcd.auth cannot change while running; restart instead")
+        _write(config, path)
+        assert await service.reload()  # the same security: applies
