@@ -10,9 +10,11 @@ from pathlib import Path
 
 from control_plane.admin.server import TokenError, load_token
 from control_plane.service import ControlPlaneOptions, ControlPlaneService
+from kvgate.admin_api.auth import READ_TOKEN_ENV
 from kvgate.admin_api.tls import TlsError, load_server_tls
 from kvgate.config.fields import Fields
 from kvgate.config.flags import address_flag, etcd_flag, load_or_report
+from kvgate.etcd.security import EtcdSecurityError
 from kvgate.observability.logs import configure_logging
 from kvgate.runtime.serve import serve_until_signalled
 
@@ -23,8 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--etcd", help="comma-separated etcd endpoints (default: etcd.endpoints)")
     parser.add_argument("--xds", help="HOST:PORT for ADS (default: control_plane.xds)")
     parser.add_argument("--admin", help="HOST:PORT of the admin API (default: control_plane.admin)")
-    parser.add_argument("--admin-token-file", help="file holding the admin API bearer token "
-                        "(default: $KVGATE_ADMIN_TOKEN); required off loopback")
+    parser.add_argument("--admin-token-file", help="file holding the admin API's operator token "
+                        "(default: $KVGATE_ADMIN_TOKEN); required off loopback; on loopback "
+                        "without one, the control plane makes one for its user's kvgate CLI")
+    parser.add_argument("--admin-read-token-file", help="file holding a read-only admin token "
+                        f"(default: ${READ_TOKEN_ENV}): status and lists, never drain, fail or "
+                        "move")
     parser.add_argument("--admin-tls-cert", metavar="FILE", help="PEM certificate (chain) for "
                         "the admin API; with --admin-tls-key it serves TLS only")
     parser.add_argument("--admin-tls-key", metavar="FILE", help="PEM private key of "
@@ -53,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         token = load_token(file=args.admin_token_file)
+        read_token = load_token(READ_TOKEN_ENV, file=args.admin_read_token_file)
+        if read_token is not None and read_token == token:
+            raise TokenError("the read-only admin token must differ from the operator token")
         tls = load_server_tls(args.admin_tls_cert, args.admin_tls_key)
     except (TokenError, TlsError) as exc:
         print(f"control plane: {exc}", file=sys.stderr)
@@ -60,9 +69,14 @@ def run(args: argparse.Namespace) -> int:
     config = replace(config, control_plane=replace(config.control_plane, xds=xds, admin=admin))
     options = ControlPlaneOptions(
         config_path=Path(args.config), etcd=etcd, admin=admin, metrics=metrics,
-        admin_token=token, admin_tls=tls, **({"identity": args.identity} if args.identity else {}),
+        admin_token=token, admin_read_token=read_token, admin_tls=tls,
+        **({"identity": args.identity} if args.identity else {}),
     )
-    service = ControlPlaneService(config, options)
+    try:
+        service = ControlPlaneService(config, options)
+    except EtcdSecurityError as exc:
+        print(f"control plane: {exc}", file=sys.stderr)
+        return 2
     return asyncio.run(
         serve_until_signalled(service, "control plane", on_hangup=service.request_reload)
     )

@@ -45,6 +45,7 @@ from kvgate.endpoints import (
 from kvgate.etcd import EtcdClient, EtcdError, KeyValue, PrefixMirror
 from kvgate.etcd.client import WatchEvent, wait_until_ready
 from kvgate.etcd.observed import EtcdErrorLog
+from kvgate.etcd.security import etcd_security
 from kvgate.observability.http import MetricsServer
 from kvgate.runtime.supervisor import Supervisor
 
@@ -57,7 +58,8 @@ class ControlPlaneOptions:
     etcd: tuple[str, ...]
     admin: HostPort
     metrics: HostPort | None = None
-    admin_token: str | None = None
+    admin_token: str | None = None  # the operator token (None on loopback: one is made)
+    admin_read_token: str | None = None
     admin_tls: ServerTls | None = None
     identity: str = f"{socket.gethostname()}-{os.getpid()}"
     watch_file: bool = True  # reload when the file changes, not only on SIGHUP
@@ -86,7 +88,9 @@ class ControlPlaneService:
         self.registry = CollectorRegistry()
         self.supervisor = Supervisor("control_plane", self.registry)
         self.etcd_errors = EtcdErrorLog("control_plane", self.registry)
-        self._etcd = EtcdClient(options.etcd, on_error=self.etcd_errors)
+        # etcd.tls / etcd.auth: files and password read now (EtcdSecurityError: not started)
+        self._etcd = EtcdClient(options.etcd, on_error=self.etcd_errors,
+                                security=etcd_security(config.etcd))
         self.cache = SnapshotCache()
         self.nodes = NodeRegistry()
         self.directory = EndpointDirectory(config)
@@ -129,7 +133,7 @@ class ControlPlaneService:
                              + "; ".join(problems))
         self._admin = AdminServer(self.operations, self.status, self._options.admin,
                                   self._options.admin_token, self._health,
-                                  self._options.admin_tls)
+                                  self._options.admin_tls, self._options.admin_read_token)
         self._xds = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AdsServer(self.cache, XdsMetrics(self.registry), self.nodes), self._xds
@@ -143,7 +147,8 @@ class ControlPlaneService:
             await self._metrics_server.start()
 
         loop = asyncio.get_running_loop()
-        await wait_until_ready(self._etcd, loop.time() + etcd_wait)
+        await wait_until_ready(self._etcd, loop.time() + etcd_wait,
+                               self.config.etcd.prefix.encode())
         state = await sync_membership(self._etcd, self.config, self._options.identity,
                                       claim=False)
         self.membership.stored = state.stored
@@ -166,7 +171,8 @@ class ControlPlaneService:
         await self._admin.set_serving()
         log.info("control_plane_ready", xds=f"{self.config.control_plane.xds.host}:"
                  f"{self.xds_port}", admin=str(self._options.admin),
-                 identity=self._options.identity)
+                 identity=self._options.identity,
+                 **(self._etcd.security.describe() if self._etcd.security else {}))
 
     def _configured_states(self) -> dict[str, dict[str, EndpointState]]:
         return {p.name: {e.key: EndpointState.ACTIVE for e in p.endpoints}
@@ -282,8 +288,10 @@ class ControlPlaneService:
             config = load_file(self._options.config_path)
         except ConfigError as exc:
             return self._reload_failed(exc.render(), [str(p) for p in exc.problems])
-        if config.etcd.prefix != self.config.etcd.prefix:
-            return self._reload_failed("etcd.prefix cannot change while running; restart instead")
+        for key in ("prefix", "tls", "auth"):  # the etcd client is made once, at start
+            if getattr(config.etcd, key) != getattr(self.config.etcd, key):
+                return self._reload_failed(f"etcd.{key} cannot change while running; "
+                                           "restart instead")
         problems = check_consistency(gateway_resources(config, self._configured_states()))
         if problems:
             return self._reload_failed("the config makes an inconsistent Envoy snapshot: "

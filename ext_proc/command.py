@@ -8,6 +8,7 @@ import sys
 from ext_proc.service import ExtProcOptions, ExtProcService
 from kvgate.config.fields import Fields
 from kvgate.config.flags import address_flag, etcd_flag, load_or_report
+from kvgate.etcd.security import EtcdSecurityError
 from kvgate.observability.logs import configure_logging
 from kvgate.runtime.loop import run as run_loop
 from kvgate.runtime.serve import serve_until_signalled
@@ -37,6 +38,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     etcd = etcd_flag(args.etcd, config)
     options = ExtProcOptions(listen=listen, metrics=metrics, etcd_endpoints=etcd)
-    return run_loop(serve_until_signalled(ExtProcService(config, options), "ext_proc"))
+    try:
+        service = ExtProcService(config, options)
+    except EtcdSecurityError as exc:
+        print(f"ext_proc: {exc}", file=sys.stderr)
+        return 2
+    return run_loop(serve_until_signalled(service, "ext_proc"))
 
 

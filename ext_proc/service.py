@@ -18,8 +18,9 @@ from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.store import BindingStore
 from kvgate.config.model import Config, HostPort
 from kvgate.endpoints import EndpointDirectory
-from kvgate.etcd import EtcdClient, PrefixMirror
+from kvgate.etcd import EtcdAuthError, EtcdClient, EtcdError, PrefixMirror
 from kvgate.etcd.observed import EtcdErrorLog
+from kvgate.etcd.security import etcd_security
 from kvgate.observability.http import MetricsServer
 from kvgate.runtime.supervisor import Supervisor
 
@@ -40,6 +41,8 @@ class ExtProcService:
         self.metrics = ExtProcMetrics()
         self.directory = EndpointDirectory(config)
         self._etcd: EtcdClient | None = None
+        # etcd.tls / etcd.auth: files and password read now (EtcdSecurityError: not started)
+        self._etcd_security = etcd_security(config.etcd) if options.etcd_endpoints else None
         self.store: BindingStore
         self._mirror: PrefixMirror | None = None
         self.supervisor = Supervisor("ext_proc", self.metrics.registry)
@@ -63,7 +66,9 @@ class ExtProcService:
         if self.port == 0:
             raise OSError(f"ext_proc: cannot listen on {listen} (address in use?)")
         if self._options.etcd_endpoints:
-            self._etcd = EtcdClient(self._options.etcd_endpoints, on_error=self.etcd_errors)
+            self._etcd = EtcdClient(self._options.etcd_endpoints, on_error=self.etcd_errors,
+                                    security=self._etcd_security)
+            await _check_credentials(self._etcd, config.etcd.prefix)
             etcd_store = EtcdBindingStore(
                 self._etcd, config.etcd.prefix, config.session.idle_ttl,
                 supervisor=self.supervisor, on_etcd_error=self.metrics.etcd_errors.inc,
@@ -98,7 +103,8 @@ class ExtProcService:
         log.info("ext_proc_ready", listen=f"{listen.host}:{self.port}",
                  metrics=None if self._metrics_server is None
                  else f"{self._options.metrics.host}:{self._metrics_server.port}",  # type: ignore[union-attr]
-                 etcd=list(self._options.etcd_endpoints) or None)
+                 etcd=list(self._options.etcd_endpoints) or None,
+                 **(self._etcd_security.describe() if self._etcd_security else {}))
 
     async def stop(self, grace: float = 5.0) -> None:
         await self._health.enter_graceful_shutdown()
@@ -112,3 +118,14 @@ class ExtProcService:
         if self._etcd is not None:
             await self._etcd.close()
         log.info("ext_proc_stopped")
+
+
+async def _check_credentials(client: EtcdClient, prefix: str) -> None:
+    """Refused credentials are a configuration error: refuse to start, naming them. An etcd that
+    does not answer is an outage: serve degraded, as always."""
+    try:
+        await client.get(prefix.encode())
+    except EtcdAuthError:
+        raise
+    except EtcdError:
+        pass

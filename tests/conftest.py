@@ -52,6 +52,17 @@ async def small_etcd(tmp_path: Path) -> AsyncIterator[EtcdServer]:
     await server.stop()
 
 
+@pytest.fixture(autouse=True)
+def private_runtime_dir(tmp_path_factory: pytest.TempPathFactory,
+                        monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Operator tokens (kvgate.admin_api.token_file) go to a folder of this test's own, never the
+    real user's; child processes inherit it."""
+    folder = tmp_path_factory.mktemp("runtime")
+    folder.chmod(0o700)
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(folder))
+    return folder
+
+
 @pytest.fixture
 def prefix() -> str:
     return f"/kvgate/test-{uuid.uuid4().hex[:8]}/"

@@ -1,8 +1,11 @@
-"""Bearer-token protection of the admin API, and where the token comes from.
+"""Bearer-token protection of the admin API, and where the tokens come from.
 
-Off loopback anyone on the network could drain the fleet, so a token is mandatory there; on
-loopback it is optional but enforced when given. The standard health service stays open: probes
-(kubelet, load balancers) carry no credentials and learn nothing from it.
+Two roles. The operator token may do everything, including what changes the fleet (drain,
+undrain, fail, move): it is always required for those, on loopback too, where any local user
+could otherwise drain the fleet. A read-only token may only read (status, lists, show). Reads
+need no token on loopback unless a read-only token is configured; off loopback they need one of
+the two. The standard health service stays open: probes (kubelet, load balancers) carry no
+credentials and learn nothing from it.
 """
 
 from __future__ import annotations
@@ -16,8 +19,16 @@ from typing import Any
 
 import grpc
 
-TOKEN_ENV = "KVGATE_ADMIN_TOKEN"
+TOKEN_ENV = "KVGATE_ADMIN_TOKEN"  # the operator token
+READ_TOKEN_ENV = "KVGATE_ADMIN_READ_TOKEN"  # the read-only token (control plane side)
 HEALTH_PREFIX = "/grpc.health.v1.Health/"
+REFLECTION_PREFIX = "/grpc.reflection.v1alpha.ServerReflection/"
+_ADMIN = "/kvgate.admin.v1.Admin/"
+# What a read-only token (or, on loopback, no token) may call. Everything else, and any method
+# added later, needs the operator token.
+READ_METHODS = frozenset(
+    _ADMIN + name for name in ("ListEndpoints", "ListSessions", "ShowSession", "Status")
+)
 
 
 class TokenError(Exception):
@@ -48,12 +59,24 @@ def is_loopback(host: str) -> bool:
         return False  # any other name may resolve anywhere
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects every call except health checks unless it carries `authorization: Bearer <token>`."""
+def is_read(method: str) -> bool:
+    return method in READ_METHODS or method.startswith(REFLECTION_PREFIX)
 
-    def __init__(self, token: str) -> None:
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Lets a call through by its `authorization: Bearer <token>` and what it does: health
+    checks always; reads with either token, or with none when `open_reads`; everything else
+    with the operator token only. A wrong token is refused whatever the call."""
+
+    def __init__(self, operator_token: str, read_token: str | None = None,
+                 open_reads: bool = False, hint: str = "") -> None:
+        if read_token is not None and read_token == operator_token:
+            raise TokenError("the read-only admin token must differ from the operator token")
         # bytes: compare_digest on str rejects non-ASCII, which a client could send to crash it
-        self._expected = f"Bearer {token}".encode()
+        self._operator = f"Bearer {operator_token}".encode()
+        self._read = None if read_token is None else f"Bearer {read_token}".encode()
+        self._open_reads = open_reads and read_token is None
+        self.hint = hint  # where an operator finds the token, for the refusal
 
     async def intercept_service(
         self,
@@ -65,23 +88,38 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None or details.method.startswith(HEALTH_PREFIX):
             return handler
-        if self._authorized(details.invocation_metadata or ()):
+        given = _bearer(details.invocation_metadata or ())
+        operator = given is not None and hmac.compare_digest(given, self._operator)
+        read = given is not None and self._read is not None and hmac.compare_digest(
+            given, self._read)
+        if given is not None and not (operator or read):
+            return _deny(handler, grpc.StatusCode.UNAUTHENTICATED, "wrong admin token")
+        if operator or (is_read(details.method) and (read or self._open_reads)):
             return handler
-        return _deny(handler, "missing or wrong admin token (send authorization: Bearer <token>)")
+        action = details.method.rsplit("/", 1)[-1]
+        if read:
+            return _deny(handler, grpc.StatusCode.PERMISSION_DENIED,
+                         f"{action} needs the operator token; this one is read-only")
+        what = "reading" if is_read(details.method) else action
+        return _deny(handler, grpc.StatusCode.UNAUTHENTICATED,
+                     f"{what} needs {'an admin' if is_read(details.method) else 'the operator'} "
+                     f"token (send authorization: Bearer <token>){self.hint}")
 
-    def _authorized(self, metadata: tuple[tuple[str, str | bytes], ...]) -> bool:
-        for key, value in metadata:
-            if key == "authorization":
-                given = value if isinstance(value, bytes) else value.encode()
-                return hmac.compare_digest(given, self._expected)
-        return False
+
+def _bearer(metadata: tuple[tuple[str, str | bytes], ...]) -> bytes | None:
+    for key, value in metadata:
+        if key == "authorization":
+            return value if isinstance(value, bytes) else value.encode()
+    return None
 
 
-def _deny(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same streaming kind as `handler` that only aborts: UNAUTHENTICATED."""
+def _deny(
+    handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str
+) -> grpc.RpcMethodHandler:
+    """A handler of the same streaming kind as `handler` that only aborts with `code`."""
 
     async def deny(request: object, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
 
     # Deserializers stay unset: the request is never read, so it is never parsed.
     if handler.request_streaming and handler.response_streaming:

@@ -69,6 +69,13 @@ def to_dict(config: Config) -> dict[str, Any]:
     }
     if config.etcd.endpoints is not None:
         data["etcd"]["endpoints"] = [str(e) for e in config.etcd.endpoints]
+    tls, auth = config.etcd.tls, config.etcd.auth
+    if tls is not None:
+        data["etcd"]["tls"] = {k: v for k, v in (("ca", tls.ca), ("cert", tls.cert),
+                                                 ("key", tls.key)) if v is not None}
+    if auth is not None:  # the password itself never: it stays in its file or the environment
+        data["etcd"]["auth"] = {"username": auth.username, **(
+            {"password_file": auth.password_file} if auth.password_file else {})}
     return data
 
 

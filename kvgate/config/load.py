@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from kvgate.config.errors import ConfigError, PathPart, Problem
+from kvgate.config.etcd_security import read_auth, read_tls
 from kvgate.config.fields import Fields, Path
 from kvgate.config.model import (
     Config,
@@ -54,21 +55,27 @@ def load_file(path: str | FilePath, *, require_pools: bool = True) -> Config:
     return check_file(path, require_pools=require_pools).config
 
 
-def load_text(text: str, source: str = "", *, require_pools: bool = True) -> Config:
-    return check_text(text, source, require_pools=require_pools).config
+def load_text(
+    text: str, source: str = "", *, require_pools: bool = True, base: FilePath | None = None
+) -> Config:
+    return check_text(text, source, require_pools=require_pools, base=base).config
 
 
 def check_file(
     path: str | FilePath, *, require_pools: bool = True, wait: float = READ_WAIT
 ) -> Checked:
     """The file at `path`, read with a size cap and a deadline (pipes, FIFOs, devices)."""
-    return check_text(read_text(path, wait=wait), str(path), require_pools=require_pools)
+    return check_text(read_text(path, wait=wait), str(path), require_pools=require_pools,
+                      base=FilePath(path).absolute().parent)
 
 
-def check_text(text: str, source: str = "", *, require_pools: bool = True) -> Checked:
+def check_text(
+    text: str, source: str = "", *, require_pools: bool = True, base: FilePath | None = None
+) -> Checked:
     """Parses and validates; raises ConfigError with every problem, field-level and across
     fields, each with its line. `require_pools=False` for `kvgate up`, which then runs an
-    emulated fleet."""
+    emulated fleet. Relative file names (etcd.tls, etcd.auth) are taken from `base` (the YAML
+    file's folder; default: the current one)."""
     try:
         root, raw, duplicates = parse(text)
     except YamlProblem as exc:
@@ -79,7 +86,7 @@ def check_text(text: str, source: str = "", *, require_pools: bool = True) -> Ch
                      "(see examples/kvgate.yaml)")
         config = Config()
     else:
-        config = _config(fields, raw)
+        config = _config(fields, raw, base or FilePath.cwd())
         validate(fields, config, require_pools=require_pools)
     problems = duplicates + [_located(root, p) for p in fields.problems]
     if problems:
@@ -92,7 +99,7 @@ def _located(root: yaml.Node | None, problem: Problem) -> Problem:
     return Problem(problem.path, problem.message, _line_of(root, problem.path) or 1)
 
 
-def _config(f: Fields, raw: Any) -> Config:
+def _config(f: Fields, raw: Any, base: FilePath) -> Config:
     top = f.mapping(raw, (), TOP_LEVEL)
     defaults = Config()
     return Config(
@@ -106,7 +113,7 @@ def _config(f: Fields, raw: Any) -> Config:
         ext_proc=f.optional(
             top, "ext_proc", (), lambda v, p: _ext_proc(f, v, p), defaults.ext_proc
         ),
-        etcd=f.optional(top, "etcd", (), lambda v, p: _etcd(f, v, p), defaults.etcd),
+        etcd=f.optional(top, "etcd", (), lambda v, p: _etcd(f, v, p, base), defaults.etcd),
         session=f.optional(top, "session", (), lambda v, p: _session(f, v, p), defaults.session),
         placement=f.optional(
             top, "placement", (), lambda v, p: _placement(f, v, p), defaults.placement
@@ -185,8 +192,8 @@ def _message_timeout(f: Fields, value: Any, path: Path) -> float | None:
     return seconds
 
 
-def _etcd(f: Fields, value: Any, path: Path) -> Etcd:
-    raw = f.mapping(value, path, ("endpoints", "prefix"))
+def _etcd(f: Fields, value: Any, path: Path, base: FilePath) -> Etcd:
+    raw = f.mapping(value, path, ("endpoints", "prefix", "tls", "auth"))
     endpoints: tuple[HostPort, ...] | None = None
     if raw.get("endpoints") is not None:
         items = f.sequence(raw["endpoints"], (*path, "endpoints"))
@@ -200,7 +207,11 @@ def _etcd(f: Fields, value: Any, path: Path) -> Etcd:
     prefix = f.optional(raw, "prefix", path, f.string, Etcd().prefix)
     if not (prefix.startswith("/") and prefix.endswith("/")):
         f.error((*path, "prefix"), f"must start and end with '/', got {prefix!r}")
-    return Etcd(endpoints=endpoints, prefix=prefix)
+    return Etcd(
+        endpoints=endpoints, prefix=prefix,
+        tls=f.optional(raw, "tls", path, lambda v, p: read_tls(f, v, p, base), None),
+        auth=f.optional(raw, "auth", path, lambda v, p: read_auth(f, v, p, base), None),
+    )
 
 
 def _session(f: Fields, value: Any, path: Path) -> Session:

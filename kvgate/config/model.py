@@ -91,9 +91,29 @@ def inference_routes(pool: str) -> tuple[Route, ...]:
 
 
 @dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """TLS to etcd (`etcd.tls`): absolute paths of PEM files, checked when the config is read."""
+
+    ca: str | None = None  # the CA that signed etcd's certificate; None: the system's CAs
+    cert: str | None = None  # a client certificate (chain) and its key: client-certificate auth
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdAuth:
+    """etcd user authentication (`etcd.auth`). The password itself is never in the config: it is
+    read from `password_file`, else from the KVGATE_ETCD_PASSWORD environment variable."""
+
+    username: str
+    password_file: str | None = None  # an absolute path
+
+
+@dataclass(frozen=True, slots=True)
 class Etcd:
     endpoints: tuple[HostPort, ...] | None = None  # None: `kvgate up` starts an embedded etcd
     prefix: str = "/kvgate/v1/"
+    tls: EtcdTls | None = None  # None: plaintext
+    auth: EtcdAuth | None = None  # None: no user (etcd without authentication)
 
 
 @dataclass(frozen=True, slots=True)

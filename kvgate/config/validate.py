@@ -102,6 +102,12 @@ def _check_exposure(f: Fields, config: Config) -> None:
         where = (*path, "address") if name == "envoy_admin" else path
         f.warn(where, f"{address.host} is not loopback: {_EXPOSURE[name]}; keep it on "
                "127.0.0.1, or reachable only from where it must be")
+    etcd = config.etcd
+    if etcd.auth is not None and etcd.tls is None and not f.failed(("etcd",)) and any(
+        not _is_loopback(e.host) for e in etcd.endpoints or ()
+    ):
+        f.warn(("etcd", "auth"), "without etcd.tls the etcd password and every binding cross "
+               "the network in clear; give etcd.tls too")
 
 
 def _is_loopback(host: str) -> bool:

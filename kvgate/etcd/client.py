@@ -22,6 +22,7 @@ from kvgate.etcd.errors import (
     from_message,
     from_rpc_error,
 )
+from kvgate.etcd.security import EtcdSecurity, open_channel
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +73,14 @@ class EtcdClient:
     """One gRPC channel to the first reachable endpoint; rotates on UNAVAILABLE.
 
     Every failure is raised as a classified `EtcdError` (kvgate.etcd.errors) and also passed to
-    `on_error`, which services use to count and show them.
+    `on_error`, which services use to count and show them. `security` (kvgate.etcd.security):
+    TLS and an etcd user for every channel; None: plaintext, no user.
     """
 
     def __init__(
         self, endpoints: Sequence[str], timeout: float = 2.0,
         on_error: Callable[[EtcdError], None] | None = None,
+        security: EtcdSecurity | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is required")
@@ -86,13 +89,14 @@ class EtcdClient:
         self._timeout = timeout
         self._channel: grpc.aio.Channel | None = None  # opened on first use, inside the loop
         self.on_error = on_error
+        self.security = security
 
     @property
     def endpoint(self) -> str:
         return self._endpoints[self._index]
 
     def _connect(self) -> None:
-        self._channel = grpc.aio.insecure_channel(
+        self._channel = open_channel(
             self.endpoint,
             options=[
                 ("grpc.keepalive_time_ms", 10_000),
@@ -100,6 +104,7 @@ class EtcdClient:
                 ("grpc.initial_reconnect_backoff_ms", 200),
                 ("grpc.max_reconnect_backoff_ms", 2_000),
             ],
+            security=self.security,
         )
         self._kv = stubs.KVStub(self._channel)
         self._watch = stubs.WatchStub(self._channel)
@@ -331,12 +336,14 @@ class EtcdClient:
         await self._call("Defragment", "_maintenance", rpc.DefragmentRequest(), limit_s)
 
 
-async def wait_until_ready(client: EtcdClient, deadline: float) -> None:
-    """Polls etcd until it answers or `deadline` (loop time) passes."""
+async def wait_until_ready(client: EtcdClient, deadline: float, key: bytes = b"/") -> None:
+    """Polls etcd until it answers or `deadline` (loop time) passes. Reads `key`: give one the
+    etcd user may read (under etcd.prefix). Any other failure (refused credentials) is raised
+    at once."""
     loop = asyncio.get_running_loop()
     while True:
         try:
-            await client.get(b"/")
+            await client.get(key)
             return
         except EtcdUnavailable:
             if loop.time() > deadline:

@@ -110,6 +110,8 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, operation: str, endpoint: str) -> 
     if exc.code() == grpc.StatusCode.NOT_FOUND and "lease not found" in details:
         return EtcdLeaseNotFound(details, operation=operation, endpoint=endpoint)
     kind = classify(exc.code(), details)
+    if "user name is empty" in details:  # a call without a token to an etcd that wants one
+        details += " (etcd has authentication enabled: configure etcd.auth)"
     detail = f"{exc.code().name} {details}".strip()
     return _BY_KIND[kind](detail, operation=operation, endpoint=endpoint)
 

@@ -1,10 +1,20 @@
-"""A child process with an explicit lifecycle: start, wait until ready, stop with grace."""
+"""A child process with an explicit lifecycle: start, wait until ready, stop with grace; and on
+Linux it dies with its parent.
+
+Children die with their parent: each is started through a few lines of Python that ask Linux
+for SIGTERM when the parent dies (prctl PR_SET_PDEATHSIG), then exec the program in place (same
+pid). So a `kvgate up` killed with SIGKILL, or a test runner that crashes, leaves no etcd, Envoy
+or service behind holding its ports. Doing it in a separate exec keeps Python code out of the
+window between fork and exec, where the parent's other threads (gRPC's) could deadlock it.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
@@ -15,6 +25,27 @@ log = structlog.get_logger("kvgate.runtime")
 
 class ChildFailed(Exception):
     """A child exited or never became ready; the message says which and shows its last output."""
+
+
+# argv: parent pid, program, its arguments. -I -S: no environment, no site-packages: quick.
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):
+    pass  # not Linux: no death signal
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(143)  # the parent died before the request took effect
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    sys.exit(f"cannot start {sys.argv[2]}: {exc}")
+"""
+
+
+def die_with_parent(argv: Sequence[str]) -> list[str]:
+    """`argv`, run so that it gets SIGTERM when this process dies (Linux)."""
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
 
 
 class Child:
@@ -40,11 +71,14 @@ class Child:
         return self.process is not None and self.process.returncode is None
 
     async def start(self) -> None:
+        if shutil.which(self.argv[0]) is None:
+            raise ChildFailed(f"{self.name}: cannot start {self.argv[0]}: not found or not "
+                              "executable")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as out:  # noqa: ASYNC230 (once, at start-up)
             try:
                 self.process = await asyncio.create_subprocess_exec(
-                    *self.argv,
+                    *die_with_parent(self.argv),
                     stdin=asyncio.subprocess.DEVNULL,
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kvgate.etcd import EtcdClient, EtcdUnavailable
+from kvgate.etcd.security import EtcdSecurity
 from kvgate.runtime.child import Child, ChildFailed
 from kvgate.runtime.executables import ExecutableNotFound, find_executable
 
@@ -37,8 +38,8 @@ def embedded_etcd(data_dir: Path, client_port: int, peer_port: int, log_path: Pa
     )
 
 
-async def etcd_ready(endpoint: str) -> bool:
-    client = EtcdClient([endpoint], timeout=0.5)
+async def etcd_ready(endpoint: str, security: EtcdSecurity | None = None) -> bool:
+    client = EtcdClient([endpoint], timeout=0.5, security=security)
     try:
         await client.get(b"/")
         return True

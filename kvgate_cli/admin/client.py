@@ -10,8 +10,9 @@ from typing import Any
 
 import grpc
 
-from kvgate.admin_api.auth import TOKEN_ENV, TokenError, load_token
+from kvgate.admin_api.auth import TOKEN_ENV, TokenError, is_loopback, load_token
 from kvgate.admin_api.tls import CA_ENV, TlsError, channel_credentials
+from kvgate.admin_api.token_file import read_token, token_path
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.config.fields import Fields
 from kvgate.config.model import HostPort
@@ -37,7 +38,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"admin API address (default: ${ADMIN_ENV}, else {DEFAULT_ADMIN})",
     )
     parser.add_argument(
-        "--token-file", metavar="FILE", help=f"file holding the admin token (default: ${TOKEN_ENV})"
+        "--token-file", metavar="FILE",
+        help=f"file holding the admin token (default: ${TOKEN_ENV}, else, for an admin API on "
+        "loopback, the operator token its control plane wrote for this user)",
     )
     parser.add_argument(
         "--tls-ca", metavar="FILE",
@@ -59,13 +62,29 @@ def admin_address(args: argparse.Namespace) -> HostPort:
     return address
 
 
+def find_token(file: str | None, address: HostPort) -> tuple[str | None, str]:
+    """The token to send, and where it came from: `--token-file`, else $KVGATE_ADMIN_TOKEN,
+    else, for an admin API on loopback, the operator token its control plane wrote for this user
+    (never sent anywhere else: it is this machine's)."""
+    token = load_token(file=file)
+    if token is not None:
+        return token, file or TOKEN_ENV
+    if is_loopback(address.host):
+        path = token_path(address.port)
+        found = read_token(path)
+        if found is not None:
+            return found, str(path)
+    return None, ""
+
+
 class AdminClient:
     """A blocking stub on one channel; every call carries the token and a deadline."""
 
     def __init__(self, address: HostPort, token: str | None, timeout: float,
-                 tls: grpc.ChannelCredentials | None = None) -> None:
+                 tls: grpc.ChannelCredentials | None = None, token_source: str = "") -> None:
         self.address = address
         self._token = token
+        self._token_source = token_source  # where the token came from, for error messages
         self._timeout = timeout
         self._tls = tls is not None
         self._channel = (grpc.insecure_channel(str(address)) if tls is None
@@ -100,9 +119,11 @@ class AdminClient:
             if code == grpc.StatusCode.DEADLINE_EXCEEDED:
                 return CliError(f"{where} did not answer within {self._timeout:g}s", EXIT_FAILED)
         if code == grpc.StatusCode.UNAUTHENTICATED:
-            hint = ("the token was refused" if self._token
+            hint = (f"the token was refused (from {self._token_source})" if self._token
                     else f"no token given: set {TOKEN_ENV} or pass --token-file")
             return CliError(f"{where} refused the call ({hint}): {details}", EXIT_FAILED)
+        if code == grpc.StatusCode.PERMISSION_DENIED:
+            return CliError(f"{where} refused the call: {details}", EXIT_FAILED)
         if code == grpc.StatusCode.UNIMPLEMENTED:
             return CliError(f"{where} does not offer {method} (an older control plane?)",
                             EXIT_FAILED)
@@ -122,12 +143,12 @@ def run_with_client(args: argparse.Namespace, action: Callable[[AdminClient], in
     """Opens a client from the common arguments, runs `action`, prints errors on one line."""
     try:
         address = admin_address(args)
-        token = load_token(file=args.token_file)
+        token, source = find_token(args.token_file, address)
         if args.timeout <= 0:
             raise CliError("--timeout: must be > 0 seconds", EXIT_USAGE)
         ca = args.tls_ca or os.environ.get(CA_ENV) or None
         client = AdminClient(address, token, args.timeout,
-                             channel_credentials(ca) if ca else None)
+                             channel_credentials(ca) if ca else None, token_source=source)
         try:
             return action(client)
         finally:

@@ -1,18 +1,25 @@
-"""`kvgate up`: etcd, control plane, ext_proc and Envoy on this machine, until Ctrl-C."""
+"""`kvgate up`: etcd, control plane, ext_proc and Envoy on this machine, until Ctrl-C.
+
+SIGINT, SIGTERM and SIGHUP (a closed terminal) stop everything; the children also die with it
+when it is killed outright (kvgate.runtime.child). Its work directory goes with it.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import sys
-import tempfile
-from pathlib import Path
 
+from kvgate.admin_api.auth import TOKEN_ENV
+from kvgate.admin_api.token_file import token_path
 from kvgate.config import Config, ConfigError
 from kvgate.config.flags import report_warnings, with_engines
 from kvgate.config.load import check_file
 from kvgate.runtime.child import ChildFailed
+from kvgate_cli.up import workdir as workdirs
+from kvgate_cli.up.engines import Unhealthy, unhealthy_engines
 from stack.local import Stack
 
 
@@ -32,7 +39,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workdir", help="where logs, rendered configs and embedded etcd data go "
-        "(default: a new temporary directory)",
+        "(default: a new temporary directory); removed at exit if this run made it",
+    )
+    parser.add_argument(
+        "--keep-workdir", action="store_true",
+        help="keep the work directory (logs, etcd data) when kvgate up ends",
     )
 
 
@@ -54,29 +65,44 @@ def run(args: argparse.Namespace) -> int:
             print(exc.render(), file=sys.stderr)
             print("kvgate up: --engines rejected; nothing was started", file=sys.stderr)
             return 1
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="kvgate-up-"))
-    stack = Stack(
-        config, workdir, report=_say,
-        emulated_engines=0 if config.pools else args.emulated,
-        emulator_args=("--time-scale", args.time_scale),
-    )
+    if config.etcd.endpoints is None and (config.etcd.tls or config.etcd.auth):
+        print("kvgate up: etcd.tls and etcd.auth are for the etcd that etcd.endpoints names; "
+              "without endpoints kvgate up starts its own etcd, on loopback, without them",
+              file=sys.stderr)
+        return 1
     if not config.pools and args.emulated < 1:
         print("kvgate up: no engines: configure pools, pass --engines, or --emulated N",
               file=sys.stderr)
         return 1
-    return asyncio.run(_up(stack, workdir))
+    return asyncio.run(_up(config, args))
 
 
 def _say(line: str) -> None:
     print(line, flush=True)
 
 
-async def _up(stack: Stack, workdir: Path) -> int:
+async def _up(config: Config, args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
         loop.add_signal_handler(sig, stop.set)
-    _say(f"kvgate up: starting (logs in {workdir})")
+    workdir, left_behind = workdirs.prepare(args.workdir)
+    if left_behind:
+        _say(f"kvgate up: removed {len(left_behind)} work directories of runs that were killed")
+    stack = Stack(
+        config, workdir.path, report=_say,
+        emulated_engines=0 if config.pools else args.emulated,
+        emulator_args=("--time-scale", args.time_scale),
+    )
+    try:
+        return await _run(stack, stop)
+    finally:
+        await stack.stop()  # stopped already unless something unexpected happened
+        _say(f"kvgate up: {workdirs.finish(workdir, args.keep_workdir)}")
+
+
+async def _run(stack: Stack, stop: asyncio.Event) -> int:
+    _say(f"kvgate up: starting (logs in {stack.workdir})")
     starting = asyncio.create_task(stack.start())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -93,7 +119,7 @@ async def _up(stack: Stack, workdir: Path) -> int:
         print(f"kvgate up: {exc}", file=sys.stderr)
         print("kvgate up: nothing left running", file=sys.stderr)
         return 1
-    _print_ready(stack)
+    _print_ready(stack, await unhealthy_engines(stack.config))
     died = await _wait_for_stop_or_death(stack, stop)
     await stack.stop()
     if died:
@@ -103,13 +129,22 @@ async def _up(stack: Stack, workdir: Path) -> int:
     return 0
 
 
-def _print_ready(stack: Stack) -> None:
+def _print_ready(stack: Stack, unhealthy: list[Unhealthy]) -> None:
     config = stack.config
     engines = [ep.key for pool in config.pools for ep in pool.endpoints]
     _say("")
-    _say(f"kvgate is ready: gateway http://{config.listener}")
+    if len(unhealthy) == len(engines):
+        _say(f"kvgate is up, but no engine passes its health check: gateway "
+             f"http://{config.listener} fails requests until one does")
+    else:
+        _say(f"kvgate is ready: gateway http://{config.listener}")
     _say(f"  Envoy admin: http://{config.envoy_admin}")
     _say(f"  engines: {', '.join(engines)}")
+    if unhealthy:
+        _say(f"  WARNING: {len(unhealthy)} of {len(engines)} engines fail their health check:")
+        for engine in unhealthy:
+            _say(f"    {engine.engine}  {engine.reason}")
+        _say("    (kvgate status shows what the control plane makes of them)")
     header = config.session.headers[0]
     url = f"http://{config.listener}"
     _say("")
@@ -128,6 +163,11 @@ def _print_ready(stack: Stack) -> None:
     _say(f"    kvgate status{flag}")
     _say(f"    kvgate endpoints list{flag}      (drain | undrain | fail ADDRESS)")
     _say(f"    kvgate sessions list{flag}       (show SESSION | move SESSION ENDPOINT)")
+    if os.environ.get(TOKEN_ENV):
+        _say(f"  operator token (drain, undrain, fail, move): ${TOKEN_ENV}")
+    else:
+        _say(f"  operator token (drain, undrain, fail, move): {token_path(admin.port)}")
+        _say("    (only you can read it; your kvgate commands use it by themselves)")
     _say("  Ctrl-C stops everything.")
 
 

@@ -43,9 +43,10 @@ async def admin_server(fleet: Fleet) -> AsyncIterator[StartServer]:
     started: list[AdminServer] = []
 
     async def start(host: str = "127.0.0.1", token: str | None = None,
-                    tls: ServerTls | None = None) -> AdminServer:
+                    tls: ServerTls | None = None, read_token: str | None = None) -> AdminServer:
         ops = Operations(fleet.client, fleet.prefix, loads=fake_loads)
-        server = AdminServer(ops, fake_status, HostPort(host, 0), token, tls=tls)
+        server = AdminServer(ops, fake_status, HostPort(host, 0), token, tls=tls,
+                             read_token=read_token)
         await server.start()
         started.append(server)
         return server

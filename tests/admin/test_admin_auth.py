@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 
 import grpc
@@ -11,7 +12,8 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from control_plane.admin.server import ADMIN_SERVICE, AdminServer
 from control_plane.operations import Operations
-from kvgate.admin_api.auth import TokenError, is_loopback, load_token
+from kvgate.admin_api.auth import READ_METHODS, TokenError, is_loopback, load_token
+from kvgate.admin_api.token_file import read_token, token_path, write_token
 from kvgate.admin_api.v1 import admin_pb2, admin_pb2_grpc
 from kvgate.config import HostPort
 from kvgate.etcd import EtcdClient
@@ -108,15 +110,125 @@ async def test_token_required_off_loopback(
     assert TOKEN not in logged.out + logged.err  # ...but never the token
 
 
-async def test_loopback_token_is_enforced_when_given(
-    fleet: Fleet, admin_server: StartServer
+async def _drain(channel: grpc.aio.Channel, token: str | None) -> admin_pb2.Endpoint:
+    metadata = (("authorization", f"Bearer {token}"),) if token is not None else None
+    stub = admin_pb2_grpc.AdminStub(channel)
+    reply = await stub.DrainEndpoint(admin_pb2.DrainEndpointRequest(address="10.0.0.12:8000"),
+                                     metadata=metadata, timeout=5)
+    return reply.endpoint
+
+
+async def test_on_loopback_anyone_reads_but_only_the_operator_token_acts(
+    fleet: Fleet, admin_server: StartServer, private_runtime_dir: Path,
+) -> None:
+    server = await admin_server()  # no token configured: the server makes the operator's
+    path = private_runtime_dir / "kvgate" / f"operator-token-{server.port}"
+    assert server.token_file == path
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    token = path.read_text().strip()
+    assert len(token) >= 40
+    admin = f"127.0.0.1:{server.port}"
+    async with grpc.aio.insecure_channel(admin) as channel:
+        assert len((await _list(channel, None)).endpoints) == 4  # reading needs nothing
+        stub = admin_pb2_grpc.AdminStub(channel)
+        for call, request in (
+            (stub.DrainEndpoint, admin_pb2.DrainEndpointRequest(address="10.0.0.12:8000")),
+            (stub.UndrainEndpoint, admin_pb2.UndrainEndpointRequest(address="10.0.0.12:8000")),
+            (stub.FailEndpoint, admin_pb2.FailEndpointRequest(address="10.0.0.12:8000")),
+            (stub.MoveSession, admin_pb2.MoveSessionRequest(session="s",
+                                                            endpoint="10.0.0.12:8000")),
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await call(request, timeout=5)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "needs the operator token" in (refused.value.details() or "")
+            assert str(path) in (refused.value.details() or "")
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _list(channel, "a-wrong-guess")  # a wrong token is refused, even to read
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert (await _drain(channel, token)).state == "draining"
+
+    # The CLI of the same user finds the token by itself...
+    undrained = await run_cli("endpoints", "undrain", "10.0.0.12:8000", admin=admin)
+    assert undrained.code == 0, undrained.err
+    # ...a process without it (another user's: another runtime folder) reads, but cannot act.
+    elsewhere = {"XDG_RUNTIME_DIR": str(private_runtime_dir / "kvgate")}
+    status = await run_cli("status", admin=admin, env=elsewhere)
+    assert status.code == 0, status.err
+    refused_cli = await run_cli("endpoints", "drain", "10.0.0.12:8000", admin=admin, env=elsewhere)
+    assert refused_cli.code == 1
+    assert "needs the operator token" in refused_cli.err and token not in refused_cli.err
+    await server.stop(0)
+    assert not path.exists()  # removed with the server
+
+
+async def test_on_loopback_a_configured_token_is_the_operator_token(
+    fleet: Fleet, admin_server: StartServer, private_runtime_dir: Path,
 ) -> None:
     server = await admin_server(token=TOKEN)
+    assert server.token_file is None and not (private_runtime_dir / "kvgate").exists()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+        assert len((await _list(channel, None)).endpoints) == 4
         with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await _list(channel, None)
+            await _drain(channel, None)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert "KVGATE_ADMIN_TOKEN" in (refused.value.details() or "")
+        assert (await _drain(channel, TOKEN)).state == "draining"
+
+
+READ_TOKEN = "read-only-token-0123"
+
+
+async def test_read_only_and_operator_tokens_are_distinct_off_loopback(
+    fleet: Fleet, admin_server: StartServer,
+) -> None:
+    with pytest.raises(TokenError, match="must differ"):
+        await admin_server(host="0.0.0.0", token=TOKEN, read_token=TOKEN)
+    server = await admin_server(host="0.0.0.0", token=TOKEN, read_token=READ_TOKEN)
+    admin = f"127.0.0.1:{server.port}"
+    async with grpc.aio.insecure_channel(admin) as channel:
+        for anonymous in (_list(channel, None), _drain(channel, None)):
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await anonymous
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert len((await _list(channel, READ_TOKEN)).endpoints) == 4
+        assert ADMIN_SERVICE in await _services(channel, READ_TOKEN)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await _drain(channel, READ_TOKEN)
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "read-only" in (refused.value.details() or "")
         assert len((await _list(channel, TOKEN)).endpoints) == 4
+        assert (await _drain(channel, TOKEN)).state == "draining"
+    reader = {"KVGATE_ADMIN_TOKEN": READ_TOKEN}
+    assert (await run_cli("endpoints", "list", admin=admin, env=reader)).code == 0
+    denied = await run_cli("endpoints", "fail", "10.0.0.12:8000", admin=admin, env=reader)
+    assert denied.code == 1 and "needs the operator token; this one is read-only" in denied.err
+
+
+def test_every_admin_method_has_a_role() -> None:
+    service = admin_pb2.DESCRIPTOR.services_by_name["Admin"]
+    methods = {f"/{service.full_name}/{m.name}" for m in service.methods}
+    assert READ_METHODS <= methods
+    assert {m.rsplit("/", 1)[1] for m in methods - READ_METHODS} == {
+        "DrainEndpoint", "UndrainEndpoint", "FailEndpoint", "MoveSession"}
+
+
+def test_the_token_folder_must_be_private(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    with pytest.raises(TokenError, match="may be written by other users"):
+        write_token(shared / "operator-token-1", "t")
+    mine = tmp_path / "mine" / "operator-token-2"
+    write_token(mine, "t0ken")
+    assert read_token(mine) == "t0ken"
+    mine.chmod(0o644)  # readable by others: not trusted
+    assert read_token(mine) is None
+    assert token_path(18001, {"XDG_RUNTIME_DIR": str(tmp_path)}) == (
+        tmp_path / "kvgate" / "operator-token-18001")
+    assert token_path(18001, {"XDG_CONFIG_HOME": str(tmp_path / "cfg")}) == (
+        tmp_path / "cfg" / "kvgate" / "operator-token-18001")
 
 
 async def test_reflection_and_health(fleet: Fleet, admin_server: StartServer) -> None:

@@ -13,9 +13,15 @@ from typing import Any
 import pytest
 import yaml
 
+from kvgate.config import load_text
+from kvgate.config.model import Config
 from kvgate_cli.main import COMMANDS, build_parser
 
 REPO = Path(__file__).resolve().parents[2]
+MAKE_CERTS = REPO / "deploy/tls/make-etcd-certs.sh"
+# What deploy/tls/make-etcd-certs.sh writes: etcd's files and kvgate's.
+ETCD_FILES = ("ca.pem", "etcd.pem", "etcd-key.pem")
+CLIENT_FILES = ("ca.pem", "client.pem", "client-key.pem")
 
 
 def load_yaml(path: Path) -> Any:
@@ -40,6 +46,22 @@ def parse_kvgate(argv: list[str], where: str) -> argparse.Namespace:
         except SystemExit:
             pass
     pytest.fail(f"{where}: kvgate rejects {argv}:\n{err.getvalue()}")
+
+
+def make_certs(directory: Path, *names: str) -> Path:
+    """Runs deploy/tls/make-etcd-certs.sh as the deploy docs say (sh and openssl)."""
+    result = subprocess.run(["sh", str(MAKE_CERTS), str(directory), *names],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    return directory
+
+
+def load_mounted_config(text: str, source: str, mounts: dict[str, Path]) -> Config:
+    """The kvgate config as the container sees it: each mount path (a folder the YAML names)
+    replaced by a local folder holding the same files, so the loader checks them for real."""
+    for inside, outside in mounts.items():
+        text = text.replace(inside.rstrip("/") + "/", str(outside) + "/")
+    return load_text(text, source=source)
 
 
 def host_port(text: str) -> tuple[str, int]:

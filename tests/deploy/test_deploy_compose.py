@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+import subprocess
 import tomllib
 from importlib import resources
 from pathlib import Path
@@ -17,13 +18,16 @@ from typing import Any
 import jsonschema
 import pytest
 
-from kvgate.config import load_file
 from kvgate.config.model import Config
 from tests.deploy.deploy_support import (
+    CLIENT_FILES,
+    ETCD_FILES,
     REPO,
     envoy_validate,
     host_port,
+    load_mounted_config,
     load_yaml,
+    make_certs,
     option,
     parse_kvgate,
     xds_cluster,
@@ -31,6 +35,7 @@ from tests.deploy.deploy_support import (
 
 COMPOSE = REPO / "docker-compose.yml"
 CONFIG_TARGET = "/etc/kvgate/kvgate.yaml"
+KVGATE_TLS = "/etc/kvgate/etcd-tls"  # where kvgate's containers mount the etcd-tls volume
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +56,23 @@ def kvgate_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, 
 
 
 @pytest.fixture(scope="module")
-def config(kvgate_services: dict[str, dict[str, Any]]) -> Config:
+def certs(services: dict[str, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """What the one-shot etcd-tls service writes, made by running its command here."""
+    command = services["etcd-tls"]["command"]
+    assert command[:3] == ["sh", "/make-etcd-certs.sh", "/tls"]
+    return make_certs(tmp_path_factory.mktemp("compose") / "tls", *command[3:])
+
+
+@pytest.fixture(scope="module")
+def config(kvgate_services: dict[str, dict[str, Any]], certs: Path) -> Config:
     sources = {
         m["source"] for s in kvgate_services.values() for m in s.get("volumes", [])
         if isinstance(m, dict) and m["target"] == CONFIG_TARGET
     }
     assert sources == {"./deploy/compose/kvgate.yaml"}
-    return load_file(REPO / "deploy/compose/kvgate.yaml")  # raises ConfigError on any problem
+    # raises ConfigError on any problem, the TLS files checked as the containers see them
+    return load_mounted_config((REPO / "deploy/compose/kvgate.yaml").read_text(),
+                               "deploy/compose/kvgate.yaml", {KVGATE_TLS: certs})
 
 
 def ip_of(service: dict[str, Any]) -> str:
@@ -86,10 +101,15 @@ def test_the_stack_has_every_component(services: dict[str, dict[str, Any]]) -> N
     assert services["etcd"]["image"].startswith("quay.io/coreos/etcd:v3.5.")
     ext_procs = [n for n, s in services.items() if s.get("command", [""])[1:2] == ["ext-proc"]]
     assert len(ext_procs) == 2
+    one_shot = {n for n, s in services.items() if s.get("restart") == "no"}
+    assert one_shot == {"etcd-tls"}
     for name, service in services.items():
-        assert service.get("healthcheck", {}).get("test"), f"{name}: no healthcheck"
-        for dependency in service.get("depends_on", {}):
+        if name not in one_shot:
+            assert service.get("healthcheck", {}).get("test"), f"{name}: no healthcheck"
+        for dependency, condition in service.get("depends_on", {}).items():
             assert dependency in services, f"{name} depends on unknown {dependency}"
+            if dependency in one_shot:  # a one-shot is done, not healthy
+                assert condition == {"condition": "service_completed_successfully"}, name
 
 
 def test_every_kvgate_command_parses_with_kvgates_own_cli(
@@ -112,7 +132,7 @@ def test_kvgate_services_run_unprivileged(kvgate_services: dict[str, dict[str, A
 
 def test_healthcheck_one_liners_compile(services: dict[str, dict[str, Any]]) -> None:
     for name, service in services.items():
-        test = service["healthcheck"]["test"]
+        test = service.get("healthcheck", {}).get("test", [])
         if test[:3] == ["CMD", "python", "-c"]:
             compile(test[3], f"{name} healthcheck", "exec")
 
@@ -129,12 +149,12 @@ def test_commands_ports_and_addresses_match_the_mounted_config(
     compose: dict[str, Any], services: dict[str, dict[str, Any]], config: Config
 ) -> None:
     subnet = ipaddress.ip_network(compose["networks"]["kvgate"]["ipam"]["config"][0]["subnet"])
-    ips = [ip_of(s) for s in services.values()]
+    ips = [ip_of(s) for s in services.values() if "networks" in s]
     assert len(ips) == len(set(ips))
     assert all(ipaddress.ip_address(ip) in subnet for ip in ips)
     etcd_endpoints = ",".join(str(e) for e in config.etcd.endpoints or ())
     for host, port in (host_port(str(e)) for e in config.etcd.endpoints or ()):
-        assert host in services and f"--listen-client-urls=http://0.0.0.0:{port}" in (
+        assert host in services and f"--listen-client-urls=https://0.0.0.0:{port}" in (
             services[host]["command"])
 
     # control plane: admin as configured, xDS where Envoy's bootstrap looks for it
@@ -173,6 +193,49 @@ def test_commands_ports_and_addresses_match_the_mounted_config(
 
     # Envoy publishes the gateway listener
     assert f"{config.listener.port}:{config.listener.port}" in services["envoy"]["ports"]
+
+
+def test_kvgate_reaches_etcd_over_tls_with_a_client_certificate(
+    services: dict[str, dict[str, Any]], kvgate_services: dict[str, dict[str, Any]],
+    config: Config, certs: Path,
+) -> None:
+    init = services["etcd-tls"]
+    (script,) = [m for m in init["volumes"] if m["type"] == "bind"]
+    assert script["source"] == "./deploy/tls/make-etcd-certs.sh"
+    assert script["target"] == init["command"][1]
+    (out,) = [m for m in init["volumes"] if m["type"] == "volume"]
+    assert (out["source"], out["target"]) == ("etcd-tls", "/tls")
+    assert init["environment"]["CLIENT_UID"] == kvgate_services["control-plane"]["user"].split(
+        ":")[0]
+
+    # etcd: client URLs over TLS, client certificates required, files from the same volume
+    etcd = services["etcd"]
+    command = etcd["command"]
+    (mount,) = [m for m in etcd["volumes"] if isinstance(m, dict) and m["source"] == "etcd-tls"]
+    assert mount["read_only"] is True
+    assert "--client-cert-auth" in command
+    for flag, name in (("--cert-file", "etcd.pem"), ("--key-file", "etcd-key.pem"),
+                       ("--trusted-ca-file", "ca.pem")):
+        assert option(command, flag) == f"{mount['target']}/{name}"
+    assert option(command, "--advertise-client-urls").startswith("https://")
+    assert {name for name in ETCD_FILES} <= {p.name for p in certs.iterdir()}
+    # etcd's certificate names the host kvgate dials
+    san = subprocess.run(["openssl", "x509", "-in", str(certs / "etcd.pem"), "-noout", "-ext",
+                          "subjectAltName"], capture_output=True, text=True, check=True).stdout
+    for endpoint in config.etcd.endpoints or ():
+        assert f"DNS:{endpoint.host}" in san
+    assert "https://127.0.0.1:2379" in " ".join(etcd["healthcheck"]["test"])
+
+    # every kvgate service that talks to etcd mounts the volume where the config looks
+    tls = config.etcd.tls
+    assert tls is not None and tls.ca and tls.cert and tls.key
+    assert sorted(Path(p).name for p in (tls.ca, tls.cert, tls.key)) == sorted(CLIENT_FILES)
+    for name, service in kvgate_services.items():
+        mounts = {m["target"]: m for m in service.get("volumes", []) if isinstance(m, dict)}
+        if "--etcd=etcd:2379" in service["command"]:
+            assert mounts[KVGATE_TLS]["source"] == "etcd-tls", name
+            assert mounts[KVGATE_TLS]["read_only"] is True, name
+            assert service["depends_on"]["etcd"] == {"condition": "service_healthy"}, name
 
 
 def test_envoy_command_and_bootstrap(services: dict[str, dict[str, Any]], config: Config,

@@ -4,6 +4,7 @@ argparse and Envoy's own validator accept, consistent with the mounted ConfigMap
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -11,14 +12,17 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kvgate.config import load_text
 from kvgate.config.model import Config
 from tests.deploy.deploy_support import (
+    CLIENT_FILES,
+    ETCD_FILES,
     REPO,
     envoy_validate,
     host_port,
+    load_mounted_config,
     load_yaml,
     load_yaml_docs,
+    make_certs,
     option,
     parse_kvgate,
     xds_cluster,
@@ -34,6 +38,11 @@ CLUSTER_SCOPED = {
     "ValidatingWebhookConfiguration", "Node", "ClusterIssuer",
 }
 WORKLOADS = {"Deployment", "StatefulSet", "DaemonSet", "Job", "CronJob"}
+KVGATE_TLS = "/var/run/secrets/kvgate-etcd"  # the kvgate-etcd-client-tls Secret, in kvgate's pods
+# The names deploy/README.md gives deploy/tls/make-etcd-certs.sh for this example.
+ETCD_NAMES = ("etcd-client", "etcd-client.kvgate", "etcd-client.kvgate.svc", "*.etcd",
+              "*.etcd.kvgate", "*.etcd.kvgate.svc", "*.etcd.kvgate.svc.cluster.local",
+              "localhost", "127.0.0.1")
 
 
 def manifest_files() -> list[Path]:
@@ -62,9 +71,15 @@ def containers(docs: list[dict[str, Any]]) -> list[tuple[str, dict[str, Any], di
 
 
 @pytest.fixture(scope="module")
-def config(docs: list[dict[str, Any]]) -> Config:
-    return load_text(find(docs, "ConfigMap", "kvgate-config")["data"]["kvgate.yaml"],
-                     source="configmap-kvgate.yaml")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_certs(tmp_path_factory.mktemp("k8s") / "tls", *ETCD_NAMES)
+
+
+@pytest.fixture(scope="module")
+def config(docs: list[dict[str, Any]], certs: Path) -> Config:
+    # the TLS files checked for real, as the pods see them
+    return load_mounted_config(find(docs, "ConfigMap", "kvgate-config")["data"]["kvgate.yaml"],
+                               "configmap-kvgate.yaml", {KVGATE_TLS: certs})
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -261,12 +276,62 @@ def test_etcd_example_is_a_three_member_statefulset(docs: list[dict[str, Any]],
     (container,) = sts["spec"]["template"]["spec"]["containers"]
     cluster = option(container["command"], "--initial-cluster").split(",")
     service = sts["spec"]["serviceName"]
-    assert cluster == [f"etcd-{i}=http://etcd-{i}.{service}:2380" for i in range(3)]
+    assert cluster == [f"etcd-{i}=https://etcd-{i}.{service}:2380" for i in range(3)]
     for endpoint in config.etcd.endpoints or ():
         client = find(docs, "Service", endpoint.host)
         assert endpoint.port in {p["port"] for p in client["spec"]["ports"]}
         assert client["spec"]["selector"].items() <= (
             sts["spec"]["template"]["metadata"]["labels"].items())
+
+
+def _secret_mount(container: dict[str, Any], spec: dict[str, Any], path: str) -> str:
+    """The name of the Secret mounted at `path` in `container`."""
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == path]
+    assert mount["readOnly"] is True
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    return str(volume["secret"]["secretName"])
+
+
+def test_etcd_speaks_tls_to_clients_and_peers(docs: list[dict[str, Any]], config: Config,
+                                              certs: Path) -> None:
+    sts = find(docs, "StatefulSet", "etcd")
+    spec = sts["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    command = container["command"]
+    assert _secret_mount(container, spec, "/etc/etcd/tls") == "kvgate-etcd-server-tls"
+    for prefix in ("", "peer-"):
+        assert f"--{prefix}client-cert-auth" in command
+        for flag, name in (("cert-file", "etcd.pem"), ("key-file", "etcd-key.pem"),
+                           ("trusted-ca-file", "ca.pem")):
+            assert option(command, f"--{prefix}{flag}") == f"/etc/etcd/tls/{name}"
+            assert name in ETCD_FILES
+    for flag in ("--listen-client-urls", "--advertise-client-urls", "--listen-peer-urls",
+                 "--initial-advertise-peer-urls"):
+        assert option(command, flag).startswith("https://"), flag
+    # the certificate the docs make names what kvgate dials and what the members call each other
+    san = subprocess.run(["openssl", "x509", "-in", str(certs / "etcd.pem"), "-noout", "-ext",
+                          "subjectAltName"], capture_output=True, text=True, check=True).stdout
+    for endpoint in config.etcd.endpoints or ():
+        assert f"DNS:{endpoint.host}" in san
+    assert "DNS:*.etcd" in san  # etcd-0.etcd, ... (--initial-advertise-peer-urls)
+    readme = (REPO / "deploy/README.md").read_text()
+    assert "make-etcd-certs.sh etcd-tls " + " ".join(
+        f"'{n}'" if "*" in n else n for n in ETCD_NAMES) in readme
+    for secret, files in (("kvgate-etcd-server-tls", ETCD_FILES),
+                          ("kvgate-etcd-client-tls", CLIENT_FILES)):
+        assert f"create secret generic {secret} " + " ".join(
+            f"--from-file=etcd-tls/{f}" for f in files) in readme
+
+
+def test_kvgate_reaches_etcd_with_its_client_certificate(docs: list[dict[str, Any]],
+                                                         config: Config) -> None:
+    tls = config.etcd.tls
+    assert tls is not None and tls.ca and tls.cert and tls.key
+    assert sorted(Path(p).name for p in (tls.ca, tls.cert, tls.key)) == sorted(CLIENT_FILES)
+    kvgate = [(n, c, s) for n, c, s in containers(docs) if c["command"][0] == "kvgate"]
+    assert len(kvgate) == 2
+    for name, container, spec in kvgate:
+        assert _secret_mount(container, spec, KVGATE_TLS) == "kvgate-etcd-client-tls", name
 
 
 def _admits(policy: dict[str, Any], labels: dict[str, str], port: int) -> list[dict[str, Any]]:

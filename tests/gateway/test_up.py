@@ -75,6 +75,7 @@ async def test_up_serves_then_sigterm_stops_everything(
             await process.wait()
     assert "stopped" in rest
     assert [pid for pid in pids if _alive(pid)] == []
+    assert not (tmp_path / "w").exists()  # made by this run, removed with it
 
 
 async def test_up_with_port_in_use_says_so_and_starts_nothing(
@@ -128,7 +129,7 @@ async def test_up_with_emulated_fleet_keeps_a_conversation_on_one_engine(tmp_pat
     path.write_text(yaml.safe_dump(ports))
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "kvgate_cli", "up", "-c", str(path), "--time-scale", "0",
-        "--workdir", str(tmp_path / "w"),
+        "--workdir", str(tmp_path / "w"), "--keep-workdir",
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
     )
     try:
@@ -178,3 +179,20 @@ async def test_up_with_emulated_fleet_keeps_a_conversation_on_one_engine(tmp_pat
             process.kill()
             await process.wait()
     assert [pid for pid in pids if _alive(pid)] == []
+    assert f"work directory kept (--keep-workdir): {tmp_path / 'w'}" in rest
+    assert (tmp_path / "w" / "control-plane.log").stat().st_size > 0
+
+
+async def test_up_refuses_etcd_security_for_its_own_etcd(tmp_path: Path) -> None:
+    from tests.support.secure_etcd import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    path = tmp_path / "kvgate.yaml"
+    path.write_text(yaml.safe_dump({"etcd": {"tls": {"ca": str(pki.ca)}}}))
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvgate_cli", "up", "-c", str(path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    output, _ = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 1
+    assert "etcd.tls and etcd.auth are for the etcd that etcd.endpoints names" in output.decode()
