@@ -25,7 +25,9 @@ from control_plane.resources.names import (
     ROUTE_CONFIG_NAME,
     RoutingMode,
 )
+from control_plane.resources.session_filters import body_session_filters, buffer_limit
 from kvgate.config.model import Config
+from kvgate.session import BODY_METADATA_NAMESPACE
 
 _Mode = processing_mode_pb2.ProcessingMode
 
@@ -37,6 +39,7 @@ def gateway_listener(
     mode: RoutingMode = RoutingMode.AFFINITY,
 ) -> listener_pb2.Listener:
     """The listener users call. `routes` are inlined if given, else fetched over RDS (ADS)."""
+    affinity = mode is RoutingMode.AFFINITY
     manager = hcm.HttpConnectionManager(
         stat_prefix="kvgate",
         codec_type=hcm.HttpConnectionManager.AUTO,
@@ -49,7 +52,9 @@ def gateway_listener(
         max_request_headers_kb=protos.u32(96),
         http_filters=[
             _strip_destination(),
-            *([_ext_proc(config)] if mode is RoutingMode.AFFINITY else []),
+            # Sessions in the body: read by Envoy itself, handed to ext_proc as metadata.
+            *(body_session_filters(config.session) if affinity else []),
+            *([_ext_proc(config)] if affinity else []),
             _router(),
         ],
     )
@@ -68,6 +73,7 @@ def gateway_listener(
     return listener_pb2.Listener(
         name=LISTENER_NAME,
         address=protos.socket_address(config.listener),
+        per_connection_buffer_limit_bytes=protos.u32(buffer_limit(config.session)),
         filter_chains=[
             listener_components_pb2.FilterChain(
                 filters=[
@@ -129,10 +135,14 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
             allowed_headers=_exact_names(config.session.headers)
         ),
         metadata_options=ext_proc_pb2.MetadataOptions(
+            # The session Envoy found in the body, sent with the request headers.
+            forwarding_namespaces=ext_proc_pb2.MetadataOptions.MetadataNamespaces(
+                untyped=[BODY_METADATA_NAMESPACE]
+            ),
             # Without this Envoy silently drops the metadata ext_proc returns.
             receiving_namespaces=ext_proc_pb2.MetadataOptions.MetadataNamespaces(
                 untyped=[LB_NAMESPACE]
-            )
+            ),
         ),
         stat_prefix="kvgate",
     )

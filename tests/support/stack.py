@@ -23,7 +23,9 @@ def gateway_config(
     load_factor: float = 1.25,
     kv_pool: str = "kv-a",
     message_timeout: str = "200ms",
+    session: dict[str, object] | None = None,
 ) -> Config:
+    """`session`: extra `session:` keys (body_fields, implicit, body_limit)."""
     ports = iter(free_ports(5 + ext_procs))
     data: dict[str, object] = {
         "listener": {"address": "127.0.0.1", "port": next(ports)},
@@ -37,7 +39,7 @@ def gateway_config(
             "message_timeout": message_timeout,
         },
         "etcd": {"prefix": prefix, **({"endpoints": list(etcd)} if etcd else {})},
-        "session": {"headers": ["x-session-id"], "idle_ttl": idle_ttl},
+        "session": {"headers": ["x-session-id"], "idle_ttl": idle_ttl, **(session or {})},
         "placement": {"load_factor": load_factor},
         "pools": [{
             "name": "coder", "kv_pool": kv_pool, "endpoints": list(endpoints),
