@@ -33,6 +33,8 @@ class CompareOptions:
     workdir: Path
     progress: bool = False
     header: str = "x-session-id"
+    session_in: str = "header"  # where the bench puts the session id (see bench.client)
+    extra_headers: tuple[tuple[str, str], ...] = ()
 
 
 def gateway_config(header: str) -> Config:
@@ -86,7 +88,8 @@ async def compare(workload: Workload, modes: Sequence[Mode], options: CompareOpt
             drive_options = DriveOptions(
                 url=f"http://{stack.config.listener}", time_scale=options.engine.time_scale,
                 header=options.header, engines=[f"http://{e.key}" for e in pool.endpoints],
-                progress=options.progress, label=str(mode),
+                progress=options.progress, label=str(mode), session_in=options.session_in,
+                extra_headers=options.extra_headers,
             )
             results[mode] = await drive(workload, drive_options)
             results[mode].endpoints = [e.key for e in pool.endpoints]
