@@ -53,6 +53,18 @@ async def test_openai_client_sessions_from_the_body(tmp_path: Path, prefix: str)
             assert cached[0] < cached[1] < cached[2] < cached[3] < cached[4], tokens
             assert all(hit >= 0.9 * (total - 64) for hit, total in tokens[1:]), tokens
 
+            # Streaming is untouched: the same key streams its answer from the same engine.
+            raw = await client.chat.completions.with_raw_response.create(
+                model=model, max_tokens=16, stream=True,
+                stream_options={"include_usage": True}, prompt_cache_key="dev-42-conversation-7",
+                messages=[{"role": "system", "content": "You are a coding assistant.\n" + CODE},
+                          {"role": "user", "content": "About keys: what does this code do?"}],
+            )
+            assert {raw.headers["x-engine-id"]} == engines
+            chunks = [chunk async for chunk in raw.parse()]
+            assert sum(1 for c in chunks if c.choices) >= 2
+            assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens > 0
+
             homes = set()
             for topic in range(8):  # no id at all: one engine per conversation, spread
                 engines, tokens = await _conversation(client, model, f"topic {topic}")
