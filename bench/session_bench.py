@@ -62,14 +62,14 @@ def chat_body(size: int, conversation: int, key: str | None) -> bytes:
     """A chat request of about `size` bytes: a shared system prompt, then a first user message
     of the conversation's own (its start names the conversation)."""
     system = "You are the bank's code assistant. Answer with code. " * 20
+    question = f"Conversation {conversation}: review this file.\n"
+    user = {"role": "user", "content": question}
     body: dict[str, object] = {"model": "m", "messages": [
-        {"role": "system", "content": system},
-        {"role": "user", "content": f"Conversation {conversation}: review this file.\n"},
-    ], "max_tokens": 64, "stream": True}
+        {"role": "system", "content": system}, user], "max_tokens": 64, "stream": True}
     if key is not None:
         body["prompt_cache_key"] = key
     padding = max(0, size - len(json.dumps(body)))
-    body["messages"][1]["content"] += "x = call(y)  # \"step\"\n" * (padding // 24 + 1)  # type: ignore[index]
+    user["content"] = question + "x = call(y)  # \"step\"\n" * (padding // 24 + 1)
     return json.dumps(body).encode()
 
 
