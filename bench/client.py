@@ -1,8 +1,9 @@
 """Drives an OpenAI-compatible endpoint with a workload, streaming `/v1/completions`, the session
-id in a header. A request with a fixed arrival is sent at that time x the time scale (open loop);
-a later turn of a session is sent once the previous turn's answer is complete, after the user's
-think time (closed loop, as a developer waits for the answer the next prompt contains), and its
-prompt resends the answer the engine gave (so an engine that cached it finds it), not the
+id where `session_in` says: a header, the body's `prompt_cache_key`, or nowhere (the gateway's
+implicit sessions). A request with a fixed arrival is sent at that time x the time scale (open
+loop); a later turn of a session is sent once the previous turn's answer is complete, after the
+user's think time (closed loop, as a developer waits for the answer the next prompt contains), and
+its prompt resends the answer the engine gave (so an engine that cached it finds it), not the
 workload's stand-in text.
 
 Per request: TTFT (send to first streamed token, in emulated seconds = wall / time scale), output
@@ -30,12 +31,29 @@ from workload.text import TextMaker
 class DriveOptions:
     url: str  # gateway base URL, e.g. http://127.0.0.1:8080
     time_scale: float = 1.0  # wall seconds per emulated second (the engines' --time-scale)
-    header: str = "x-session-id"
+    header: str = "x-session-id"  # the session header (session_in "header")
     model: str | None = None  # None: the first of GET /v1/models
     engines: Sequence[str] = ()  # engine base URLs whose /metrics to read
     timeout_s: float = 600.0  # wall seconds per request
     progress: bool = False
     label: str = "bench"
+    session_in: str = "header"  # "header", "body" (prompt_cache_key) or "none"
+    extra_headers: tuple[tuple[str, str], ...] = ()  # sent with every request
+
+
+SESSION_IN = ("header", "body", "none")
+BODY_SESSION_FIELD = "prompt_cache_key"  # OpenAI's own field for cache routing
+
+
+def request_parts(o: DriveOptions, session: str, body: dict[str, object]
+                  ) -> tuple[dict[str, str], dict[str, object]]:
+    """The headers and body of one request, the session put where ``o.session_in`` says."""
+    headers = dict(o.extra_headers)
+    if o.session_in == "header":
+        headers[o.header] = session
+    elif o.session_in == "body":
+        body = {**body, BODY_SESSION_FIELD: session}
+    return headers, body
 
 
 @dataclass(slots=True)
@@ -70,8 +88,9 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
                prompt: str, measured: bool, result: DriveResult, sent_event: asyncio.Event,
                origin: float) -> str | None:
     """Send one request; its answer's text, or None if it failed."""
-    body = {"model": model, "prompt": prompt, "max_tokens": request.max_tokens, "stream": True,
-            "stream_options": {"include_usage": True}}
+    headers, body = request_parts(o, request.session, {
+        "model": model, "prompt": prompt, "max_tokens": request.max_tokens, "stream": True,
+        "stream_options": {"include_usage": True}})
     scale = o.time_scale or 1.0
     sent = time.perf_counter()
     arrival = (sent - origin) / scale
@@ -81,7 +100,7 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
     text: list[str] = []
     try:
         async with http.post(f"{o.url}/v1/completions", json=body,
-                             headers={o.header: request.session}) as response:
+                             headers=headers) as response:
             sent_event.set()  # the engine has the request (and counted it in /metrics)
             engine = response.headers.get("x-engine-id", "?")
             if response.status != 200:

@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.client import DriveOptions, GatewayUnreachable, drive
+from bench.client import SESSION_IN, DriveOptions, GatewayUnreachable, drive
 from bench.compare import CompareOptions, compare, ports_needed
 from emulator.command import time_scale
 from experiment.fleet_options import add_fleet_arguments
@@ -37,7 +37,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--time-scale", type=time_scale, default=1.0,
       help="wall seconds per emulated second: the engines' --time-scale (%(default)s; "
       "e.g. 1/30 with --compare)")
-    a("--header", default="x-session-id", help="session header (%(default)s)")
+    a("--session-in", choices=SESSION_IN, default="header",
+      help="where each request carries its session id: the session header, the body's "
+      "prompt_cache_key, or none (the gateway's implicit sessions) (%(default)s)")
+    a("--session-header", default="x-session-id", metavar="NAME",
+      help="the session header, for --session-in header (%(default)s)")
+    a("--header", action="append", type=_header, default=[], metavar="NAME:VALUE",
+      dest="headers", help="an extra header sent with every request (repeatable)")
     a("--model", help="model name (default: the first from /v1/models)")
     a("--engine-urls", help="--gateway: comma-separated engine URLs whose /metrics to read")
     a("--modes", type=parse_modes, default=parse_modes("all"),
@@ -66,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
     progress = not args.quiet and sys.stderr.isatty()
     if args.compare:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
-        options = CompareOptions(engine, workdir, progress, args.header, args.port_range)
+        options = CompareOptions(engine, workdir, progress, header=args.session_header,
+                                 port_range=args.port_range, session_in=args.session_in,
+                                 extra_headers=tuple(args.headers))
         try:
             compared = asyncio.run(compare(workload, args.modes, options, say))
         except (NoFreePorts, ChildFailed) as exc:
@@ -76,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
         block = engine.block_size
     else:
         engines = [u.strip() for u in (args.engine_urls or "").split(",") if u.strip()]
-        drive_options = DriveOptions(args.gateway.rstrip("/"), args.time_scale, args.header,
-                                     args.model, engines, progress=progress)
+        drive_options = DriveOptions(args.gateway.rstrip("/"), args.time_scale,
+                                     args.session_header, args.model, engines, progress=progress,
+                                     session_in=args.session_in,
+                                     extra_headers=tuple(args.headers))
         try:
             results = {"gateway": asyncio.run(drive(workload, drive_options))}
         except GatewayUnreachable as exc:
@@ -87,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     measured = [workload.measured(r) for r in workload.requests]
     oracle = oracle_hit_rate(workload.requests, block or DEFAULT_BLOCK_FOR_ORACLE, measured)
     describe = {**workload.describe, "engines": engine.instances, "block_size": block,
-                "time_scale": args.time_scale, "tool": "kvgate bench"
+                "time_scale": args.time_scale, "session_in": args.session_in,
+                "tool": "kvgate bench"
                 + (" --compare" if args.compare else f" --gateway {args.gateway}")}
     endpoints = next((r.endpoints for r in results.values() if r.endpoints), None)
     if endpoints:
@@ -121,6 +132,16 @@ def _check_port_range(args: argparse.Namespace, engines: int) -> None:
     if high - low + 1 < ports_needed(engines):
         raise ValueError(f"--port-range {low}-{high} holds {high - low + 1} ports; --compare "
                          f"with {engines} engines listens on {ports_needed(engines)}")
+
+
+def _header(text: str) -> tuple[str, str]:
+    """``NAME:VALUE`` (the value may contain colons)."""
+    name, sep, value = text.partition(":")
+    name = name.strip()
+    if not sep or not name or any(c in name for c in " \t\r\n") or any(
+            c in value for c in "\r\n"):
+        raise argparse.ArgumentTypeError(f"must be NAME:VALUE, got {text!r}")
+    return name, value.strip()
 
 
 def _check_url(url: str) -> None:

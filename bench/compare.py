@@ -25,6 +25,8 @@ class CompareOptions:
     progress: bool = False
     header: str = "x-session-id"
     port_range: PortRange | None = None  # every port the run listens on from here (shared hosts)
+    session_in: str = "header"  # where the bench puts the session id (see bench.client)
+    extra_headers: tuple[tuple[str, str], ...] = ()
 
 
 GATEWAY_PORTS = 6  # listener, Envoy admin, xDS, admin API, ext_proc, ext_proc metrics
@@ -106,7 +108,8 @@ async def _run_mode(workload: Workload, mode: RoutingMode, options: CompareOptio
         drive_options = DriveOptions(
             url=f"http://{stack.config.listener}", time_scale=options.engine.time_scale,
             header=options.header, engines=[f"http://{e.key}" for e in pool.endpoints],
-            progress=options.progress, label=str(mode),
+            progress=options.progress, label=str(mode), session_in=options.session_in,
+            extra_headers=options.extra_headers,
         )
         result = await drive(workload, drive_options)
         result.endpoints = [e.key for e in pool.endpoints]

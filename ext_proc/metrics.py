@@ -14,6 +14,10 @@ class ExtProcMetrics:
             "kvgate_ext_proc_decisions", "Routing decisions by outcome",
             ["outcome"], registry=self.registry,
         )
+        self.session_sources = Counter(
+            "kvgate_ext_proc_session_sources", "Where each request's session id came from",
+            ["source"], registry=self.registry,
+        )
         self.latency = Histogram(
             "kvgate_ext_proc_decision_seconds", "Time to decide one request",
             buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1),
@@ -34,6 +38,8 @@ class ExtProcMetrics:
         )
         for outcome in ("sticky", "new", "rebind", "sessionless", "error"):
             self.decisions.labels(outcome)
+        for source in ("header", "body", "implicit", "none"):
+            self.session_sources.labels(source)
 
     def track(
         self, bindings: Callable[[], float], pending: Callable[[], float],

@@ -1,4 +1,5 @@
-"""The ext_proc gRPC loop: read the session header, ask the Decider, answer with metadata.
+"""The ext_proc gRPC loop: find the session (header, body field or implicit key, see
+`sources`), ask the Decider, answer with metadata.
 
 Thin on purpose: all the choosing happens in `decide`; every failure maps to one answer here.
 """
@@ -16,7 +17,9 @@ from google.protobuf import struct_pb2
 
 from ext_proc.decide import Decider, Decision, DecisionError, Outcome
 from ext_proc.metrics import ExtProcMetrics
+from ext_proc.sources import SessionSources, Source
 from kvgate.contract.envoy import DESTINATION_KEY, LB_NAMESPACE, POOL_METADATA_KEY
+from kvgate.session import BODY_METADATA_NAMESPACE
 
 log = structlog.get_logger("kvgate.ext_proc")
 
@@ -29,15 +32,16 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
     def __init__(
         self,
         decider: Decider,
-        session_headers: tuple[str, ...],
+        sources: SessionSources,
         metrics: ExtProcMetrics,
         default_pool: str | None,
     ) -> None:
         self._decider = decider
-        self._session_headers = session_headers
+        self._sources = sources
         self._metrics = metrics
         self._default_pool = default_pool
         self._outcome_counters = {o: metrics.decisions.labels(o.value) for o in Outcome}
+        self._source_counters = {s: metrics.session_sources.labels(s.value) for s in Source}
 
     async def Process(
         self,
@@ -47,19 +51,19 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         pool = self._pool(context)
         async for request in request_iterator:
             if request.HasField("request_headers"):
-                yield await self._on_request_headers(request.request_headers, pool)
+                yield await self._on_request_headers(request, pool)
             else:
                 # Only request headers are asked for; answer anything else with "continue".
                 yield _continue_for(request)
 
     async def _on_request_headers(
-        self, headers: pb.HttpHeaders, pool: str | None
+        self, request: pb.ProcessingRequest, pool: str | None
     ) -> pb.ProcessingResponse:
         started = time.perf_counter()
         try:
             if pool is None:
                 raise DecisionError("route carries no pool and more than one pool is configured")
-            decision = await self._decider.decide(pool, self._session_value(headers))
+            decision = await self._decider.decide(pool, self._session_value(request))
         except DecisionError as exc:
             log.warning("decision_failed", pool=pool, error=str(exc))
             decision = Decision(Outcome.ERROR)
@@ -70,15 +74,14 @@ class ExternalProcessor(pb_grpc.ExternalProcessorServicer):
         self._metrics.latency.observe(time.perf_counter() - started)
         return _answer(decision)
 
-    def _session_value(self, headers: pb.HttpHeaders) -> bytes | None:
+    def _session_value(self, request: pb.ProcessingRequest) -> bytes | None:
         values: dict[str, bytes] = {}
-        for header in headers.headers.headers:
+        for header in request.request_headers.headers.headers:
             values[header.key] = header.raw_value or header.value.encode()
-        for name in self._session_headers:
-            value = values.get(name)
-            if value and value.strip():
-                return value
-        return None
+        body = request.metadata_context.filter_metadata.get(BODY_METADATA_NAMESPACE)
+        found = self._sources.pick(values, body)
+        self._source_counters[found.source].inc()
+        return found.raw or None
 
     def _pool(self, context: grpc.aio.ServicerContext) -> str | None:
         for key, value in context.invocation_metadata() or ():

@@ -13,6 +13,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from ext_proc.decide import Decider
 from ext_proc.metrics import ExtProcMetrics
 from ext_proc.server import ExternalProcessor
+from ext_proc.sources import SessionSources
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.store import BindingStore
@@ -90,7 +91,9 @@ class ExtProcService:
             self.metrics.track(lambda: sum(1 for _ in memory.bindings()), lambda: 0, lambda: 0)
         decider = Decider(self.store, self.directory, config.placement.load_factor)
         default_pool = config.pools[0].name if len(config.pools) == 1 else None
-        servicer = ExternalProcessor(decider, config.session.headers, self.metrics, default_pool)
+        servicer = ExternalProcessor(
+            decider, SessionSources(config.session), self.metrics, default_pool
+        )
         pb_grpc.add_ExternalProcessorServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         await self._server.start()

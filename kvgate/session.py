@@ -52,3 +52,10 @@ class SessionIds:
                 self._old, self._memo = self._memo, {}
             self._memo[raw] = session
         return session
+
+
+# Where Envoy hands ext_proc the session it found in the body (dynamic metadata, forwarded):
+# one key per configured body field (its dotted path), and the implicit conversation key under
+# a name no body field can have.
+BODY_METADATA_NAMESPACE = "kvgate.session"
+IMPLICIT_KEY = ":implicit"

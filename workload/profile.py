@@ -43,6 +43,9 @@ class WorkloadProfile:
     requests: int
     span_s: float
     sessions: int
+    # How the sessions were known: "workload" (it says), "inferred" (a trace's blocks, see
+    # workload.conversations), "record ids", or "record ids + inferred".
+    sessions_from: str
     # Leading tokens every request has in common. A trace only says which 512-token blocks are
     # equal, so there the true shared prefix lies in [shared_prefix_tokens, + resolution).
     shared_prefix_tokens: int
@@ -110,6 +113,7 @@ def profile(workload: Workload) -> WorkloadProfile:
         requests=len(requests),
         span_s=requests[-1].arrival - requests[0].arrival,
         sessions=len(by_session),
+        sessions_from=str(workload.describe.get("sessions_from", "workload")),
         shared_prefix_tokens=shared,
         shared_prefix_resolution=resolution,
         prompt_tokens=Spread.of(tokens),
@@ -137,7 +141,8 @@ def _shared(p: WorkloadProfile) -> str:
 _ROWS = (
     ("requests", lambda p: f"{p.requests:,}", "--sessions, --turns-mean"),
     ("span", lambda p: f"{p.span_s:,.0f} s", "--duration-s"),
-    ("sessions", lambda p: f"{p.sessions:,}", "--sessions"),
+    ("sessions", lambda p: f"{p.sessions:,}" + (
+        f" ({p.sessions_from})" if p.sessions_from != "workload" else ""), "--sessions"),
     ("shared prefix (every request), tokens", _shared, "--system-tokens"),
     ("prompt tokens p50 / mean / p90", lambda p: _spread(p.prompt_tokens), ""),
     ("first prompt of a session p50 / mean / p90", lambda p: _spread(p.first_prompt_tokens),

@@ -16,6 +16,7 @@ from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.matcher.v3 import string_pb2
 
 from control_plane.resources import protos
+from control_plane.resources.session_filters import body_session_filters, buffer_limit
 from kvgate.config.model import Config
 from kvgate.contract.envoy import (
     DESTINATION_KEY,
@@ -26,6 +27,7 @@ from kvgate.contract.envoy import (
     ROUTE_CONFIG_NAME,
 )
 from kvgate.contract.modes import RoutingMode
+from kvgate.session import BODY_METADATA_NAMESPACE
 
 _Mode = processing_mode_pb2.ProcessingMode
 
@@ -52,6 +54,8 @@ def gateway_listener(
         max_request_headers_kb=protos.u32(96),
         http_filters=[
             _strip_destination(),
+            # Sessions in the body: read by Envoy itself, handed to ext_proc as metadata.
+            *(body_session_filters(config.session) if mode.uses_ext_proc else []),
             *([_ext_proc(config)] if mode.uses_ext_proc else []),
             _router(),
         ],
@@ -71,6 +75,7 @@ def gateway_listener(
     return listener_pb2.Listener(
         name=LISTENER_NAME,
         address=protos.socket_address(config.listener),
+        per_connection_buffer_limit_bytes=protos.u32(buffer_limit(config.session)),
         filter_chains=[
             listener_components_pb2.FilterChain(
                 filters=[
@@ -132,10 +137,14 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
             allowed_headers=_exact_names(config.session.headers)
         ),
         metadata_options=ext_proc_pb2.MetadataOptions(
+            # The session Envoy found in the body, sent with the request headers.
+            forwarding_namespaces=ext_proc_pb2.MetadataOptions.MetadataNamespaces(
+                untyped=[BODY_METADATA_NAMESPACE]
+            ),
             # Without this Envoy silently drops the metadata ext_proc returns.
             receiving_namespaces=ext_proc_pb2.MetadataOptions.MetadataNamespaces(
                 untyped=[LB_NAMESPACE]
-            )
+            ),
         ),
         stat_prefix="kvgate",
     )

@@ -33,6 +33,9 @@ def to_dict(config: Config) -> dict[str, Any]:
         "session": {
             "headers": list(config.session.headers),
             "idle_ttl": _seconds(config.session.idle_ttl),
+            "body_fields": list(config.session.body_fields),
+            "implicit": "on" if config.session.implicit else "off",
+            "body_limit": config.session.body_limit,
         },
         "placement": {"load_factor": config.placement.load_factor},
         "pools": [

@@ -15,6 +15,8 @@ Path = tuple[PathPart, ...]
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_SIZE = re.compile(r"(\d+)\s*(B|KiB|MiB|GiB)?")
+_UNIT_BYTES = {None: 1, "B": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3}
 _HEADER_NAME = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
 # C0 controls and DEL: CR/LF in a path or header value would split an HTTP request.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -133,6 +135,22 @@ class Fields:
             self.error(path, f"must be between {_fmt(low)} and {_fmt(high)}, got {_show(value)}")
             return None
         return seconds
+
+    def size(self, value: Any, path: Path, low: int, high: int) -> int | None:
+        """Accepts `512KiB`, `4MiB`, `1GiB`, or a plain number of bytes."""
+        size: int | None = None
+        if isinstance(value, int) and not isinstance(value, bool):
+            size = value
+        elif isinstance(value, str) and (match := _SIZE.fullmatch(value.strip())):
+            size = int(match[1]) * _UNIT_BYTES[match[2]]
+        if size is None:
+            self.error(path, f"must be a size like 512KiB, 4MiB or a number of bytes, "
+                       f"got {value!r}")
+            return None
+        if not low <= size <= high:
+            self.error(path, f"must be between {low} and {high} bytes, got {value!r}")
+            return None
+        return size
 
     def ip(self, value: Any, path: Path) -> str | None:
         text = self.string(value, path)

@@ -37,6 +37,7 @@ from kvgate.contract.envoy import DESTINATION_KEY
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
 MIN_MESSAGE_TIMEOUT = 0.05
+_BODY_FIELD = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64})*")
 TOP_LEVEL = (
     "listener", "envoy_admin", "control_plane", "ext_proc", "etcd",
     "session", "placement", "pools", "routes",
@@ -215,7 +216,7 @@ def _etcd(f: Fields, value: Any, path: Path, base: FilePath) -> Etcd:
 
 
 def _session(f: Fields, value: Any, path: Path) -> Session:
-    raw = f.mapping(value, path, ("headers", "idle_ttl"))
+    raw = f.mapping(value, path, ("headers", "idle_ttl", "body_fields", "implicit", "body_limit"))
     d = Session()
     headers = d.headers
     if raw.get("headers") is not None:
@@ -227,12 +228,45 @@ def _session(f: Fields, value: Any, path: Path) -> Session:
         if isinstance(raw["headers"], list) and not items:
             f.error((*path, "headers"), "must name at least one header")
         headers = tuple(dict.fromkeys(n for n in names if n)) or d.headers
+    body_fields = d.body_fields
+    if raw.get("body_fields") is not None:
+        items = f.sequence(raw["body_fields"], (*path, "body_fields"))
+        fields = [_body_field(f, v, (*path, "body_fields", i)) for i, v in enumerate(items)]
+        body_fields = tuple(dict.fromkeys(name for name in fields if name))  # [] reads no field
     return Session(
         headers=headers,
         idle_ttl=f.optional(
             raw, "idle_ttl", path, lambda v, p: f.duration(v, p, 2.0, 30 * 86400.0), d.idle_ttl
         ),
+        body_fields=body_fields,
+        implicit=f.optional(raw, "implicit", path, lambda v, p: _on_off(f, v, p), d.implicit),
+        body_limit=f.optional(
+            raw, "body_limit", path, lambda v, p: f.size(v, p, 1024, 64 * 1024 * 1024),
+            d.body_limit,
+        ),
     )
+
+
+def _body_field(f: Fields, value: Any, path: Path) -> str | None:
+    """A dotted path into the JSON body: object keys only (Envoy's json_to_metadata selectors)."""
+    text = f.string(value, path)
+    if text is None:
+        return None
+    if not _BODY_FIELD.fullmatch(text) or text.count(".") >= 8:
+        f.error(path, f"must be a JSON field or a dotted path of at most 8 fields "
+                f"(letters, digits, '_', '-'), such as metadata.session_id; got {text!r}")
+        return None
+    return text
+
+
+def _on_off(f: Fields, value: Any, path: Path) -> bool | None:
+    # YAML 1.1 reads a bare on/off as a boolean; a quoted "on"/"off" is accepted too.
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("on", "off"):
+        return value.lower() == "on"
+    f.error(path, f"must be on or off, got {value!r}")
+    return None
 
 
 def _placement(f: Fields, value: Any, path: Path) -> Placement:

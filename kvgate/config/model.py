@@ -120,6 +120,12 @@ class Etcd:
 class Session:
     headers: tuple[str, ...] = ("x-session-id",)
     idle_ttl: float = 3600.0
+    # JSON body fields (dotted paths) Envoy reads when no header carries a session.
+    body_fields: tuple[str, ...] = ("prompt_cache_key", "user", "metadata.session_id")
+    # With no id anywhere: a conversation key from the prompt's leading content (Envoy, Lua).
+    implicit: bool = True
+    # Bodies up to this size are read for the two above; larger ones pass through unread.
+    body_limit: int = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)

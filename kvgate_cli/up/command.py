@@ -148,14 +148,20 @@ def _print_ready(stack: Stack, unhealthy: list[Unhealthy]) -> None:
     header = config.session.headers[0]
     url = f"http://{config.listener}"
     _say("")
-    _say("  try it (the session header keeps a conversation on the engine holding its KV cache):")
-    _say(f"    curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\")
-    _say(f"      -H '{header}: demo-1' -d '{{\"messages\": [{{\"role\": \"user\", "
-         f"\"content\": \"hello\"}}]}}' -i | grep -i x-engine-id")
+    _say("  try it: a conversation keeps to the engine holding its KV cache, whether it names")
+    _say("  itself in the body (prompt_cache_key), in a header, or not at all:")
+    _say(f"    curl -s {url}/v1/chat/completions -H 'content-type: application/json' -d \\")
+    _say("      '{\"prompt_cache_key\": \"demo-1\", \"messages\": [{\"role\": \"user\", "
+         "\"content\": \"hello\"}]}' -i | grep -i x-engine-id")
     _say(f"    python -c \"import openai; c = openai.OpenAI(base_url='{url}/v1', api_key='-'); "
          f"m = c.models.list().data[0].id; print(c.chat.completions.create(model=m, "
          f"messages=[{{'role': 'user', 'content': 'hi'}}], "
          f"extra_headers={{'{header}': 'demo-1'}}).usage)\"")
+    _say("  four turns with the openai client; cached tokens grow turn by turn:")
+    _say("    python - <<'EOF'")
+    for line in openai_example(url, header):
+        _say(line)
+    _say("EOF")
     admin = config.control_plane.admin
     flag = "" if (admin.host, admin.port) == ("127.0.0.1", 18001) else f" --admin {admin}"
     _say("")
@@ -169,6 +175,26 @@ def _print_ready(stack: Stack, unhealthy: list[Unhealthy]) -> None:
         _say(f"  operator token (drain, undrain, fail, move): {token_path(admin.port)}")
         _say("    (only you can read it; your kvgate commands use it by themselves)")
     _say("  Ctrl-C stops everything.")
+
+
+def openai_example(url: str, header: str) -> list[str]:
+    """A script (unindented, for `python -`) of one conversation keyed by prompt_cache_key."""
+    return [
+        "import openai",
+        f"client = openai.OpenAI(base_url='{url}/v1', api_key='-')",
+        "model = client.models.list().data[0].id",
+        "code = 'def handler(event):\\n    return event\\n' * 100  # a long prompt caches well",
+        "messages = [{'role': 'system', 'content': 'You review this code:\\n' + code}]",
+        "for turn in range(4):",
+        "    messages.append({'role': 'user', 'content': f'Question {turn}: what can fail?'})",
+        "    reply = client.chat.completions.create(",
+        "        model=model, messages=messages, max_tokens=32,",
+        "        prompt_cache_key='demo-conversation-1')  # OpenAI's field; or a header:",
+        f"        # extra_headers={{'{header}': 'demo-conversation-1'}}",
+        "    messages.append({'role': 'assistant', 'content': reply.choices[0].message.content})",
+        "    cached = getattr(reply.usage.prompt_tokens_details, 'cached_tokens', 0)",
+        "    print(f'turn {turn}: {reply.usage.prompt_tokens} prompt tokens, {cached} cached')",
+    ]
 
 
 async def _wait_for_stop_or_death(stack: Stack, stop: asyncio.Event) -> str | None:

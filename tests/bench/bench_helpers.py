@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+
+from aiohttp import web
 
 from workload.bank import BankCodingOptions, bank_coding
 from workload.model import Workload
@@ -40,3 +44,25 @@ def write_trace(path: Path, conversations: int = 8, turns: int = 3, seed: int = 
     records.sort(key=lambda r: r["timestamp"])
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
+
+
+@asynccontextmanager
+async def gateway_answering(
+    complete: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """A stand-in gateway listing model "m" and answering completions with ``complete``."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", complete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()

@@ -5,13 +5,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from aiohttp import web
-from bench_helpers import small_bank
+from bench_helpers import gateway_answering, small_bank
 
 from bench.client import DriveOptions, GatewayUnreachable, drive
 from emulator.fleet import Fleet
@@ -91,28 +90,6 @@ async def test_unreachable_gateway_is_refused_before_the_run(
     args = ["bench", "--gateway", url, "--sessions", "2", "--duration-s", "20", "--quiet"]
     assert await asyncio.to_thread(main, args) == 1
     assert f"cannot use the gateway: {url}/v1/models" in capsys.readouterr().err
-
-
-@asynccontextmanager
-async def gateway_answering(
-    complete: Callable[[web.Request], Awaitable[web.StreamResponse]],
-) -> AsyncIterator[str]:
-    """A stand-in gateway listing model "m" and answering completions with ``complete``."""
-
-    async def models(_: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "m"}]})
-
-    app = web.Application()
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v1/completions", complete)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    try:
-        yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    finally:
-        await runner.cleanup()
 
 
 async def test_failing_requests_are_counted_as_errors() -> None:

@@ -13,12 +13,17 @@ from workload.trace import mooncake_trace
 
 def _trace(path: Path) -> Path:
     records = [
-        # session 5: three turns, the third does not start with the second's blocks
-        {"timestamp": 0, "input_length": 1100, "output_length": 7, "hash_ids": [0, 5, 6]},
-        {"timestamp": 10_000, "input_length": 1600, "output_length": 9, "hash_ids": [0, 5, 6, 7]},
-        {"timestamp": 40_000, "input_length": 1200, "output_length": 11, "hash_ids": [0, 5, 8, 9]},
+        # session 5: three turns, the third does not start with the second's blocks (the
+        # record's id says it is the same session all the same)
+        {"timestamp": 0, "input_length": 1100, "output_length": 7, "hash_ids": [0, 5, 6],
+         "session_id": "s5"},
+        {"timestamp": 10_000, "input_length": 1600, "output_length": 9, "hash_ids": [0, 5, 6, 7],
+         "session_id": "s5"},
+        {"timestamp": 40_000, "input_length": 1200, "output_length": 11, "hash_ids": [0, 5, 8, 9],
+         "session_id": "s5"},
         # session 3: one turn
-        {"timestamp": 5_000, "input_length": 700, "output_length": 3, "hash_ids": [0, 3]},
+        {"timestamp": 5_000, "input_length": 700, "output_length": 3, "hash_ids": [0, 3],
+         "session_id": "s3"},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path

@@ -159,6 +159,16 @@ async def test_up_with_emulated_fleet_keeps_a_conversation_on_one_engine(tmp_pat
                 {"role": "assistant", "content": completion.choices[0].message.content or ""}
             )
         await client.close()
+        # The printed openai example (prompt_cache_key) runs, and its cache hits grow.
+        script = output.split("python - <<'EOF'\n", 1)[1].split("\nEOF\n", 1)[0]
+        example = await asyncio.create_subprocess_exec(
+            sys.executable, "-", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        printed = (await asyncio.wait_for(example.communicate(script.encode()), 60))[0].decode()
+        assert example.returncode == 0, printed
+        hits = [int(c) for c in re.findall(r"prompt tokens, (\d+) cached", printed)]
+        assert len(hits) == 4 and hits[0] < hits[1] < hits[2] < hits[3], printed
         admin = ports["control_plane"]["admin"]
         assert f"kvgate status --admin {admin}" in output
         status = await asyncio.create_subprocess_exec(

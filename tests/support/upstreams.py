@@ -12,6 +12,7 @@ class Upstream:
         self.requests = 0
         self.probes = 0
         self.seen_headers: list[dict[str, str]] = []
+        self.seen_body_sizes: list[int] = []
         self._runner: web.AppRunner | None = None
 
     @property
@@ -40,6 +41,7 @@ class Upstream:
             return web.Response(text="ok\n" if request.path == "/health" else "")
         self.requests += 1
         self.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
+        self.seen_body_sizes.append(len(await request.read()))
         return web.json_response(
             {"upstream": self.address, "path": request.path},
             headers={"x-engine-id": self.address},

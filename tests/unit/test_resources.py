@@ -32,11 +32,13 @@ def _manager(mode: RoutingMode = RoutingMode.AFFINITY) -> hcm.HttpConnectionMana
     return manager
 
 
-def test_filter_chain_strips_then_asks_ext_proc_then_routes() -> None:
+def test_filter_chain_strips_then_reads_the_body_then_asks_ext_proc_then_routes() -> None:
     manager = _manager()
     names = [f.name for f in manager.http_filters]
     assert names == [
         "envoy.filters.http.header_mutation",
+        "envoy.filters.http.json_to_metadata",
+        "kvgate.implicit_session",
         "envoy.filters.http.ext_proc",
         "envoy.filters.http.router",
     ]
@@ -44,7 +46,8 @@ def test_filter_chain_strips_then_asks_ext_proc_then_routes() -> None:
     manager.http_filters[0].typed_config.Unpack(mutation)
     assert mutation.mutations.request_mutations[0].remove == "x-gateway-destination-endpoint"
     processor = ext_proc_pb2.ExternalProcessor()
-    manager.http_filters[1].typed_config.Unpack(processor)
+    manager.http_filters[3].typed_config.Unpack(processor)
+    assert list(processor.metadata_options.forwarding_namespaces.untyped) == ["kvgate.session"]
     assert processor.failure_mode_allow
     assert list(processor.metadata_options.receiving_namespaces.untyped) == ["envoy.lb"]
     assert processor.processing_mode.response_header_mode == processor.processing_mode.SKIP

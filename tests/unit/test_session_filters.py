@@ -1,0 +1,102 @@
+"""Body-session filters (pure builders) and ext_proc's choice among the session sources."""
+
+from __future__ import annotations
+
+import re
+
+from envoy.extensions.common.matching.v3 import extension_matcher_pb2
+from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
+from google.protobuf import struct_pb2
+
+from control_plane.resources.session_filters import (
+    JSON_CONTENT_TYPE,
+    body_session_filters,
+    buffer_limit,
+)
+from ext_proc.sources import IMPLICIT_PREFIX, SessionSources, Source
+from kvgate.config.model import Session
+
+
+def _wrapped(session: Session) -> list[extension_matcher_pb2.ExtensionWithMatcher]:
+    found = []
+    for http_filter in body_session_filters(session):
+        wrapped = extension_matcher_pb2.ExtensionWithMatcher()
+        http_filter.typed_config.Unpack(wrapped)
+        found.append(wrapped)
+    return found
+
+
+def test_each_body_field_is_a_rule_with_its_dotted_path_as_key() -> None:
+    j2m_filter, _ = _wrapped(Session())
+    config = json_to_metadata_pb2.JsonToMetadata()
+    j2m_filter.extension_config.typed_config.Unpack(config)
+    rules = config.request_rules.rules
+    assert [[s.key for s in r.selectors] for r in rules] == [
+        ["prompt_cache_key"], ["user"], ["metadata", "session_id"]]
+    assert [r.on_present.key for r in rules] == ["prompt_cache_key", "user", "metadata.session_id"]
+    assert {r.on_present.metadata_namespace for r in rules} == {"kvgate.session"}
+    assert all(r.on_present.type == config.STRING for r in rules)
+
+
+def test_filters_follow_the_switches() -> None:
+    assert len(body_session_filters(Session())) == 2
+    assert [f.name for f in body_session_filters(Session(implicit=False))] == [
+        "envoy.filters.http.json_to_metadata"]
+    assert [f.name for f in body_session_filters(Session(body_fields=()))] == [
+        "kvgate.implicit_session"]
+    assert body_session_filters(Session(body_fields=(), implicit=False)) == []
+
+
+def test_skipped_when_too_big_unsized_not_json_or_a_header_is_there() -> None:
+    session = Session(headers=("x-session-id", "x-litellm-session-id"), body_limit=65536)
+    for wrapped in _wrapped(session):
+        (matcher,) = wrapped.xds_matcher.matcher_list.matchers
+        assert matcher.on_match.action.name == "skip"
+        predicates = matcher.predicate.or_matcher.predicate
+        length, content_type, *headers = predicates
+        length_regex = length.not_matcher.single_predicate.value_match.safe_regex.regex
+        assert re.fullmatch(length_regex, "65536") and not re.fullmatch(length_regex, "65537")
+        assert content_type.not_matcher.single_predicate.value_match.safe_regex.regex == (
+            JSON_CONTENT_TYPE)
+        assert [h.single_predicate.input.name for h in headers] == [
+            "header:x-session-id", "header:x-litellm-session-id"]
+    assert buffer_limit(session) == 1024 * 1024
+    assert buffer_limit(Session(body_limit=4 << 20)) > 4 << 20
+
+
+def test_json_content_types() -> None:
+    for ok in ("application/json", "Application/JSON", "application/json; charset=utf-8",
+               "application/vnd.api+json"):
+        assert re.fullmatch(JSON_CONTENT_TYPE, ok), ok
+    for bad in ("text/plain", "application/x-www-form-urlencoded", "application/jsonl",
+                "multipart/form-data"):
+        assert not re.fullmatch(JSON_CONTENT_TYPE, bad), bad
+
+
+def _body(**fields: str) -> struct_pb2.Struct:
+    found = struct_pb2.Struct()
+    for key, value in fields.items():
+        found.fields[key].string_value = value
+    return found
+
+
+def test_sources_in_order_header_body_implicit() -> None:
+    sources = SessionSources(Session(headers=("x-session-id", "x-agent")))
+    body = _body(**{"user": "u1", "metadata.session_id": "m1", ":implicit": "chat:1:x"})
+    assert sources.pick({"x-agent": b"a1"}, body) == (b"a1", Source.HEADER)
+    assert sources.pick({"x-session-id": b"  ", "x-agent": b"a1"}, None) == (b"a1", Source.HEADER)
+    assert sources.pick({}, body) == (b"u1", Source.BODY)
+    assert sources.pick({}, _body(**{"metadata.session_id": "m1", "user": " "})) == (
+        b"m1", Source.BODY)
+    assert sources.pick({}, _body(**{":implicit": "chat:1:x"})) == (
+        IMPLICIT_PREFIX + b"chat:1:x", Source.IMPLICIT)
+    assert sources.pick({}, None) == (b"", Source.NONE)
+    assert sources.pick({}, _body(other="x")) == (b"", Source.NONE)
+
+
+def test_sources_honour_the_config() -> None:
+    implicit_only = SessionSources(Session(body_fields=()))
+    body = _body(user="u1", **{":implicit": "k"})
+    assert implicit_only.pick({}, body).source is Source.IMPLICIT
+    no_implicit = SessionSources(Session(implicit=False))
+    assert no_implicit.pick({}, _body(**{":implicit": "k"})).source is Source.NONE
