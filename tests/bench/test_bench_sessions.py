@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from bench_helpers import gateway_answering, small_bank
-from kvgate.cli import main
 
 from bench.client import DriveOptions, drive
+from kvgate_cli.main import main
 
 SCALE = 0.01
 

@@ -8,8 +8,8 @@ import random
 from pathlib import Path
 
 import pytest
-from kvgate.cli import main
 
+from kvgate_cli.main import main
 from workload.conversations import ConversationIndex, shared_prefix_blocks
 from workload.trace import mooncake_trace
 
