@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.config import ConfigError, load_text
+from kvgate.config import Config, ConfigError, load_text
 from kvgate.config.dump import to_yaml
 
 BAD = [
@@ -26,6 +26,11 @@ BAD = [
 ]
 
 
+def _without_pools(text: str) -> Config:
+    """Session keys alone: a config without pools loads only as `kvgate up`'s."""
+    return load_text(text, require_pools=False)
+
+
 @pytest.mark.parametrize(("text", "expected"), BAD)
 def test_bad_session_keys_are_named(text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as caught:
@@ -34,7 +39,7 @@ def test_bad_session_keys_are_named(text: str, expected: str) -> None:
 
 
 def test_session_source_defaults() -> None:
-    session = load_text("{}\n").session
+    session = _without_pools("{}\n").session
     assert session.headers == ("x-session-id",)
     assert session.body_fields == ("prompt_cache_key", "user", "metadata.session_id")
     assert session.implicit is True
@@ -45,20 +50,20 @@ def test_session_source_defaults() -> None:
     ("on", True), ("off", False), ("'on'", True), ("'OFF'", False), ("true", True),
 ])
 def test_implicit_reads_on_and_off(written: str, expected: bool) -> None:
-    assert load_text(f"session: {{implicit: {written}}}\n").session.implicit is expected
+    assert _without_pools(f"session: {{implicit: {written}}}\n").session.implicit is expected
 
 
 def test_body_fields_keep_order_drop_duplicates_and_may_be_empty() -> None:
-    config = load_text("session: {body_fields: [user, conversation.id, user, x-key]}\n")
+    config = _without_pools("session: {body_fields: [user, conversation.id, user, x-key]}\n")
     assert config.session.body_fields == ("user", "conversation.id", "x-key")
-    assert load_text("session: {body_fields: []}\n").session.body_fields == ()
+    assert _without_pools("session: {body_fields: []}\n").session.body_fields == ()
 
 
 @pytest.mark.parametrize(("written", "expected"), [
     ("512KiB", 512 * 1024), ("4MiB", 4 * 1024 * 1024), ("65536", 65536), ("'2 MiB'", 2 << 20),
 ])
 def test_body_limit_sizes(written: str, expected: int) -> None:
-    assert load_text(f"session: {{body_limit: {written}}}\n").session.body_limit == expected
+    assert _without_pools(f"session: {{body_limit: {written}}}\n").session.body_limit == expected
 
 
 def test_session_keys_round_trip() -> None:

@@ -64,7 +64,8 @@ def test_the_gateway_needs_nothing_outside_its_dependencies() -> None:
     body = """
 import importlib, pkgutil
 from kvgate_cli.main import main
-SCRIPTS = {'bench.gateway_bench', 'bench.emulator_bench'}  # run as files, with the bench extra
+# run as files, with the bench extra
+SCRIPTS = {'bench.gateway_bench', 'bench.emulator_bench', 'bench.session_bench'}
 imported = 0
 for package in ('kvgate', 'ext_proc', 'control_plane', 'emulator', 'workload', 'stack',
                 'experiment', 'simulator', 'bench', 'kvgate_cli'):
