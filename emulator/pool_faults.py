@@ -10,7 +10,8 @@ bandwidth during the window (a failed NIC or node, a neighbour's traffic).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import argparse
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 
@@ -53,6 +54,18 @@ def parse_window(text: str, slow: bool) -> PoolWindow:
     if slow and not 0 < factor <= 1:
         raise ValueError(f"{text!r}: FACTOR must be in (0, 1]")
     return PoolWindow(start, duration, factor)
+
+
+def pool_window(slow: bool) -> Callable[[str], PoolWindow]:
+    """argparse type of ``--pool-fail`` (``slow`` False) and ``--pool-slow``."""
+
+    def parse(text: str) -> PoolWindow:
+        try:
+            return parse_window(text, slow)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 class PoolFaults:
