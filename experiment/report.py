@@ -197,6 +197,7 @@ def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], pat
     right.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
     right.set_title("hit rate")
     right.legend()
+    right.tick_params(axis="x", labelrotation=20)
     _cost_panel(costs, document)
     fig.suptitle(title)
     fig.tight_layout()
