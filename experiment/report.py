@@ -78,9 +78,14 @@ class ModeStats:
         (GB/s, mean and peak second), the nodes' links' utilisation p99 (over node-seconds)."""
         reads = self.ddr_reads
         per_token = self.kv_bytes_per_token
+        if reads is not None:
+            mean: float | None = per_token * sum(reads) / len(reads) if reads else 0.0
+        else:  # only the total is known (`kvgate bench`: the engines' counters)
+            served = len(self.ttfts)
+            mean = (None if self.ddr_tokens is None or not served
+                    else per_token * self.ddr_tokens / served)
         figures: dict[str, Any] = {
-            "ddr_bytes_per_request_mean": (None if reads is None else
-                                           per_token * sum(reads) / len(reads) if reads else 0.0),
+            "ddr_bytes_per_request_mean": mean,
             "ddr_bytes_per_request_p99": (None if reads is None else
                                           per_token * percentile(reads, 99)),
             "pool_read_gbps_mean": self.pool_read_gbps_mean,

@@ -46,6 +46,16 @@ def test_figures_and_outputs_have_the_documented_shape(tmp_path: Path) -> None:
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_bench_run_knows_only_the_mean_ddr_read_from_the_engines_counters() -> None:
+    stats = ModeStats()
+    for i in range(4):
+        stats.add(arrival=float(i), ttft=0.5, finish=float(i) + 1, prompt=1000, cached=500)
+    stats.ddr_tokens = 400  # what the engines' external-hit counters said, for all four
+    f = stats.figures()
+    assert f["ddr_bytes_per_request_mean"] == 100 * 256 * 1024
+    assert f["ddr_bytes_per_request_p99"] is None
+
+
 def test_modes_parse() -> None:
     assert parse_modes("all") == tuple(RoutingMode)
     assert parse_modes("affinity+ddr,round_robin") == (RoutingMode.AFFINITY_DDR,
