@@ -227,8 +227,10 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
         probe = engine.probe_hashes(now, blocks.hashes(i), blocks.tokens[i])
         if pool is None:
             ddr = None
+        elif pool_up[0] and probe.hbm_blocks < probe.limit_blocks:
+            ddr = pool.lookup(probe.ddr_candidates)
         else:
-            ddr = pool.lookup(probe.ddr_candidates) if pool_up[0] and probe.ddr_candidates else 0
+            ddr = 0
         if ddr and transfers is not None:
             tid = transfers.start(now, e, ddr * block_bytes)
             loading[tid] = (e, generation[e], probe, i, ddr, now)
