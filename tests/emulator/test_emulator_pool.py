@@ -30,9 +30,9 @@ class _Clock(EmulatedClock):
         return self.t
 
 
-def _host(clock: EmulatedClock, faults: PoolFaults = PoolFaults()) -> PoolHost:
+def _host(clock: EmulatedClock, faults: PoolFaults | None = None) -> PoolHost:
     links = TransferParams(device_gbps=20, node_gbps=None, fixed_ms=0)
-    return PoolHost(DdrPool(10_000 * BS, BS), links, faults, clock, KV)
+    return PoolHost(DdrPool(10_000 * BS, BS), links, faults or PoolFaults(), clock, KV)
 
 
 async def test_concurrent_loads_to_one_device_share_its_link() -> None:
@@ -42,8 +42,8 @@ async def test_concurrent_loads_to_one_device_share_its_link() -> None:
     started = host.clock.now()
     loads = [asyncio.create_task(host.load(list(range(100)), device=0)) for _ in range(2)]
     try:
-        while len(host.transfers) < 2:
-            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # both tasks run up to their wait for the transfer
+        assert len(host.transfers) == 2
         # Both move at half the link: the first done after twice the time it would take alone.
         assert host.transfers.next_done() - started == pytest.approx(2 * alone, abs=0.05)
         assert host.transfers.estimate(host.clock.now(), 1, 100 * BS * KV) == pytest.approx(
