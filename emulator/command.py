@@ -14,7 +14,8 @@ from pathlib import Path
 import structlog
 
 from emulator.fleet import Fleet
-from emulator.options import DDR_POOL_FLEET_MULTIPLE, EmulatorOptions
+from emulator.options import EmulatorOptions
+from emulator.pool_faults import pool_window
 from kvgate.runtime.loop import run as run_loop
 
 log = structlog.get_logger("emulator.command")
@@ -77,8 +78,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ddr-tokens",
         type=int,
         default=None,
-        help=f"DDR pool capacity, tokens (default {DDR_POOL_FLEET_MULTIPLE}x the fleet's HBM)",
+        help="DDR pool capacity, tokens (default --pool-hbm-multiple x the fleet's HBM)",
     )
+    a("--pool-hbm-multiple", type=float, default=d.pool_hbm_multiple,
+      help="DDR pool capacity as a multiple of the fleet's HBM (%(default)s)")
+    a("--pool-high-watermark", type=float, default=d.pool_high_watermark,
+      help="the pool evicts once it holds this share of its capacity (%(default)s)")
+    a("--pool-low-watermark", type=float, default=d.pool_low_watermark,
+      help="... down to this share (%(default)s)")
     a(
         "--prefill-tokens-per-s",
         type=float,
@@ -103,7 +110,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.kv_bytes_per_token,
         help="KV bytes per token, for DDR transfer time (%(default)s)",
     )
-    a("--ddr-gbps", type=float, default=d.ddr_gbps, help="DDR->HBM bandwidth, GB/s (%(default)s)")
+    a("--ddr-gbps", type=float, default=d.ddr_gbps,
+      help="DDR pool->HBM link per instance (device), GB/s (%(default)s)")
+    a("--node-gbps", type=float, default=d.node_gbps,
+      help="DDR pool->HBM aggregate per node, GB/s; 0 = its devices' links (%(default)s)")
+    a("--pool-gbps", type=float, default=d.pool_gbps,
+      help="DDR pool->HBM aggregate of the whole pool, GB/s; 0 = no limit (%(default)s)")
+    a("--devices-per-node", type=int, default=d.devices_per_node,
+      help="instances per node, in order (%(default)s)")
+    a("--transfer-fixed-ms", type=float, default=d.transfer_fixed_ms,
+      help="fixed cost of every DDR transfer, ms (%(default)s)")
+    a("--pool-fail", type=pool_window(False), action="append", default=[], metavar="T@DURATION",
+      help="the hosted pool is down from emulated second T (since start) for DURATION seconds; "
+           "repeatable")
+    a("--pool-slow", type=pool_window(True), action="append", default=[],
+      metavar="T@DURATION:FACTOR",
+      help="the hosted pool's links keep FACTOR of their bandwidth in that window; repeatable")
     a(
         "--max-num-seqs",
         type=int,
@@ -151,6 +173,15 @@ def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
         prefill_overhead_ms=args.prefill_overhead_ms,
         kv_bytes_per_token=args.kv_bytes_per_token,
         ddr_gbps=args.ddr_gbps,
+        node_gbps=args.node_gbps,
+        pool_gbps=args.pool_gbps,
+        devices_per_node=args.devices_per_node,
+        transfer_fixed_ms=args.transfer_fixed_ms,
+        pool_hbm_multiple=args.pool_hbm_multiple,
+        pool_high_watermark=args.pool_high_watermark,
+        pool_low_watermark=args.pool_low_watermark,
+        pool_fail=tuple(args.pool_fail),
+        pool_slow=tuple(args.pool_slow),
         max_num_seqs=args.max_num_seqs,
         time_scale=args.time_scale,
         seed=args.seed,

@@ -1,7 +1,9 @@
 """The shared DDR KV pool model (MemCache / Mooncake Store stand-in); pure, no I/O.
 
-Keyed by block hash with its own capacity in tokens and LRU eviction. Only the keys are stored
-(an ordered dict of ints to ``None``): about 127 bytes per block, so 1M blocks fit in ~130 MB.
+Keyed by block hash with its own capacity in tokens and LRU eviction at watermarks, as MemCache
+evicts: once the pool holds more than ``high`` of its capacity, least recently used blocks go until
+it holds ``low`` (MemCache's defaults: 90 % and 80 %). Only the keys are stored (an ordered dict of
+ints to ``None``): about 127 bytes per block, so 1M blocks fit in ~130 MB.
 """
 
 from __future__ import annotations
@@ -9,13 +11,22 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
+HIGH_WATERMARK = 0.9  # MemCache's defaults (docs/benchmarks.md)
+LOW_WATERMARK = 0.8
+
 
 class DdrPool:
-    """Block-hash keyed LRU set with a capacity in tokens."""
+    """Block-hash keyed LRU set with a capacity in tokens and high/low eviction watermarks."""
 
-    def __init__(self, capacity_tokens: int, block_size: int) -> None:
+    def __init__(self, capacity_tokens: int, block_size: int, high: float = HIGH_WATERMARK,
+                 low: float = LOW_WATERMARK) -> None:
+        if not 0 < low <= high <= 1:
+            raise ValueError(f"pool watermarks must satisfy 0 < low <= high <= 1, got "
+                             f"low {low:g}, high {high:g}")
         self.block_size = block_size
         self.capacity_blocks = max(0, capacity_tokens) // block_size
+        self.high_blocks = int(high * self.capacity_blocks)
+        self.low_blocks = int(low * self.capacity_blocks)
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self.lookups = 0
         self.hit_blocks = 0
@@ -51,17 +62,24 @@ class DdrPool:
             else:
                 blocks[h] = None
                 new += 1
-        while len(blocks) > self.capacity_blocks:
-            blocks.popitem(last=False)
-            self.evictions += 1
+        if len(blocks) > self.high_blocks:
+            while len(blocks) > self.low_blocks:
+                blocks.popitem(last=False)
+                self.evictions += 1
         self.inserted_blocks += new
         return new
+
+    def clear(self) -> None:
+        """Forget every block (a pool that restarted without its metadata)."""
+        self._blocks.clear()
 
     def stats(self) -> dict[str, int]:
         """Counters and occupancy, for the pool service's /stats and tests."""
         return {
             "blocks": len(self._blocks),
             "capacity_blocks": self.capacity_blocks,
+            "high_watermark_blocks": self.high_blocks,
+            "low_watermark_blocks": self.low_blocks,
             "block_size": self.block_size,
             "lookups": self.lookups,
             "hit_blocks": self.hit_blocks,

@@ -183,12 +183,17 @@ class EngineModel:
         max_tokens: int,
         ddr_hit_blocks: int | None = None,
         output_hashes: Sequence[int] = (),
+        arrival: float | None = None,
     ) -> Admission:
         """Pin the prompt's blocks, schedule the request and count it.
 
         ``ddr_hit_blocks`` is the pool's answer for ``probe.ddr_candidates``, or ``None`` when
         there is no pool (external counters then stay still, as in vLLM without a connector).
         ``output_hashes`` (see :meth:`output_hashes`) are cached with the prompt's blocks.
+        ``arrival``: the request arrived then and its DDR blocks were loaded by ``now`` (the
+        transfer model timed that, overlapping other requests' prefills, as vLLM's asynchronous
+        KV connectors do); its TTFT counts from ``arrival``. Without it, the DDR load is timed
+        at ``TimingParams.ddr_bytes_per_s`` inside the prefill, as before transfers were modelled.
         """
         bs = self.config.block_size
         cache = self.cache
@@ -211,12 +216,14 @@ class EngineModel:
         hold = cache.acquire(held, extra)
 
         timing = self.config.timing
-        prefill_s = timing.prefill_seconds(computed, ddr_blocks * bs)
+        prefill_s = timing.prefill_seconds(computed, 0 if arrival is not None else ddr_blocks * bs)
         decode_s = timing.decode_seconds(max_tokens)
         if self.config.queueing:
             slot = self.scheduler.schedule(now, prefill_s, decode_s)
         else:
             slot = Slot(now, now, now, now + prefill_s, now + prefill_s + decode_s)
+        if arrival is not None:
+            slot = slot._replace(arrival=arrival)
         self._inflight += 1
 
         stats = self.stats

@@ -19,6 +19,8 @@ from emulator.clock import EmulatedClock
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import EngineModel
 from emulator.options import EmulatorOptions
+from emulator.pool_faults import PoolFaults
+from emulator.pool_host import PoolHost
 from emulator.pool_service import HttpPoolClient, LocalPoolClient, PoolClient, make_pool_app
 from emulator.server import EngineServer, bind_socket
 
@@ -34,6 +36,7 @@ class Fleet:
         self.clock = EmulatedClock(options.time_scale)
         self.servers: list[EngineServer] = []
         self.pool: DdrPool | None = None  # the pool model, when this process hosts it
+        self.pool_host: PoolHost | None = None  # with its links and faults
         self.pool_url: str | None = None
         self._pool_client: PoolClient | None = None
         self._pool_runner: web.AppRunner | None = None
@@ -60,13 +63,17 @@ class Fleet:
             self.pool_url = opts.pool_url.rstrip("/")
             self._pool_client = HttpPoolClient(self.pool_url)
             return
-        self.pool = DdrPool(opts.pool_tokens, opts.block_size)
+        self.pool = DdrPool(opts.pool_tokens, opts.block_size, opts.pool_high_watermark,
+                            opts.pool_low_watermark)
+        self.pool_host = PoolHost(self.pool, opts.transfer_params(), PoolFaults(opts.pool_windows),
+                                  self.clock, opts.kv_bytes_per_token)
         # Instances here use the model directly; the HTTP service is for other processes.
-        self._pool_client = LocalPoolClient(self.pool)
+        self._pool_client = LocalPoolClient(self.pool_host)
         sock = bind_socket(opts.host, opts.pool_port)
         port = sock.getsockname()[1]
         self._pool_runner = web.AppRunner(
-            make_pool_app(self.pool), handle_signals=False, access_log=None, shutdown_timeout=1.0
+            make_pool_app(self.pool_host), handle_signals=False, access_log=None,
+            shutdown_timeout=1.0,
         )
         await self._pool_runner.setup()
         await web.SockSite(self._pool_runner, sock).start()
@@ -101,6 +108,8 @@ class Fleet:
         if self._pool_client is not None:
             await self._pool_client.close()
             self._pool_client = None
+        if self.pool_host is not None:
+            self.pool_host.close()
 
     def server(self, engine: str) -> EngineServer:
         """The instance listening on ``engine`` (``host:port``)."""

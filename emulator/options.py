@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from emulator.ddr_pool import HIGH_WATERMARK, LOW_WATERMARK
 from emulator.engine_model import EngineConfig
+from emulator.pool_faults import PoolWindow
 from emulator.timing import TimingParams
+from emulator.transfer import TransferParams
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-32B-Instruct"
 DEFAULT_HBM_TOKENS = 550_000
@@ -23,12 +26,21 @@ class EmulatorOptions:
     model: str = DEFAULT_MODEL
     block_size: int = 16  # 128 mirrors vLLM-Ascend
     hbm_tokens: int = DEFAULT_HBM_TOKENS  # per instance
-    ddr_tokens: int | None = None  # None = DDR_POOL_FLEET_MULTIPLE x instances x hbm_tokens
+    ddr_tokens: int | None = None  # None = pool_hbm_multiple x instances x hbm_tokens
+    pool_hbm_multiple: float = DDR_POOL_FLEET_MULTIPLE
     prefill_tokens_per_s: float = 5000.0
     decode_ms_per_token: float = 35.0
     prefill_overhead_ms: float = 20.0
     kv_bytes_per_token: int = 256 * 1024
-    ddr_gbps: float = 20.0  # GB/s DDR->HBM per device
+    ddr_gbps: float = 20.0  # GB/s DDR->HBM per device (its link from the pool)
+    node_gbps: float = 144.0  # a node's aggregate from the pool; 0 = no limit but its devices'
+    pool_gbps: float = 0.0  # the whole pool's aggregate; 0 = no limit
+    devices_per_node: int = 8
+    transfer_fixed_ms: float = 3.0  # per transfer: metadata lookup, RDMA set-up, scatter
+    pool_high_watermark: float = HIGH_WATERMARK
+    pool_low_watermark: float = LOW_WATERMARK
+    pool_fail: tuple[PoolWindow, ...] = ()  # windows the pool is down
+    pool_slow: tuple[PoolWindow, ...] = ()  # windows the pool keeps a share of its bandwidth
     max_num_seqs: int = 256
     time_scale: float = 1.0  # wall seconds per emulated second; 0 = never wait
     seed: int = 0
@@ -56,6 +68,13 @@ class EmulatorOptions:
             (self.prefill_overhead_ms >= 0, "prefill_overhead_ms must be >= 0"),
             (self.kv_bytes_per_token >= 0, "kv_bytes_per_token must be >= 0"),
             (self.ddr_gbps > 0, "ddr_gbps must be > 0"),
+            (self.node_gbps >= 0, "node_gbps must be >= 0"),
+            (self.pool_gbps >= 0, "pool_gbps must be >= 0"),
+            (self.devices_per_node >= 1, "devices_per_node must be >= 1"),
+            (self.transfer_fixed_ms >= 0, "transfer_fixed_ms must be >= 0"),
+            (self.pool_hbm_multiple >= 0, "pool_hbm_multiple must be >= 0"),
+            (0 < self.pool_low_watermark <= self.pool_high_watermark <= 1,
+             "pool_low_watermark and pool_high_watermark must satisfy 0 < low <= high <= 1"),
             (self.max_num_seqs >= 1, "max_num_seqs must be >= 1"),
             (self.time_scale >= 0, "time_scale must be >= 0"),
         ]
@@ -72,7 +91,22 @@ class EmulatorOptions:
         """Capacity of a pool this fleet hosts."""
         if self.ddr_tokens is not None:
             return self.ddr_tokens
-        return DDR_POOL_FLEET_MULTIPLE * self.instances * self.hbm_tokens
+        return int(self.pool_hbm_multiple * self.instances * self.hbm_tokens)
+
+    def transfer_params(self) -> TransferParams:
+        """The pool's links (0 = no limit becomes None)."""
+        return TransferParams(
+            device_gbps=self.ddr_gbps,
+            node_gbps=self.node_gbps or None,
+            pool_gbps=self.pool_gbps or None,
+            devices_per_node=self.devices_per_node,
+            fixed_ms=self.transfer_fixed_ms,
+        )
+
+    @property
+    def pool_windows(self) -> tuple[PoolWindow, ...]:
+        """Every window the pool is down or slow."""
+        return (*self.pool_fail, *self.pool_slow)
 
     def timing(self) -> TimingParams:
         """Speed parameters in SI units."""

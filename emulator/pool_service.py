@@ -2,8 +2,11 @@
 
 Endpoints (JSON; hashes are unsigned 64-bit integers):
 
-- ``POST /v1/lookup``  ``{"hashes": [h, ...]}`` -> ``{"hits": n}``, n = leading hashes present
+- ``POST /v1/lookup``  ``{"hashes": [h, ...]}`` -> ``{"hits": n}``, n = leading hashes present;
+  with ``"device": i`` the n blocks are also moved to engine i's HBM and the answer comes once
+  they are there (the transfer model of :mod:`emulator.pool_host`)
 - ``POST /v1/insert``  ``{"hashes": [h, ...]}`` -> ``{"inserted": k}``, k = new blocks
+- either answers 503 while the pool is down (``--pool-fail``)
 - ``GET /v1/stats`` -> counters and occupancy; ``GET /health`` -> ``ok``
 - ``GET /metrics`` -> the same as Prometheus text (``kvgate_ddr_pool_*``)
 """
@@ -20,20 +23,28 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from emulator.ddr_pool import DdrPool
+from emulator.pool_host import PoolHost, PoolUnavailable
 
-POOL_KEY: web.AppKey[DdrPool] = web.AppKey("ddr_pool", DdrPool)
+POOL_KEY: web.AppKey[PoolHost] = web.AppKey("ddr_pool", PoolHost)
 REGISTRY_KEY: web.AppKey[CollectorRegistry] = web.AppKey("registry", CollectorRegistry)
 
 
 class PoolCollector(Collector):
     """The pool's counters at scrape time, under ``kvgate_ddr_pool_*``."""
 
-    def __init__(self, pool: DdrPool) -> None:
+    def __init__(self, pool: DdrPool | PoolHost) -> None:
         self._pool = pool
 
     def collect(self) -> Iterator[Metric]:
         """Yield the metric families."""
         stats = self._pool.stats()
+        if "read_bytes" in stats:
+            yield CounterMetricFamily("kvgate_ddr_pool_read_bytes",
+                                      "Bytes moved from the pool into engines' HBM.",
+                                      stats["read_bytes"])
+            yield GaugeMetricFamily("kvgate_ddr_pool_transfers_in_flight",
+                                    "Transfers to engines in flight.",
+                                    stats["transfers_in_flight"])
         yield GaugeMetricFamily("kvgate_ddr_pool_blocks", "Blocks held.", stats["blocks"])
         yield GaugeMetricFamily(
             "kvgate_ddr_pool_capacity_blocks", "Capacity in blocks.", stats["capacity_blocks"]
@@ -54,6 +65,10 @@ class PoolClient(Protocol):
         """Number of leading ``hashes`` the pool holds."""
         ...
 
+    async def load(self, hashes: Sequence[int], device: int) -> int:
+        """Like :meth:`lookup`, returning once the blocks found are in ``device``'s HBM."""
+        ...
+
     async def insert(self, hashes: Sequence[int]) -> None:
         """Store ``hashes`` in the pool."""
         ...
@@ -64,19 +79,22 @@ class PoolClient(Protocol):
 
 
 class LocalPoolClient:
-    """The pool model in this process: called directly, no HTTP."""
+    """The pool in this process: called directly, no HTTP."""
 
-    def __init__(self, pool: DdrPool) -> None:
-        self.pool = pool
+    def __init__(self, host: PoolHost) -> None:
+        self.host = host
 
     async def lookup(self, hashes: Sequence[int]) -> int:
         """See :class:`PoolClient`."""
-        return self.pool.lookup(hashes) if hashes else 0
+        return self.host.lookup(hashes)
+
+    async def load(self, hashes: Sequence[int], device: int) -> int:
+        """See :class:`PoolClient`."""
+        return await self.host.load(hashes, device) if hashes else 0
 
     async def insert(self, hashes: Sequence[int]) -> None:
         """See :class:`PoolClient`."""
-        if hashes:
-            self.pool.insert(hashes)
+        self.host.insert(hashes)
 
     async def close(self) -> None:
         """Nothing to release."""
@@ -85,7 +103,7 @@ class LocalPoolClient:
 class HttpPoolClient:
     """A pool in another process, reached over HTTP with one pooled session."""
 
-    def __init__(self, base_url: str, timeout_s: float = 5.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 120.0) -> None:
         self.base_url = base_url.rstrip("/")
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
@@ -102,6 +120,17 @@ class HttpPoolClient:
             return 0
         async with self._client().post(
             f"{self.base_url}/v1/lookup", json={"hashes": list(hashes)}
+        ) as resp:
+            resp.raise_for_status()
+            body = await resp.json()
+        return int(body["hits"])
+
+    async def load(self, hashes: Sequence[int], device: int) -> int:
+        """See :class:`PoolClient`."""
+        if not hashes:
+            return 0
+        async with self._client().post(
+            f"{self.base_url}/v1/lookup", json={"hashes": list(hashes), "device": device}
         ) as resp:
             resp.raise_for_status()
             body = await resp.json()
@@ -130,31 +159,51 @@ def _bad_request(message: str) -> web.Response:
     )
 
 
-async def _read_hashes(request: web.Request) -> list[int] | web.Response:
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+async def _read_body(request: web.Request) -> tuple[list[int], int | None] | web.Response:
     try:
         body: Any = await request.json()
     except ValueError:
         return _bad_request("body is not valid JSON")
     hashes = body.get("hashes") if isinstance(body, dict) else None
-    if not isinstance(hashes, list) or not all(
-        isinstance(h, int) and not isinstance(h, bool) for h in hashes
-    ):
+    if not isinstance(hashes, list) or not all(_is_int(h) for h in hashes):
         return _bad_request("'hashes' must be a list of integers")
-    return hashes
+    device = body.get("device")
+    if device is not None and not (_is_int(device) and device >= 0):
+        return _bad_request("'device' must be a non-negative integer")
+    return hashes, device
+
+
+def _down(exc: PoolUnavailable) -> web.Response:
+    return web.json_response(
+        {"error": {"message": str(exc), "type": "ServiceUnavailable", "param": None,
+                   "code": 503}}, status=503)
 
 
 async def _lookup(request: web.Request) -> web.Response:
-    hashes = await _read_hashes(request)
-    if isinstance(hashes, web.Response):
-        return hashes
-    return web.json_response({"hits": request.app[POOL_KEY].lookup(hashes)})
+    body = await _read_body(request)
+    if isinstance(body, web.Response):
+        return body
+    hashes, device = body
+    host = request.app[POOL_KEY]
+    try:
+        hits = host.lookup(hashes) if device is None else await host.load(hashes, device)
+    except PoolUnavailable as exc:
+        return _down(exc)
+    return web.json_response({"hits": hits})
 
 
 async def _insert(request: web.Request) -> web.Response:
-    hashes = await _read_hashes(request)
-    if isinstance(hashes, web.Response):
-        return hashes
-    return web.json_response({"inserted": request.app[POOL_KEY].insert(hashes)})
+    body = await _read_body(request)
+    if isinstance(body, web.Response):
+        return body
+    try:
+        return web.json_response({"inserted": request.app[POOL_KEY].insert(body[0])})
+    except PoolUnavailable as exc:
+        return _down(exc)
 
 
 async def _stats(request: web.Request) -> web.Response:
@@ -170,12 +219,12 @@ async def _metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
-def make_pool_app(pool: DdrPool) -> web.Application:
-    """The aiohttp application serving ``pool``."""
+def make_pool_app(host: PoolHost) -> web.Application:
+    """The aiohttp application serving the pool ``host`` holds."""
     app = web.Application(client_max_size=64 * 1024 * 1024)
-    app[POOL_KEY] = pool
+    app[POOL_KEY] = host
     registry = CollectorRegistry(auto_describe=False)  # per app: never the global registry
-    registry.register(PoolCollector(pool))
+    registry.register(PoolCollector(host))
     app[REGISTRY_KEY] = registry
     app.router.add_post("/v1/lookup", _lookup)
     app.router.add_post("/v1/insert", _insert)

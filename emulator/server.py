@@ -299,16 +299,20 @@ class EngineServer:
             self.model.finish(admission)
 
     async def _admit(self, tokens: list[int], max_tokens: int, pieces: list[str]) -> Admission:
-        probe = self.model.probe(self.clock.now(), tokens)
+        arrived = self.clock.now()
+        probe = self.model.probe(arrived, tokens)
         ddr: int | None = None
         if self.pool is not None:
             try:
-                ddr = await self.pool.lookup(probe.ddr_candidates)
+                # Returns once the blocks found are in this instance's HBM (the pool's links).
+                ddr = await self.pool.load(probe.ddr_candidates, self.index)
             except Exception as exc:  # an unreachable pool is a miss, as with a real connector
                 log.warning("pool_lookup_failed", engine_id=self.engine_id, error=str(exc))
                 ddr = 0
         answer = self.model.output_hashes(tokens, probe, self.tokenizer.encode("".join(pieces)))
-        return self.model.admit(self.clock.now(), probe, max_tokens, ddr, answer)
+        # The transfer was timed by the pool; TTFT counts from the arrival.
+        return self.model.admit(self.clock.now(), probe, max_tokens, ddr, answer,
+                                arrival=arrived if self.pool is not None else None)
 
     async def _prefilled(self, admission: Admission) -> None:
         """Wait for the first token, then publish the computed blocks to the pool."""

@@ -6,18 +6,42 @@ from __future__ import annotations
 import argparse
 
 from emulator.options import EmulatorOptions
+from emulator.pool_faults import pool_window
 
 DEFAULT_BLOCK_SIZE = 128  # vLLM-Ascend's block, as on the bank's fleet
 
 _FIELDS: tuple[tuple[str, type, str], ...] = (
     ("hbm_tokens", int, "HBM KV capacity per engine, tokens"),
-    ("ddr_tokens", int, "DDR pool capacity, tokens (default 8 x the fleet's HBM)"),
+    ("ddr_tokens", int, "DDR pool capacity, tokens (default --pool-hbm-multiple x the fleet's "
+                        "HBM)"),
+    ("pool_hbm_multiple", float, "DDR pool capacity as a multiple of the fleet's HBM, when "
+                                 "--ddr-tokens is not given"),
     ("prefill_tokens_per_s", float, "prefill rate per engine"),
     ("decode_ms_per_token", float, "decode time per output token"),
     ("prefill_overhead_ms", float, "fixed TTFT overhead"),
-    ("ddr_gbps", float, "DDR->HBM bandwidth per engine, GB/s"),
+    ("ddr_gbps", float, "DDR pool->HBM link per engine (device), GB/s"),
+    ("node_gbps", float, "DDR pool->HBM aggregate per node, GB/s; 0 = its devices' links"),
+    ("pool_gbps", float, "DDR pool->HBM aggregate of the whole pool, GB/s; 0 = no limit"),
+    ("devices_per_node", int, "engines per node (they share the node's link)"),
+    ("transfer_fixed_ms", float, "fixed cost of every DDR transfer, ms"),
+    ("pool_high_watermark", float, "the pool evicts once it holds this share of its capacity"),
+    ("pool_low_watermark", float, "... down to this share"),
     ("max_num_seqs", int, "concurrent requests per engine"),
 )
+LIST_FIELDS = ("ddr_tokens", "node_gbps")  # `kvgate plan` tries several of each
+
+
+def float_list(text: str) -> list[float]:
+    """``40,80,144`` -> ``[40.0, 80.0, 144.0]`` (an argparse type)."""
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}") from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
 
 
 def int_list(text: str) -> list[int]:
@@ -45,16 +69,27 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, engines: int,
                        help="KV block, tokens (%(default)s)")
     defaults = EmulatorOptions()
     for name, kind, text in _FIELDS:
-        several = lists and name == "ddr_tokens"
-        group.add_argument(f"--{name.replace('_', '-')}", type=int_list if several else kind,
-                           default=getattr(defaults, name),
+        several = lists and name in LIST_FIELDS
+        listed = int_list if kind is int else float_list
+        default = getattr(defaults, name)
+        group.add_argument(f"--{name.replace('_', '-')}", type=listed if several else kind,
+                           default=[default] if several and default is not None else default,
                            help=f"{text}{', comma-separated to try several' if several else ''}"
                                 f" (%(default)s)")
+    group.add_argument("--pool-fail", type=pool_window(False), action="append", default=[],
+                       metavar="T@DURATION",
+                       help="the DDR pool is down from emulated second T for DURATION seconds "
+                            "(lookups miss, nothing is stored; it comes back empty); repeatable")
+    group.add_argument("--pool-slow", type=pool_window(True), action="append", default=[],
+                       metavar="T@DURATION:FACTOR",
+                       help="the DDR pool's links keep FACTOR of their bandwidth from T for "
+                            "DURATION seconds; repeatable")
 
 
 def emulator_options(args: argparse.Namespace, time_scale: float = 1.0) -> EmulatorOptions:
     options = EmulatorOptions(instances=args.engines, block_size=args.block_size,
-                              time_scale=time_scale,
+                              time_scale=time_scale, pool_fail=tuple(args.pool_fail),
+                              pool_slow=tuple(args.pool_slow),
                               **{name: getattr(args, name) for name, _, _ in _FIELDS})
     try:
         options.validate()
@@ -72,4 +107,8 @@ def emulator_flags(options: EmulatorOptions) -> tuple[str, ...]:
         value = getattr(options, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
+    for window in options.pool_fail:
+        flags += ["--pool-fail", f"{window.start:g}@{window.duration:g}"]
+    for window in options.pool_slow:
+        flags += ["--pool-slow", f"{window.start:g}@{window.duration:g}:{window.factor:g}"]
     return tuple(flags)

@@ -23,6 +23,17 @@ class ModeStats:
     errors: int = 0
     first_arrival: float = math.inf
     last_finish: float = 0.0
+    # What the pool costs (the simulator fills these; None where unknown or without a pool):
+    # tokens each request read from the DDR pool, and the pool's traffic over the run.
+    ddr_reads: list[int] | None = field(default_factory=list)
+    kv_bytes_per_token: int = 256 * 1024
+    pool_read_gbps_mean: float | None = None
+    pool_read_gbps_peak: float | None = None
+    node_link_utilisation_p99: float | None = None
+    # Requests arriving in ``window`` (a pool outage, say) also count apart.
+    window: tuple[float, float] | None = None
+    window_prompt_tokens: int = 0
+    window_cached_tokens: int = 0
 
     def add(self, arrival: float, ttft: float, finish: float, prompt: int, cached: int,
             hbm: int | None = None, ddr: int | None = None) -> None:
@@ -31,6 +42,14 @@ class ModeStats:
         self.cached_tokens += cached
         self.hbm_tokens = None if hbm is None or self.hbm_tokens is None else self.hbm_tokens + hbm
         self.ddr_tokens = None if ddr is None or self.ddr_tokens is None else self.ddr_tokens + ddr
+        if self.ddr_reads is not None:
+            if ddr is None:
+                self.ddr_reads = None
+            else:
+                self.ddr_reads.append(ddr)
+        if self.window is not None and self.window[0] <= arrival < self.window[1]:
+            self.window_prompt_tokens += prompt
+            self.window_cached_tokens += cached
         self.first_arrival = min(self.first_arrival, arrival)
         self.last_finish = max(self.last_finish, finish)
 
@@ -51,7 +70,33 @@ class ModeStats:
             "requests": len(self.ttfts) + self.errors,
             "errors": self.errors,
             "throughput_rps": len(self.ttfts) / span if span > 0 else 0.0,
+            **self.cost_figures(),
         }
+
+    def cost_figures(self) -> dict[str, Any]:
+        """What the pool costs: DDR bytes read per request (mean, p99), the pool's read traffic
+        (GB/s, mean and peak second), the nodes' links' utilisation p99 (over node-seconds)."""
+        reads = self.ddr_reads
+        per_token = self.kv_bytes_per_token
+        if reads is not None:
+            mean: float | None = per_token * sum(reads) / len(reads) if reads else 0.0
+        else:  # only the total is known (`kvgate bench`: the engines' counters)
+            served = len(self.ttfts)
+            mean = (None if self.ddr_tokens is None or not served
+                    else per_token * self.ddr_tokens / served)
+        figures: dict[str, Any] = {
+            "ddr_bytes_per_request_mean": mean,
+            "ddr_bytes_per_request_p99": (None if reads is None else
+                                          per_token * percentile(reads, 99)),
+            "pool_read_gbps_mean": self.pool_read_gbps_mean,
+            "pool_read_gbps_peak": self.pool_read_gbps_peak,
+            "node_link_utilisation_p99": self.node_link_utilisation_p99,
+        }
+        if self.window is not None:
+            figures["window_s"] = list(self.window)
+            figures["window_hit_rate"] = (self.window_cached_tokens / self.window_prompt_tokens
+                                          if self.window_prompt_tokens else None)
+        return figures
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -85,7 +130,37 @@ def markdown_table(document: Mapping[str, Any]) -> str:
         )
     rows.append(f"\noracle hit rate (infinite cache, perfect routing): "
                 f"{_pct(document['oracle_hit_rate'])}")
-    return "\n".join(rows) + "\n"
+    return "\n".join(rows) + "\n" + cost_table(document)
+
+
+def _num(value: float | None, scale: float = 1.0, digits: int = 2, unit: str = "") -> str:
+    return "–" if value is None else f"{value / scale:.{digits}f}{unit}"
+
+
+def cost_table(document: Mapping[str, Any]) -> str:
+    """What the DDR pool costs each mode (modes without a pool show zeros or dashes)."""
+    modes = document["modes"]
+    window = any("window_hit_rate" in f for f in modes.values())
+    head = ("| mode | DDR read/request mean | DDR read/request p99 | pool reads mean | "
+            "pool reads peak | node link utilisation p99 |")
+    rule = "|---|---:|---:|---:|---:|---:|"
+    if window:
+        head += " hit rate in the window |"
+        rule += "---:|"
+    rows = ["", "What the DDR pool costs (reads from the pool into HBM; GB = 10^9 bytes):", "",
+            head, rule]
+    for mode, f in modes.items():
+        if "ddr_bytes_per_request_mean" not in f:
+            continue
+        row = (f"| {mode} | {_num(f['ddr_bytes_per_request_mean'], 1e9, 2, ' GB')} | "
+               f"{_num(f['ddr_bytes_per_request_p99'], 1e9, 2, ' GB')} | "
+               f"{_num(f['pool_read_gbps_mean'], 1, 2, ' GB/s')} | "
+               f"{_num(f['pool_read_gbps_peak'], 1, 1, ' GB/s')} | "
+               f"{_pct(f['node_link_utilisation_p99'])} |")
+        if window:
+            row += f" {_pct(f.get('window_hit_rate'))} |"
+        rows.append(row)
+    return "\n".join(rows) + "\n" if len(rows) > 5 else ""
 
 
 CDF_POINTS = 4000  # per mode in the TTFT chart
@@ -99,7 +174,7 @@ def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (left, right, costs) = plt.subplots(1, 3, figsize=(18, 4.8))
     for mode, values in ttfts.items():
         ordered = sorted(v for v in values if v > 0)
         if ordered:
@@ -127,10 +202,35 @@ def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], pat
     right.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
     right.set_title("hit rate")
     right.legend()
+    right.tick_params(axis="x", labelrotation=20)
+    _cost_panel(costs, document)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _cost_panel(ax: Any, document: Mapping[str, Any]) -> None:
+    """DDR bytes read per request (mean bars, p99 marks), with each mode's pool traffic."""
+    modes = list(document["modes"])
+    figures = [document["modes"][m] for m in modes]
+    mean = [(f.get("ddr_bytes_per_request_mean") or 0) / 1e9 for f in figures]
+    p99 = [(f.get("ddr_bytes_per_request_p99") or 0) / 1e9 for f in figures]
+    ax.bar(modes, mean, color="tab:purple", label="mean")
+    ax.scatter(modes, p99, color="k", marker="_", s=400, label="p99", zorder=3)
+    top = max([*p99, *mean, 1e-9])
+    for i, f in enumerate(figures):
+        if f.get("pool_read_gbps_mean") is None:
+            continue
+        ax.text(i, p99[i] + 0.03 * top,
+                f"{f['pool_read_gbps_mean']:.1f} GB/s mean\n{f['pool_read_gbps_peak']:.0f} peak\n"
+                f"links p99 {100 * (f['node_link_utilisation_p99'] or 0):.0f} %",
+                ha="center", fontsize=7)
+    ax.set_ylim(0, top * 1.35)
+    ax.set_ylabel("DDR pool reads per request (GB)")
+    ax.set_title("what the pool costs")
+    ax.legend(loc="upper left")
+    ax.tick_params(axis="x", labelrotation=20)
 
 
 def check_out_dir(out: Path) -> None:

@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from emulator.options import EmulatorOptions
 from experiment.fleet_options import add_fleet_arguments
 from experiment.inputs import InputError, engines_and_workload
 from experiment.modes import parse_modes
@@ -24,6 +25,7 @@ from simulator.run import FleetEvent, SimConfig
 from workload.cli import add_workload_arguments
 from workload.hashing import PromptBlocks, oracle_hit_rate
 from workload.model import Workload
+from workload.profile import peak_working_set
 
 DEFAULT_ENGINES = 16
 
@@ -47,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_fleet_arguments(parser, DEFAULT_ENGINES)
     a = parser.add_argument
     a("--modes", type=parse_modes, default=parse_modes("all"),
-      help="comma-separated: round_robin,ring_hash,affinity,affinity+ddr (all)")
+      help="comma-separated: round_robin,ring_hash,affinity,round_robin+ddr,affinity+ddr (all)")
     a("--fail", type=fleet_event("fail"), action="append", default=[], metavar="ENGINE@T",
       help="engine index ENGINE fails at emulated second T (repeatable)")
     a("--drain", type=fleet_event("drain"), action="append", default=[], metavar="ENGINE@T",
@@ -105,7 +107,10 @@ def run(args: argparse.Namespace) -> int:
     stats: dict[str, ModeStats] = {mode: s for mode, (s, _) in results.items()}
     describe = {**workload.describe, "engines": options.instances,
                 "block_size": options.block_size, "hbm_tokens": options.hbm_tokens,
-                "ddr_tokens": options.pool_tokens, "fail": [vars_of(e) for e in args.fail],
+                "ddr_tokens": options.pool_tokens,
+                "peak_working_set_tokens": peak_working_set(workload.requests),
+                **pool_description(options),
+                "fail": [vars_of(e) for e in args.fail],
                 "drain": [vars_of(e) for e in args.drain], "tool": "kvgate simulate"}
     document = result_document(describe, stats, oracle[0])
     print(markdown_table(document))
@@ -148,6 +153,16 @@ def hashed(workload: Workload, block_size: int, jobs: int) -> PromptBlocks:
                               jobs if len(workload.requests) >= 50_000 else 1)
         workload.next_turns()
     return blocks
+
+
+def pool_description(options: EmulatorOptions) -> dict[str, object]:
+    """The pool's links, watermarks and fault windows, for a result's JSON."""
+    return {"ddr_gbps": options.ddr_gbps, "node_gbps": options.node_gbps,
+            "pool_gbps": options.pool_gbps, "devices_per_node": options.devices_per_node,
+            "transfer_fixed_ms": options.transfer_fixed_ms,
+            "pool_watermarks": [options.pool_high_watermark, options.pool_low_watermark],
+            "pool_fail": [w.describe() for w in options.pool_fail],
+            "pool_slow": [w.describe() for w in options.pool_slow]}
 
 
 def vars_of(event: FleetEvent) -> dict[str, object]:

@@ -18,8 +18,8 @@ Run = tuple[RoutingMode, SimConfig]
 
 # Relative time of a mode's run (1,000 engines: about 37, 32, 20 and 15 s): the longest start
 # first, so the short ones fill in behind them instead of leaving one worker on a long run alone.
-_WORK = {RoutingMode.AFFINITY_DDR: 4, RoutingMode.AFFINITY: 3, RoutingMode.RING_HASH: 2,
-         RoutingMode.ROUND_ROBIN: 1}
+_WORK = {RoutingMode.ROUND_ROBIN_DDR: 5, RoutingMode.AFFINITY_DDR: 4, RoutingMode.AFFINITY: 3,
+         RoutingMode.RING_HASH: 2, RoutingMode.ROUND_ROBIN: 1}
 
 
 def simulate_modes(workload: Workload, modes: Sequence[RoutingMode], config: SimConfig, jobs: int,

@@ -1,5 +1,5 @@
-"""Capacity plans: which fleets (engines x DDR pool) to try, whether each meets the goal, and
-the cheapest one that does. Pure: the simulations happen elsewhere."""
+"""Capacity plans: which fleets (engines x DDR pool size x pool bandwidth) to try, whether each
+meets the goal, and the cheapest one that does. Pure: the simulations happen elsewhere."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 class Fleet:
     engines: int
     ddr_tokens: int | None  # None: the emulator's default (8 x the fleet's HBM)
+    node_gbps: float | None = None  # None: the emulator's default
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,10 +31,13 @@ class Goal:
         return text
 
 
-def fleets(engines: Sequence[int], ddr_tokens: Sequence[int] | None) -> list[Fleet]:
-    """Every combination, cheapest first: fewer engines, then a smaller pool."""
+def fleets(engines: Sequence[int], ddr_tokens: Sequence[int] | None,
+           node_gbps: Sequence[float] | None = None) -> list[Fleet]:
+    """Every combination, cheapest first: fewer engines, then a smaller pool, then narrower
+    links."""
     pools: Sequence[int | None] = sorted(set(ddr_tokens)) if ddr_tokens else [None]
-    return [Fleet(e, d) for e in sorted(set(engines)) for d in pools]
+    links: Sequence[float | None] = sorted(set(node_gbps)) if node_gbps else [None]
+    return [Fleet(e, d, g) for e in sorted(set(engines)) for d in pools for g in links]
 
 
 def cheapest(rows: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
@@ -45,25 +49,36 @@ def _tokens(value: int) -> str:
     return f"{value / 1e6:.1f}M" if value >= 1_000_000 else f"{value / 1e3:.0f}k"
 
 
+def _uses_pool(document: Mapping[str, Any]) -> bool:
+    return str(document["mode"]).endswith("+ddr")
+
+
 def markdown_plan(document: Mapping[str, Any]) -> str:
-    rows = ["| engines | DDR pool | hit rate | HBM | DDR | TTFT p50 | TTFT p99 | errors "
-            "| meets goal |", "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    rows = ["| engines | DDR pool | node link | hit rate | HBM | DDR | TTFT p50 | TTFT p99 | "
+            "pool reads mean / peak | errors | meets goal |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    pooled = _uses_pool(document)
     for row in document["fleets"]:
         pool = (f"{_tokens(row['ddr_tokens'])} tokens ({row['ddr_tib']:.1f} TiB)"
-                if document["mode"] == "affinity+ddr" else "–")
+                if pooled else "–")
+        link = f"{row['node_gbps']:g} GB/s" if pooled and row.get("node_gbps") else "–"
+        traffic = (f"{row['pool_read_gbps_mean']:.1f} / {row['pool_read_gbps_peak']:.0f} GB/s"
+                   if row.get("pool_read_gbps_mean") is not None else "–")
         rows.append(
-            f"| {row['engines']} | {pool} | {100 * row['hit_rate']:.1f} % | "
+            f"| {row['engines']} | {pool} | {link} | {100 * row['hit_rate']:.1f} % | "
             f"{100 * (row['hbm_hit_rate'] or 0):.1f} % | "
             f"{100 * (row['ddr_hit_rate'] or 0):.1f} % | "
-            f"{row['ttft_p50_s']:.2f} s | {row['ttft_p99_s']:.2f} s | {row['errors']} | "
+            f"{row['ttft_p50_s']:.2f} s | {row['ttft_p99_s']:.2f} s | {traffic} | "
+            f"{row['errors']} | "
             f"{'yes' if row['meets_goal'] else 'no'} |")
     best = document["cheapest"]
     goal = document["goal"]["text"]
     if best is None:
         rows.append(f"\nno fleet tried meets {goal} in mode {document['mode']}")
     else:
-        pool = (f", DDR pool {_tokens(best['ddr_tokens'])} tokens"
-                if document["mode"] == "affinity+ddr" else "")
+        pool = (f", DDR pool {_tokens(best['ddr_tokens'])} tokens, node link "
+                f"{best['node_gbps']:g} GB/s (pool reads peak {best['pool_read_gbps_peak']:.0f} "
+                f"GB/s)" if pooled else "")
         rows.append(f"\nsmallest fleet meeting {goal} in mode {document['mode']}: "
                     f"{best['engines']} engines{pool}")
     return "\n".join(rows) + "\n"

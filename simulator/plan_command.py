@@ -43,9 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _fleet_options(args: argparse.Namespace) -> list[EmulatorOptions]:
     """Every fleet's engine options, each checked (its flag named) before anything runs."""
-    tried = fleets(args.engines, args.ddr_tokens if args.mode.ddr_pool else None)
-    return [emulator_options(argparse.Namespace(**{**vars(args), "engines": f.engines,
-                                                   "ddr_tokens": f.ddr_tokens}))
+    pooled = args.mode.ddr_pool
+    tried = fleets(args.engines, args.ddr_tokens if pooled else None,
+                   args.node_gbps if pooled else None)
+    return [emulator_options(argparse.Namespace(**{
+        **vars(args), "engines": f.engines, "ddr_tokens": f.ddr_tokens,
+        "node_gbps": f.node_gbps if f.node_gbps is not None else args.node_gbps[0]}))
             for f in tried]
 
 
@@ -61,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
         check_run_flags(args)
         options = _fleet_options(args)
         first = argparse.Namespace(**{**vars(args), "engines": options[0].instances,
-                                      "ddr_tokens": options[0].ddr_tokens})
+                                      "ddr_tokens": options[0].ddr_tokens,
+                                      "node_gbps": options[0].node_gbps})
         _, workload = engines_and_workload(first)
     except (InputError, ValueError) as exc:
         print(f"kvgate plan: {exc}", file=sys.stderr)
@@ -74,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     def done(index: int, seconds: float) -> None:
         o = options[index]
-        print(f"  {o.instances} engines, DDR pool {o.pool_tokens} tokens: {seconds:.1f} s",
-              file=sys.stderr, flush=True)
+        print(f"  {o.instances} engines, DDR pool {o.pool_tokens} tokens, node link "
+              f"{o.node_gbps:g} GB/s: {seconds:.1f} s", file=sys.stderr, flush=True)
 
     results = simulate_runs(workload, runs, args.jobs, blocks, on_done=done)
     rows = []
@@ -84,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         rows.append({"engines": o.instances, "hbm_tokens": o.hbm_tokens,
                      "ddr_tokens": o.pool_tokens,
                      "ddr_tib": o.pool_tokens * o.kv_bytes_per_token / TIB,
+                     "node_gbps": o.node_gbps,
                      **figures, "meets_goal": goal.met_by(figures)})
     document = {"workload": {**workload.describe, "block_size": options[0].block_size,
                              "tool": "kvgate plan"},

@@ -111,7 +111,7 @@ class AffinityRouter:
 
 def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[], float],
                 load_factor: float, idle_ttl: float) -> Router:
-    if mode is RoutingMode.ROUND_ROBIN:
+    if mode.round_robin:
         return RoundRobinRouter(addresses)
     if mode is RoutingMode.RING_HASH:
         return RingHashRouter(addresses)

@@ -5,10 +5,14 @@ same TTFT formula), the DDR pool the emulator's ``DdrPool``; the engine's schedu
 so an arrival is admitted at once (the engine looks it up in HBM as of its prefill start and
 unpins its blocks at its finish by itself) and its first token and finish are pushed on the heap.
 A DDR write happens at the first token, as in the emulator; a request counts when its last token
-is out. A failed engine loses its HBM and every request it has not finished (they count as
-errors, and their sessions ask again after the think time, as a user who saw the error would);
-a draining engine keeps its sessions but gets no new ones (kvgate) or leaves the load balancer
-(Envoy modes).
+is out. A request with blocks to read from the DDR pool first waits for their transfer (the
+emulator's ``TransferModel``: shared device and node links, max-min fair, a fixed cost), whose end
+is an event too; it is then admitted, its TTFT counted from its arrival (vLLM's asynchronous KV
+connectors load while the engine prefills other requests). The pool can be down or slow for
+windows (``PoolFaults``): down, every lookup misses and nothing is stored, and it comes back empty.
+A failed engine loses its HBM and every request it has not finished (they count as errors, and
+their sessions ask again after the think time, as a user who saw the error would); a draining
+engine keeps its sessions but gets no new ones (kvgate) or leaves the load balancer (Envoy modes).
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, NoReturn, TypeAlias
 
 from emulator.ddr_pool import DdrPool
-from emulator.engine_model import Admission, EngineConfig, EngineModel
+from emulator.engine_model import Admission, EngineConfig, EngineModel, Probe
 from emulator.options import EmulatorOptions
-from experiment.report import ModeStats
+from emulator.pool_faults import PoolFaults
+from emulator.transfer import TransferModel
+from experiment.report import ModeStats, percentile
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState
 from kvgate.runtime.collector import collector_paused
@@ -34,7 +40,10 @@ from workload.model import Workload
 if TYPE_CHECKING:  # only with the bench extra, imported when a progress bar is wanted
     from tqdm import tqdm
 
-_FIRST, _FINISH, _FLEET = 0, 1, 2
+_FIRST, _FINISH, _FLEET, _LOADED, _POOL = 0, 1, 2, 3, 4
+# What a heap entry carries: a fleet event, a request's admission (engine, generation, admission,
+# request), a transfer's id once its blocks are loaded, or None for a pool fault's change.
+_Entry: TypeAlias = "FleetEvent | tuple[int, int, Admission, int] | int | None"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,12 +101,19 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
             raise ValueError(f"no engine {event.engine} (engines are 0..{n - 1})")
     fleet = _Fleet(options.engine_config(), n)
     index = {a: i for i, a in enumerate(addresses)}
-    pool = DdrPool(options.pool_tokens, options.block_size) if mode.ddr_pool else None
+    pool = (DdrPool(options.pool_tokens, options.block_size, options.pool_high_watermark,
+                    options.pool_low_watermark) if mode.ddr_pool else None)
+    transfers = TransferModel(options.transfer_params()) if pool is not None else None
+    faults = PoolFaults(options.pool_windows)
+    block_bytes = options.block_size * options.kv_bytes_per_token
+    loading: dict[int, tuple[int, int, Probe, int, int, float]] = {}  # transfer id -> request
+    pool_up = [True]
     clock = [0.0]
     router = make_router(mode, addresses, lambda: clock[0], config.load_factor, config.idle_ttl)
     requests = workload.requests
     measured = [workload.measured(r) for r in requests]
-    stats = ModeStats()
+    stats = ModeStats(kv_bytes_per_token=options.kv_bytes_per_token,
+                      window=_outage(faults) if mode.ddr_pool or faults else None)
     per_engine = [0] * n
     assignments = [-1] * len(requests)
     order = SendOrder(workload)
@@ -105,11 +121,15 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
     breakable = any(event.kind == "fail" for event in config.events)
     # (time, tie-break, kind, a fleet event or an admitted request: engine, its generation,
     # the admission, the request's index)
-    heap: list[tuple[float, int, int, FleetEvent | tuple[int, int, Admission, int]]] = []
+    heap: list[tuple[float, int, int, _Entry]] = []
     seq = 0
     for event in config.events:
         heapq.heappush(heap, (event.time, seq, _FLEET, event))
         seq += 1
+    if pool is not None:
+        for at in faults.changes():
+            heapq.heappush(heap, (at, seq, _POOL, None))
+            seq += 1
 
     def served(i: int, admission: Admission) -> None:
         slot = admission.slot
@@ -129,22 +149,69 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
                 stats.error(admission.slot.arrival)
             answered(i, event.time)
 
+    def pool_changes(at: float) -> None:
+        assert pool is not None and transfers is not None
+        factor = faults.factor(at)
+        pool_up[0] = factor > 0
+        if factor > 0:
+            transfers.set_factor(at, factor)
+        if faults.recovered_at(at):
+            pool.clear()
+
     bar = _progress(config.progress, len(requests), mode)
     done = 0
     engines, generation, unfinished = fleet.engines, fleet.generation, fleet.unfinished
+
+    def place(e: int, i: int, admission: Admission) -> None:
+        nonlocal seq
+        event = (e, generation[e], admission, i)
+        if pool is not None:  # the first token only matters for the pool write
+            heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST, event))
+        if breakable:
+            unfinished[e][i] = admission
+            heapq.heappush(heap, (admission.slot.finish, seq + 1, _FINISH, event))
+        else:  # nothing can fail: the schedule is final now
+            served(i, admission)
+        seq += 2
+
+    def loaded(tid: int, at: float) -> None:
+        e, gen, probe, i, ddr, arrival = loading.pop(tid)
+        if gen != generation[e]:  # its engine failed while the blocks were on their way
+            if measured[i]:
+                stats.error(arrival)
+            answered(i, at)
+            return
+        place(e, i, engines[e].admit(at, probe, requests[i].max_tokens, ddr,
+                                     blocks.answer_hashes(i), arrival=arrival))
+
+    inf = float("inf")
     while True:
         due = order.next_due()
+        # Transfers ending first: a loaded request is admitted at its end (+ the fixed cost).
+        if transfers is not None and loading:
+            ends = transfers.next_done()
+            if ends < inf and ends <= due and (not heap or ends <= heap[0][0]):
+                for tid, ready in transfers.finish_due(ends):
+                    heapq.heappush(heap, (ready, seq, _LOADED, tid))
+                    seq += 1
+                continue
         # Events up to the next send first: a finish may make a turn due before it.
         if heap and heap[0][0] <= due:
-            _, _, kind, data = heapq.heappop(heap)
+            at, _, kind, data = heapq.heappop(heap)
             if isinstance(data, FleetEvent):  # kind _FLEET
                 fleet_event(data)
+                continue
+            if isinstance(data, int):  # kind _LOADED
+                loaded(data, at)
+                continue
+            if data is None:  # kind _POOL
+                pool_changes(at)
                 continue
             e, gen, admission, i = data
             if gen != generation[e]:
                 continue  # its engine failed; counted then
             if kind == _FIRST:
-                if pool is not None:
+                if pool is not None and pool_up[0]:
                     pool.insert(admission.to_pool)
             else:
                 del unfinished[e][i]
@@ -167,23 +234,47 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
         assignments[i] = e
         engine = engines[e]
         probe = engine.probe_hashes(now, blocks.hashes(i), blocks.tokens[i])
-        ddr = pool.lookup(probe.ddr_candidates) if pool is not None else None
-        admission = engine.admit(now, probe, request.max_tokens, ddr, blocks.answer_hashes(i))
-        admitted = (e, generation[e], admission, i)
-        if pool is not None:  # the first token only matters for the pool write
-            heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST, admitted))
-        if breakable:
-            unfinished[e][i] = admission
-            heapq.heappush(heap, (admission.slot.finish, seq + 1, _FINISH, admitted))
-        else:  # nothing can fail: the schedule is final now
-            served(i, admission)
-        seq += 2
+        if pool is None:
+            ddr = None
+        elif pool_up[0] and probe.hbm_blocks < probe.limit_blocks:
+            ddr = pool.lookup(probe.ddr_candidates)
+        else:
+            ddr = 0
+        if ddr and transfers is not None:
+            tid = transfers.start(now, e, ddr * block_bytes)
+            loading[tid] = (e, generation[e], probe, i, ddr, now)
+        else:
+            place(e, i, engine.admit(now, probe, request.max_tokens, ddr,
+                                     blocks.answer_hashes(i)))
         if bar is not None and done % 2000 == 0:
             bar.update(done - bar.n)
     if bar is not None:
         bar.update(len(requests) - bar.n)
         bar.close()
+    if transfers is not None:
+        _pool_figures(stats, transfers, n)
     return SimResult(stats, per_engine, assignments, order.sent, order.answered_at)
+
+
+def _outage(faults: PoolFaults) -> tuple[float, float] | None:
+    """The first window the pool is down, whose requests are also counted apart."""
+    down = [w for w in faults.windows if w.down]
+    return (down[0].start, down[0].end) if down else None
+
+
+def _pool_figures(stats: ModeStats, transfers: TransferModel, engines: int) -> None:
+    """The pool's read traffic (GB/s per second: mean, peak) and its nodes' links' utilisation
+    p99, over the measured span."""
+    start, end = stats.first_arrival, stats.last_finish
+    if not end > start:
+        return
+    params = transfers.params
+    gbps = transfers.traffic.pool_gbps(start, end)
+    stats.pool_read_gbps_mean = sum(gbps) / len(gbps) if gbps else 0.0
+    stats.pool_read_gbps_peak = max(gbps, default=0.0)
+    nodes = -(-engines // params.devices_per_node)
+    stats.node_link_utilisation_p99 = percentile(
+        transfers.traffic.node_utilisation(nodes, params.node_capacity_gbps, start, end), 99)
 
 
 class _Fleet:

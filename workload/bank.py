@@ -76,12 +76,12 @@ def _lognormal(rng: random.Random, median: float, sigma: float, low: float, high
     return min(high, max(low, rng.lognormvariate(math.log(median), sigma)))
 
 
-def _start_time(u: float, o: BankCodingOptions) -> float:
+def start_time(u: float, duration_s: float, ramp_s: float, ramp_start: float) -> float:
     """Inverse CDF of the session-start rate: linear ramp from ramp_start to 1, then flat."""
-    ramp = min(o.ramp_s, o.duration_s)
-    r0 = o.ramp_start
+    ramp = min(ramp_s, duration_s)
+    r0 = ramp_start
     ramp_mass = r0 * ramp + (1 - r0) * ramp / 2
-    total = ramp_mass + (o.duration_s - ramp)
+    total = ramp_mass + (duration_s - ramp)
     target = u * total
     if target >= ramp_mass or ramp <= 0:
         return ramp + (target - ramp_mass)
@@ -93,7 +93,7 @@ def _start_time(u: float, o: BankCodingOptions) -> float:
 
 def _session(o: BankCodingOptions, index: int) -> list[Request]:
     rng = random.Random(f"bank-coding:{o.seed}:{index}")
-    start = _start_time(rng.random(), o)
+    start = start_time(rng.random(), o.duration_s, o.ramp_s, o.ramp_start)
     session = f"bank-{o.seed}-{index:07d}"
     context = round(_lognormal(rng, o.context_median_tokens, o.context_sigma,
                                o.context_min_tokens, o.context_max_tokens))

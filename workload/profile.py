@@ -57,6 +57,9 @@ class WorkloadProfile:
     gap_s: Spread  # arrival to arrival between consecutive turns of a session
     answer_tokens: Spread  # max_tokens (trace: output_length)
     extends_previous: float  # share of later turns whose prompt starts with the previous one's
+    # Most prompt tokens live at once: every session in progress (from its first to its last
+    # request) at its largest prompt, the shared prefix once. What a pool must hold to keep all.
+    peak_working_set_tokens: int = 0
 
 
 def _shared_prefix(requests: Sequence[Request]) -> int:
@@ -83,6 +86,24 @@ def _extends(previous: Request, later: Request) -> bool:
     whole = len(before) - 1
     return len(after) >= whole and all(
         a.key == b.key for a, b in zip(before[:whole], after, strict=False))
+
+
+def peak_working_set(requests: Sequence[Request], shared: int = 0) -> int:
+    """Most tokens held at once by sessions in progress (nominal arrivals), each at its largest
+    prompt, with ``shared`` leading tokens counted once."""
+    spans: dict[str, list[float]] = {}
+    for r in requests:
+        span = spans.setdefault(r.session, [r.arrival, r.arrival, 0])
+        span[1] = max(span[1], r.arrival)
+        span[2] = max(span[2], r.prompt_tokens - shared)
+    # Starts before ends at the same instant: a one-request session still counts.
+    edges = sorted([(a, 0, size) for a, _, size in spans.values()]
+                   + [(b, 1, -size) for _, b, size in spans.values()])
+    live = peak = 0.0
+    for _, _, change in edges:
+        live += change
+        peak = max(peak, live)
+    return int(peak) + shared
 
 
 def profile(workload: Workload) -> WorkloadProfile:
@@ -123,6 +144,7 @@ def profile(workload: Workload) -> WorkloadProfile:
         gap_s=Spread.of(gaps),
         answer_tokens=Spread.of([r.max_tokens for r in requests]),
         extends_previous=extended / len(gaps) if gaps else 1.0,
+        peak_working_set_tokens=peak_working_set(requests, shared),
     )
 
 
@@ -157,6 +179,8 @@ _ROWS = (
     ("answer tokens p50 / mean / p90", lambda p: _spread(p.answer_tokens), "--answer-*"),
     ("later turns extending the previous prompt",
      lambda p: f"{100 * p.extends_previous:.1f} %", ""),
+    ("peak working set (sessions in progress), tokens",
+     lambda p: f"{p.peak_working_set_tokens / 1e6:,.1f}M", "--sessions, --context-*"),
 )
 
 

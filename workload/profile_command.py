@@ -1,4 +1,5 @@
-"""`kvgate profile`: a workload's shapes; with --trace, the trace's beside bank-coding's."""
+"""`kvgate profile`: a workload's shapes; with --trace, the trace's beside bank-coding's; with
+--workload agentic-coding, agentic-coding's beside bank-coding's."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import sys
 from pathlib import Path
 
+from workload.agentic import AgenticCodingOptions
 from workload.bank import BankCodingOptions
 from workload.cli import add_workload_arguments, workload_from_args
 from workload.profile import WorkloadProfile, markdown_profiles, profile
@@ -19,12 +21,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _profiles(args: argparse.Namespace) -> dict[str, WorkloadProfile]:
-    if args.sessions is None:
-        args.sessions = BankCodingOptions().sessions
     out: dict[str, WorkloadProfile] = {}
     if args.trace is not None:
         out[f"trace {args.trace.name}"] = profile(workload_from_args(args, 0))
-    bank = workload_from_args(argparse.Namespace(**{**vars(args), "trace": None}), 0)
+    if args.workload == "agentic-coding" and args.trace is None:
+        sessions = args.sessions if args.sessions is not None else AgenticCodingOptions().sessions
+        agent = argparse.Namespace(**{**vars(args), "sessions": sessions})
+        out["agentic-coding"] = profile(workload_from_args(agent, 0))
+    if args.sessions is None or args.workload == "agentic-coding":
+        args.sessions = BankCodingOptions().sessions
+    bank = workload_from_args(argparse.Namespace(**{**vars(args), "trace": None,
+                                                    "workload": "bank-coding"}), 0)
     out["bank-coding (these flags)" if args.trace is not None else "bank-coding"] = profile(bank)
     return out
 

@@ -86,7 +86,7 @@ def _balancing(mode: RoutingMode) -> cluster_pb2.LoadBalancingPolicy:
     )
     if mode is RoutingMode.RING_HASH:
         return ring
-    if mode is RoutingMode.ROUND_ROBIN:
+    if mode.round_robin:
         return _policy("envoy.load_balancing_policies.round_robin", round_robin_pb2.RoundRobin())
     override = override_host_pb2.OverrideHost(
         override_host_sources=[

@@ -34,6 +34,7 @@ async def test_compare_and_simulate_agree_per_mode(tmp_path: Path) -> None:
                             CompareOptions(engine, tmp_path, port_range=(low, high)))
     sim_engine = EmulatorOptions(instances=3, block_size=16, hbm_tokens=20_000)
     rates = {}
+    reads: dict[str, tuple[float, float]] = {}  # DDR bytes per request: real, simulated
     for mode in ALL_MODES:
         real = results[mode].stats.figures()
         # the same engine addresses, so the rings place sessions exactly as in the real run
@@ -47,7 +48,7 @@ async def test_compare_and_simulate_agree_per_mode(tmp_path: Path) -> None:
             # Deterministic: Envoy's ring on the session header, rebuilt bit for bit by the
             # simulator, sends every request of a session to the same engine in both.
             assert per_engine == used, mode
-        elif mode is RoutingMode.ROUND_ROBIN:
+        elif mode.round_robin:
             # Deterministic in count: one Envoy worker turns over the engines request by
             # request, so each gets its share give or take one, whatever the order.
             assert max(used.values()) - min(used.values()) <= 1, used
@@ -59,6 +60,7 @@ async def test_compare_and_simulate_agree_per_mode(tmp_path: Path) -> None:
         # the per-engine counts) may differ from the simulator's strict arrival order.
         assert real["errors"] == 0, mode
         assert real["requests"] == len(workload.requests), mode
+        reads[mode] = (real["ddr_bytes_per_request_mean"], sim["ddr_bytes_per_request_mean"])
         assert len(used) == 3, (mode, used)  # every engine served, through the gateway
         # Whether a session's blocks are still in HBM at its next turn depends on how much ran
         # on its engine in between, i.e. on timing. The real run keeps to the workload's
@@ -82,6 +84,10 @@ async def test_compare_and_simulate_agree_per_mode(tmp_path: Path) -> None:
     # the comparison is not vacuous: modes differ on this workload, on the real stack too
     assert rates["affinity+ddr"] - rates["round_robin"] > 0.15
     assert rates["affinity"] - rates["round_robin"] > 0.05
+    # both say the same about the pool's cost: round robin reads more from it than kvgate
+    rr, kv = reads[RoutingMode.ROUND_ROBIN_DDR], reads[RoutingMode.AFFINITY_DDR]
+    assert rr[0] > 1.5 * kv[0] and rr[1] > 1.5 * kv[1], (rr, kv)
+
 
 
 @pytest.mark.parametrize(("flags", "message"), [

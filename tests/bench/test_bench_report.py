@@ -10,7 +10,9 @@ from experiment.report import ModeStats, percentile, result_document, write_outp
 from kvgate.contract.modes import RoutingMode
 
 KEYS = {"hit_rate", "hbm_hit_rate", "ddr_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-        "requests", "errors", "throughput_rps"}
+        "requests", "errors", "throughput_rps", "ddr_bytes_per_request_mean",
+        "ddr_bytes_per_request_p99", "pool_read_gbps_mean", "pool_read_gbps_peak",
+        "node_link_utilisation_p99"}
 
 
 def test_percentiles_are_nearest_rank() -> None:
@@ -34,10 +36,24 @@ def test_figures_and_outputs_have_the_documented_shape(tmp_path: Path) -> None:
     assert (f["requests"], f["errors"]) == (11, 1)
     assert f["ttft_p50_s"] == pytest.approx(0.5)
     assert f["throughput_rps"] == pytest.approx(10 / 11)
+    assert f["ddr_bytes_per_request_mean"] == f["ddr_bytes_per_request_p99"] == 200 * 256 * 1024
+    assert f["pool_read_gbps_mean"] is None  # only the simulator measures the pool's traffic
     paths = write_outputs(tmp_path, "x", document, {"affinity+ddr": stats.ttfts}, "t")
     assert json.loads(paths[0].read_text()) == document
-    assert "| affinity+ddr | 60.0 % | 40.0 % | 20.0 % |" in paths[1].read_text()
+    table = paths[1].read_text()
+    assert "| affinity+ddr | 60.0 % | 40.0 % | 20.0 % |" in table
+    assert "| affinity+ddr | 0.05 GB | 0.05 GB | – | – | – |" in table
     assert paths[2].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_bench_run_knows_only_the_mean_ddr_read_from_the_engines_counters() -> None:
+    stats = ModeStats()
+    for i in range(4):
+        stats.add(arrival=float(i), ttft=0.5, finish=float(i) + 1, prompt=1000, cached=500)
+    stats.ddr_tokens = 400  # what the engines' external-hit counters said, for all four
+    f = stats.figures()
+    assert f["ddr_bytes_per_request_mean"] == 100 * 256 * 1024
+    assert f["ddr_bytes_per_request_p99"] is None
 
 
 def test_modes_parse() -> None:

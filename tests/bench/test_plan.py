@@ -19,6 +19,7 @@ def test_fleets_are_tried_cheapest_first_once_each() -> None:
     assert fleets([16, 8, 8], None) == [Fleet(8, None), Fleet(16, None)]
     assert fleets([2, 1], [500, 100, 500]) == [Fleet(1, 100), Fleet(1, 500), Fleet(2, 100),
                                                 Fleet(2, 500)]
+    assert fleets([1], [100], [144.0, 40.0]) == [Fleet(1, 100, 40.0), Fleet(1, 100, 144.0)]
 
 
 def test_the_goal_needs_no_errors_a_short_tail_and_enough_hits() -> None:
@@ -52,6 +53,17 @@ def test_plan_finds_the_smallest_fleet_and_writes_it(
     assert f"smallest fleet meeting TTFT p99 <= 5 s in mode affinity+ddr: {best['engines']} " \
            "engines" in out
     assert (tmp_path / "plan-bank-coding.md").read_text().count("\n| ") == 4  # header + 3
+
+
+def test_plan_tries_pool_bandwidths_and_reports_the_pool_traffic(tmp_path: Path) -> None:
+    main(["plan", "--engines", "2", *SMALL, "--mode", "round_robin+ddr", "--node-gbps", "1,144",
+          "--ttft-p99", "1000", "--out", str(tmp_path)])
+    document = json.loads((tmp_path / "plan-bank-coding.json").read_text())
+    narrow, wide = document["fleets"]
+    assert (narrow["node_gbps"], wide["node_gbps"]) == (1.0, 144.0)
+    assert narrow["ttft_p99_s"] > wide["ttft_p99_s"]  # a narrow link makes transfers wait
+    assert wide["pool_read_gbps_peak"] > narrow["pool_read_gbps_peak"] > 0
+    assert "node link 1 GB/s" in (tmp_path / "plan-bank-coding.md").read_text()
 
 
 def test_no_fleet_meeting_the_goal_exits_1(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,11 +16,19 @@ def test_simulate_writes_the_three_outputs_for_every_mode(
                  "--block-size", "16", "--out", str(tmp_path), "--quiet"])
     assert code == 0
     document = json.loads((tmp_path / "simulate-bank-coding.json").read_text())
-    assert list(document["modes"]) == ["round_robin", "ring_hash", "affinity", "affinity+ddr"]
+    assert list(document["modes"]) == ["round_robin", "ring_hash", "affinity", "round_robin+ddr",
+                                       "affinity+ddr"]
     assert document["workload"]["sessions"] == 30 and document["workload"]["engines"] == 3
+    for mode in ("round_robin+ddr", "affinity+ddr"):  # what the pool cost, in every result
+        figures = document["modes"][mode]
+        assert figures["ddr_bytes_per_request_mean"] > 0
+        assert figures["ddr_bytes_per_request_p99"] >= figures["ddr_bytes_per_request_mean"]
+        assert figures["pool_read_gbps_peak"] >= figures["pool_read_gbps_mean"] > 0
+        assert 0 <= figures["node_link_utilisation_p99"] <= 1
     assert 0 < document["oracle_hit_rate"] <= 1
     assert (tmp_path / "simulate-bank-coding.png").stat().st_size > 10_000
-    assert "| affinity+ddr |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| affinity+ddr |" in out and "What the DDR pool costs" in out
 
 
 def test_simulate_replays_a_trace_with_failure_and_drain(tmp_path: Path) -> None:

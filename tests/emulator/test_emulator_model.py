@@ -204,13 +204,28 @@ def test_waiting_requests_hold_no_blocks_and_are_looked_up_when_they_start() -> 
 
 
 def test_ddr_pool_counts_leading_hits_and_evicts_lru() -> None:
-    pool = DdrPool(capacity_tokens=3 * BS, block_size=BS)
+    pool = DdrPool(capacity_tokens=3 * BS, block_size=BS, high=1.0, low=1.0)  # plain LRU
     assert pool.insert([1, 2, 3]) == 3
     assert pool.lookup([1, 2, 9, 3]) == 2  # stops at the first miss
     pool.insert([4])  # 3 was least recently used (1 and 2 were touched by the lookup)
     assert 3 not in pool and len(pool) == 3
     assert pool.lookup([4, 1, 2]) == 3
     assert pool.stats()["evictions"] == 1
+
+
+def test_ddr_pool_evicts_from_the_high_to_the_low_watermark() -> None:
+    pool = DdrPool(capacity_tokens=100 * BS, block_size=BS)  # MemCache's 90 % / 80 %
+    pool.insert(range(90))
+    assert len(pool) == 90 and pool.evictions == 0  # at the high watermark, not past it
+    pool.lookup([0, 1])  # 0 and 1 are now the most recently used
+    pool.insert([1000])  # past 90 %: least recently used go until 80 % is held
+    assert len(pool) == 80 and pool.evictions == 11
+    assert 0 in pool and 1 in pool and 1000 in pool and 2 not in pool and 12 not in pool
+    assert 13 in pool
+    pool.clear()
+    assert len(pool) == 0 and pool.lookup([1000]) == 0
+    with pytest.raises(ValueError, match="watermarks"):
+        DdrPool(100, BS, high=0.7, low=0.8)
 
 
 def test_engine_on_a_sibling_hits_the_pool_after_its_own_hbm() -> None:

@@ -1,0 +1,98 @@
+"""The DDR pool's costs in the simulator: contended transfers, a small pool, a pool down or slow."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from emulator.options import EmulatorOptions
+from emulator.pool_faults import PoolFaults, PoolWindow, parse_window
+from kvgate.contract.modes import RoutingMode
+from simulator.run import SimConfig, simulate
+from workload.bank import BankCodingOptions, bank_coding
+from workload.model import Workload
+
+
+@pytest.fixture(scope="module")
+def workload() -> Workload:
+    w = bank_coding(BankCodingOptions(sessions=240, duration_s=900, ramp_s=0))
+    w.warmup_s = 60
+    return w
+
+
+def _fleet(**changes: object) -> EmulatorOptions:
+    return dataclasses.replace(EmulatorOptions(instances=4, block_size=128), **changes)
+
+
+def _figures(workload: Workload, mode: RoutingMode, **changes: object) -> dict[str, object]:
+    return simulate(workload, mode, SimConfig(_fleet(**changes))).stats.figures()
+
+
+def test_contention_on_the_node_link_raises_the_tail(workload: Workload) -> None:
+    # Four engines on one node: a node link as wide as their four device links, then one a
+    # tenth of a device link, which the node's transfers must share.
+    wide = _figures(workload, RoutingMode.ROUND_ROBIN_DDR, node_gbps=80.0)
+    narrow = _figures(workload, RoutingMode.ROUND_ROBIN_DDR, node_gbps=2.0)
+    assert wide["ddr_hit_rate"] > 0.3  # the pool serves most of round robin's hits
+    assert narrow["ttft_p99_s"] > 2 * wide["ttft_p99_s"]
+    assert narrow["node_link_utilisation_p99"] > wide["node_link_utilisation_p99"]
+    # The same bytes move either way; contention only makes them wait.
+    assert narrow["ddr_bytes_per_request_mean"] == pytest.approx(
+        wide["ddr_bytes_per_request_mean"], rel=0.25)
+
+
+def test_a_fixed_cost_per_transfer_shows_in_ttft(workload: Workload) -> None:
+    cheap = _figures(workload, RoutingMode.ROUND_ROBIN_DDR, transfer_fixed_ms=0.0)
+    costly = _figures(workload, RoutingMode.ROUND_ROBIN_DDR, transfer_fixed_ms=500.0)
+    assert costly["ttft_p50_s"] > cheap["ttft_p50_s"] + 0.3
+
+
+def test_affinity_reads_less_from_the_pool_than_round_robin(workload: Workload) -> None:
+    rr = _figures(workload, RoutingMode.ROUND_ROBIN_DDR)
+    kvgate = _figures(workload, RoutingMode.AFFINITY_DDR)
+    assert kvgate["ddr_bytes_per_request_mean"] < 0.6 * rr["ddr_bytes_per_request_mean"]
+    assert kvgate["pool_read_gbps_mean"] < rr["pool_read_gbps_mean"]
+
+
+def test_a_pool_smaller_than_the_working_set_loses_hits(workload: Workload) -> None:
+    big = _figures(workload, RoutingMode.ROUND_ROBIN_DDR)
+    small = _figures(workload, RoutingMode.ROUND_ROBIN_DDR, pool_hbm_multiple=0.25)
+    assert small["ddr_hit_rate"] < big["ddr_hit_rate"] - 0.1
+
+
+def test_a_pool_down_for_a_window_serves_nothing_then_comes_back_empty(
+        workload: Workload) -> None:
+    window = PoolWindow(300.0, 300.0)
+    healthy = _figures(workload, RoutingMode.ROUND_ROBIN_DDR)
+    down = _figures(workload, RoutingMode.ROUND_ROBIN_DDR, pool_fail=(window,))
+    assert down["window_s"] == [300.0, 600.0]
+    # Round robin keeps only what each HBM holds during the outage.
+    assert down["window_hit_rate"] < 0.5 * healthy["hit_rate"]
+    assert down["ddr_hit_rate"] < healthy["ddr_hit_rate"]
+    always_down = _figures(workload, RoutingMode.ROUND_ROBIN_DDR,
+                           pool_fail=(PoolWindow(0.0, 10_000.0),))
+    assert always_down["ddr_hit_rate"] == 0.0 and always_down["pool_read_gbps_peak"] == 0.0
+
+
+def test_a_slow_pool_raises_the_tail(workload: Workload) -> None:
+    healthy = _figures(workload, RoutingMode.ROUND_ROBIN_DDR)
+    slow = _figures(workload, RoutingMode.ROUND_ROBIN_DDR,
+                    pool_slow=(PoolWindow(0.0, 10_000.0, 0.05),))
+    assert slow["ttft_p99_s"] > 1.5 * healthy["ttft_p99_s"]
+    assert slow["hit_rate"] == pytest.approx(healthy["hit_rate"], abs=0.05)
+
+
+def test_pool_windows_parse_and_say_what_is_wrong() -> None:
+    assert parse_window("1800@600", slow=False) == PoolWindow(1800.0, 600.0, 0.0)
+    assert parse_window("10@5:0.25", slow=True) == PoolWindow(10.0, 5.0, 0.25)
+    for text, slow, message in (("1800", False, "T@DURATION"), ("1@2:0.5", False, "T@DURATION"),
+                                ("1@2", True, "FACTOR"), ("1@0", False, "DURATION > 0"),
+                                ("1@2:1.5", True, r"\(0, 1\]")):
+        with pytest.raises(ValueError, match=message):
+            parse_window(text, slow)
+    faults = PoolFaults([PoolWindow(10, 10), PoolWindow(15, 20, 0.5)])
+    assert (faults.factor(5), faults.factor(12), faults.factor(22), faults.factor(40)) == (
+        1.0, 0.0, 0.5, 1.0)
+    assert faults.changes() == [10, 15, 20, 35]
+    assert faults.recovered_at(20) and not faults.recovered_at(35)
