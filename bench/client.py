@@ -6,7 +6,10 @@ prompt resends the answer the engine gave (so an engine that cached it finds it)
 workload's stand-in text.
 
 Per request: TTFT (send to first streamed token, in emulated seconds = wall / time scale), output
-tokens, `usage.prompt_tokens_details.cached_tokens`, the engine (`x-engine-id`), errors.
+tokens, `usage.prompt_tokens_details.cached_tokens`, errors, and the engine that served it: from
+the gateway's opt-in upstream header (`upstream_header:`, `x-kvgate-upstream`), or the emulator's
+`x-engine-id`; with neither, from each engine's `vllm:request_success_total` over the run (needs
+the engines' URLs), which works in front of any vLLM.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from bench.engine_metrics import CacheCounters, scrape
+from bench.engine_metrics import CacheCounters, scrape, scrape_each
 from experiment.report import ModeStats
 from workload.model import Request, Workload
 from workload.text import TextMaker
@@ -35,12 +38,14 @@ class DriveOptions:
     timeout_s: float = 600.0  # wall seconds per request
     progress: bool = False
     label: str = "bench"
+    # Response headers naming the serving engine, first present wins.
+    engine_headers: tuple[str, ...] = ("x-kvgate-upstream", "x-engine-id")
 
 
 @dataclass(slots=True)
 class DriveResult:
     stats: ModeStats
-    engines: dict[str, int] = field(default_factory=dict)  # x-engine-id -> requests
+    engines: dict[str, int] = field(default_factory=dict)  # engine address -> requests
     endpoints: list[str] = field(default_factory=list)  # the fleet's addresses, when known
     counters: CacheCounters | None = None  # /metrics delta over the measured part
     late_s: float = 0.0  # worst lateness of a send behind its schedule (wall)
@@ -82,7 +87,8 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
         async with http.post(f"{o.url}/v1/completions", json=body,
                              headers={o.header: request.session}) as response:
             sent_event.set()  # the engine has the request (and counted it in /metrics)
-            engine = response.headers.get("x-engine-id", "?")
+            engine = next((response.headers[h] for h in o.engine_headers
+                           if h in response.headers), None)
             if response.status != 200:
                 await response.read()
                 raise aiohttp.ClientResponseError(response.request_info, (),
@@ -112,7 +118,8 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
         if measured:
             result.stats.error(arrival)
         return None
-    result.engines[engine] = result.engines.get(engine, 0) + 1
+    if engine is not None:
+        result.engines[engine] = result.engines.get(engine, 0) + 1
     result.output_tokens += tokens
     if measured:
         details = usage.get("prompt_tokens_details") or {}
@@ -139,6 +146,8 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         found = await _first_model(http, o.url)
         model = o.model or found
+        # Per-engine counters over the whole run: attribution when no header names engines.
+        at_start = await scrape_each(http, o.engines) if o.engines else None
         tasks: set[asyncio.Task[None]] = set()
         start = time.perf_counter()
         warmup_sent: list[asyncio.Event] = []
@@ -188,6 +197,8 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
         if counted is not None:
             after = await scrape(http, o.engines)
             result.counters = None if after is None else after - counted
+        if not result.engines and at_start is not None:
+            result.engines = await _served_per_engine(http, o.engines, at_start)
     if bar is not None:
         bar.close()
     _split(result)
@@ -206,6 +217,17 @@ async def _counters_after(http: aiohttp.ClientSession, engines: Sequence[str],
         except TimeoutError:
             pass
     return await scrape(http, engines)
+
+
+async def _served_per_engine(http: aiohttp.ClientSession, engines: Sequence[str],
+                             before: dict[str, CacheCounters]) -> dict[str, int]:
+    """Requests each engine finished since ``before`` (engines that served none left out)."""
+    after = await scrape_each(http, engines)
+    if after is None:
+        return {}
+    served = {url.split("://", 1)[-1].rstrip("/"): round((after[url] - before[url]).requests)
+              for url in engines}
+    return {engine: n for engine, n in served.items() if n > 0}
 
 
 def _split(result: DriveResult) -> None:

@@ -64,6 +64,8 @@ def to_dict(config: Config) -> dict[str, Any]:
     }
     if config.etcd.endpoints is not None:
         data["etcd"]["endpoints"] = [str(e) for e in config.etcd.endpoints]
+    if config.upstream_header is not None:
+        data["upstream_header"] = config.upstream_header
     return data
 
 

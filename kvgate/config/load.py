@@ -33,7 +33,7 @@ from kvgate.contract.envoy import DESTINATION_KEY
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
 TOP_LEVEL = (
     "listener", "envoy_admin", "control_plane", "ext_proc", "etcd",
-    "session", "placement", "pools", "routes",
+    "session", "placement", "pools", "routes", "upstream_header",
 )
 
 
@@ -93,7 +93,19 @@ def _config(f: Fields, raw: Any) -> Config:
             for i, item in enumerate(f.sequence(top.get("routes"), ("routes",)))
             if (route := _route(f, item, ("routes", i))) is not None
         ),
+        upstream_header=_upstream_header(f, top.get("upstream_header")),
     )
+
+
+def _upstream_header(f: Fields, value: Any) -> str | None:
+    """Off when absent, null or empty; else a plain header name of Envoy's to set."""
+    if value is None or value == "":
+        return None
+    name = f.header_name(value, ("upstream_header",))
+    if name is not None and (name.startswith(":") or name == DESTINATION_KEY):
+        f.error(("upstream_header",), f"{name!r} cannot name the upstream")
+        return None
+    return name
 
 
 def _socket(f: Fields, value: Any, path: Path) -> HostPort | None:

@@ -15,6 +15,7 @@ import yaml
 from kvgate.config import Config, ConfigError, load_file, load_text
 from kvgate.config.dump import to_yaml
 from kvgate.runtime.child import ChildFailed
+from kvgate_cli.up.ports import PortsError, parse_ports, with_ports
 from stack.local import Stack
 
 
@@ -31,6 +32,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-scale", default="1",
         help="emulated engines only: wall seconds per emulated second, e.g. 1/60 (default 1)",
+    )
+    parser.add_argument(
+        "--ports", metavar="auto|BASE",
+        help="take every port of the stack from the OS ('auto') or consecutive from BASE "
+        "(gateway, Envoy admin, xDS, admin API, ext_proc metrics, ext_proc), instead of the "
+        "YAML's or the defaults (8080, 9901, 18000, 18001, 9003, 9002)",
+    )
+    parser.add_argument(
+        "--upstream-header", metavar="NAME", nargs="?", const="x-kvgate-upstream",
+        help="add a response header naming the engine (ip:port) that served each request "
+        "(default name %(const)s; YAML: upstream_header). Off unless asked: it reveals "
+        "internal addresses to clients",
     )
     parser.add_argument(
         "--workdir", help="where logs, rendered configs and embedded etcd data go "
@@ -52,6 +65,16 @@ def run(args: argparse.Namespace) -> int:
             print(exc.render(), file=sys.stderr)
             print("kvgate up: --engines rejected; nothing was started", file=sys.stderr)
             return 1
+    try:
+        if args.ports:
+            config = with_ports(config, parse_ports(args.ports))
+        if args.upstream_header:
+            config = _with_upstream_header(config, args.upstream_header)
+    except (PortsError, ConfigError) as exc:
+        print(exc.render() if isinstance(exc, ConfigError) else f"kvgate up: {exc}",
+              file=sys.stderr)
+        print("kvgate up: nothing was started", file=sys.stderr)
+        return 1
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="kvgate-up-"))
     stack = Stack(
         config, workdir, report=_say,
@@ -73,6 +96,12 @@ def with_engines(config: Config, engines: str) -> Config:
     data["pools"] = [{"name": "default", "endpoints": items}]
     data["routes"] = []
     return load_text(yaml.safe_dump(data), source="--engines")
+
+
+def _with_upstream_header(config: Config, name: str) -> Config:
+    """Validated as the YAML key is, so a bad name reads the same either way."""
+    checked = load_text(yaml.safe_dump({"upstream_header": name}), source="--upstream-header")
+    return replace(config, upstream_header=checked.upstream_header)
 
 
 def _say(line: str) -> None:
@@ -117,26 +146,46 @@ def _print_ready(stack: Stack) -> None:
     _say("")
     _say(f"kvgate is ready: gateway http://{config.listener}")
     _say(f"  Envoy admin: http://{config.envoy_admin}")
+    _say(f"  control plane: xds {config.control_plane.xds}, admin API {config.control_plane.admin}")
+    _say(f"  ext_proc: {', '.join(str(a) for a in config.ext_proc.addresses)}, "
+         f"metrics http://{config.ext_proc.metrics}/metrics")
     _say(f"  engines: {', '.join(engines)}")
+    for line in examples(config):
+        _say(line)
+
+
+def examples(config: Config) -> list[str]:
+    """What to try and how to operate this stack, with its own addresses and header names.
+
+    Which engine served a request: from the opt-in upstream header if the config sets one,
+    else from the session's binding (`kvgate sessions show`), which works with any engine."""
     header = config.session.headers[0]
     url = f"http://{config.listener}"
-    _say("")
-    _say("  try it (the session header keeps a conversation on the engine holding its KV cache):")
-    _say(f"    curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\")
-    _say(f"      -H '{header}: demo-1' -d '{{\"messages\": [{{\"role\": \"user\", "
-         f"\"content\": \"hello\"}}]}}' -i | grep -i x-engine-id")
-    _say(f"    python -c \"import openai; c = openai.OpenAI(base_url='{url}/v1', api_key='-'); "
-         f"m = c.models.list().data[0].id; print(c.chat.completions.create(model=m, "
-         f"messages=[{{'role': 'user', 'content': 'hi'}}], "
-         f"extra_headers={{'{header}': 'demo-1'}}).usage)\"")
     admin = config.control_plane.admin
     flag = "" if (admin.host, admin.port) == ("127.0.0.1", 18001) else f" --admin {admin}"
-    _say("")
-    _say("  operate it:")
-    _say(f"    kvgate status{flag}")
-    _say(f"    kvgate endpoints list{flag}      (drain | undrain | fail ADDRESS)")
-    _say(f"    kvgate sessions list{flag}       (show SESSION | move SESSION ENDPOINT)")
-    _say("  Ctrl-C stops everything.")
+    body = '{"messages": [{"role": "user", "content": "hello"}]}'
+    curl = (f"    curl -s {url}/v1/chat/completions -H 'content-type: application/json' "
+            f"-H '{header}: demo-1' \\\n      -d '{body}'")
+    lines = ["", "  try it (the session header keeps a conversation on the engine holding its "
+             "KV cache):"]
+    if config.upstream_header:
+        lines.append(f"{curl} -i | grep -i {config.upstream_header}")
+    else:
+        lines += [curl, f"    kvgate sessions show demo-1{flag}      (the engine it is bound to)"]
+    lines.append(
+        f"    python -c \"import openai; c = openai.OpenAI(base_url='{url}/v1', api_key='-'); "
+        f"m = c.models.list().data[0].id; print(c.chat.completions.create(model=m, "
+        f"messages=[{{'role': 'user', 'content': 'hi'}}], "
+        f"extra_headers={{'{header}': 'demo-1'}}).usage)\"")
+    lines += [
+        "",
+        "  operate it:" + (f"  (or export KVGATE_ADMIN={admin})" if flag else ""),
+        f"    kvgate status{flag}",
+        f"    kvgate endpoints list{flag}      (drain | undrain | fail ADDRESS)",
+        f"    kvgate sessions list{flag}       (show SESSION | move SESSION ENDPOINT)",
+        "  Ctrl-C stops everything.",
+    ]
+    return lines
 
 
 async def _wait_for_stop_or_death(stack: Stack, stop: asyncio.Event) -> str | None:
