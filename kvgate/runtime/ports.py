@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from collections.abc import Collection
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -13,15 +14,22 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+def free_ports(count: int, host: str = "127.0.0.1", exclude: Collection[int] = ()) -> list[int]:
     """`count` distinct free ports: all held at once while the OS hands them out (one at a time,
-    a port just released can come back)."""
+    a port just released can come back). `exclude`: ports already promised to someone else
+    (released, so the OS may hand them out again)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sockets = [socket.socket(family, socket.SOCK_STREAM) for _ in range(count)]
+    sockets: list[socket.socket] = []
+    found: list[int] = []
     try:
-        for sock in sockets:
+        while len(found) < count:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)  # held, even when excluded, so the OS moves on
             sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
+            port = int(sock.getsockname()[1])
+            if port not in exclude:
+                found.append(port)
+        return found
     finally:
         for sock in sockets:
             sock.close()

@@ -15,3 +15,10 @@ def test_free_ports_are_distinct_and_free() -> None:
         held.bind(("127.0.0.1", ports[0]))
         held.listen()
         assert port_in_use("127.0.0.1", ports[0])
+
+
+def test_free_ports_never_hands_out_an_excluded_port() -> None:
+    promised = set(free_ports(32))
+    again = free_ports(64, exclude=promised)
+    assert len(set(again)) == 64
+    assert not promised & set(again)
