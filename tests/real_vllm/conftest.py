@@ -31,7 +31,7 @@ async def engines(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rea
     run_dir = os.environ.get("KVGATE_REAL_VLLM_RUN_DIR")
     workdir = Path(run_dir) if run_dir else tmp_path_factory.mktemp("real-vllm")
     fleet = RealFleet(env, model, ENGINES, workdir, cache_root(),
-                      EngineOptions(kv_cache_gib=0.5), default_cores(ENGINES))
+                      EngineOptions(kv_cache_gib=1), default_cores(ENGINES))
     await fleet.start()
     try:
         yield fleet
