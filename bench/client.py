@@ -42,6 +42,21 @@ class DriveOptions:
     engine_headers: tuple[str, ...] = ("x-kvgate-upstream", "x-engine-id")
 
 
+@dataclass(frozen=True, slots=True)
+class RequestSample:
+    """One measured request, for fitting engine timing (wall seconds / time scale)."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    output_tokens: int
+    decode_s: float  # first streamed token to the last
+
+    @property
+    def uncached(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
 @dataclass(slots=True)
 class DriveResult:
     stats: ModeStats
@@ -50,6 +65,7 @@ class DriveResult:
     counters: CacheCounters | None = None  # /metrics delta over the measured part
     late_s: float = 0.0  # worst lateness of a send behind its schedule (wall)
     output_tokens: int = 0
+    samples: list[RequestSample] = field(default_factory=list)  # measured requests, in order
 
 
 class GatewayUnreachable(Exception):
@@ -80,6 +96,7 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
     sent = time.perf_counter()
     arrival = (sent - origin) / scale
     first: float | None = None
+    last = 0.0
     usage: dict[str, object] | None = None
     tokens = 0
     text: list[str] = []
@@ -103,8 +120,9 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
                 if choices := chunk.get("choices"):
                     tokens += 1
                     text.append(str(choices[0].get("text") or ""))
+                    last = time.perf_counter()
                     if first is None:
-                        first = time.perf_counter()
+                        first = last
                 if chunk.get("usage"):
                     usage = chunk["usage"]
     except (aiohttp.ClientError, TimeoutError, ValueError):
@@ -126,6 +144,9 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
         cached = int(details.get("cached_tokens") or 0)  # type: ignore[union-attr]
         result.stats.add(arrival, (first - sent) / scale, arrival + (done - sent) / scale,
                          int(usage["prompt_tokens"]), cached)  # type: ignore[call-overload]
+        result.samples.append(RequestSample(
+            int(usage["prompt_tokens"]), cached,  # type: ignore[call-overload]
+            (first - sent) / scale, tokens, (last - first) / scale))
     return "".join(text)
 
 

@@ -1,10 +1,17 @@
-"""The emulator calibrated against real vLLM: fit its timing to an engine, then run one bench
+"""The emulator calibrated against real vLLM: fit its timing to the engines, then run a bench
 workload through the real engines and through emulated ones with the fitted timing, per mode.
 
-Fit (one request at a time, so no queueing): TTFT = c0 + uncached prompt tokens / prefill
-rate, by least squares over cold prompts of several sizes and warm ones (the same prompt
-extended, its prefix cached); decode time per token = median of (last - first token time) /
-(output tokens - 1).
+A fit is TTFT = c0 + uncached prompt tokens / prefill rate by least squares, and decode time
+per token = median of (last - first token time) / (output tokens - 1). Two fits:
+
+- idle: one request at a time, cold prompts of several sizes and warm ones (the same prompt
+  extended, its prefix cached): the engine's own speed;
+- in-workload: the same regression over the requests of a real bench run (workload A), so it
+  takes in what the emulator does not model: on one CPU core, the API server's streaming, the
+  other requests' decode steps and a prefill all share the core.
+
+The emulator with the in-workload fit is then checked against the real engines on a second
+workload (B, another seed) it was not fitted on.
 """
 
 from __future__ import annotations
@@ -14,12 +21,12 @@ import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 
-from bench.client import DriveOptions, DriveResult, drive
+from bench.client import DriveOptions, DriveResult, RequestSample, drive
 from bench.compare import CompareOptions, compare
 from emulator.options import EmulatorOptions
 from kvgate.config import Config, load_text
@@ -35,17 +42,7 @@ SIZES = (128, 256, 512, 1024, 2048, 3072)
 EXTENSION = 64  # words added to a cached prompt for a warm sample
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
-    prompt_tokens: int
-    cached_tokens: int
-    ttft_s: float
-    output_tokens: int
-    decode_s: float  # first to last token
-
-    @property
-    def uncached(self) -> int:
-        return self.prompt_tokens - self.cached_tokens
+Sample = RequestSample
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +120,7 @@ def fit(samples: Sequence[Sample]) -> Timing:
     )
 
 
-def calibration_workload(seed: int = 3, sessions: int = 16,
+def calibration_workload(seed: int, sessions: int = 16,
                          decode_s_per_token: float = 0.02) -> Workload:
     """Developers in growing multi-turn sessions, sized for a CPU engine (1-3k-token prompts)."""
     workload = bank_coding(BankCodingOptions(
@@ -161,7 +158,7 @@ async def reset_prefix_caches(urls: Sequence[str]) -> None:
 
 async def run_real(fleet: RealFleet, workload: Workload, modes: Sequence[RoutingMode],
                    workdir: Path, say: Callable[[str], None]) -> dict[RoutingMode, DriveResult]:
-    results = {}
+    results: dict[RoutingMode, DriveResult] = {}
     for mode in modes:
         await reset_prefix_caches(fleet.urls)
         # One Envoy worker, as `bench --compare` runs: one round-robin rotation.
@@ -206,12 +203,16 @@ def comparison(real: dict[RoutingMode, DriveResult],
     return rows
 
 
-def markdown(timing: Timing, rows: Sequence[dict[str, object]]) -> str:
+def describe_timing(name: str, timing: Timing) -> str:
+    return (f"{name}: c0 {timing.prefill_overhead_ms:.1f} ms, prefill "
+            f"{timing.prefill_tokens_per_s:,.0f} tokens/s, decode "
+            f"{timing.decode_ms_per_token:.1f} ms/token ({timing.samples} samples, median TTFT "
+            f"residual {timing.ttft_residual_p50_ms:.0f} ms)")
+
+
+def markdown(title: str, rows: Sequence[dict[str, object]]) -> str:
     lines = [
-        f"fitted: c0 {timing.prefill_overhead_ms:.1f} ms, prefill "
-        f"{timing.prefill_tokens_per_s:,.0f} tokens/s, decode {timing.decode_ms_per_token:.1f} "
-        f"ms/token ({timing.samples} samples, median TTFT residual "
-        f"{timing.ttft_residual_p50_ms:.0f} ms)", "",
+        title, "",
         "| mode | engine | hit rate | TTFT p50 | TTFT p90 | requests | errors |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
@@ -231,7 +232,5 @@ def markdown(timing: Timing, rows: Sequence[dict[str, object]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def document(timing: Timing, samples: Sequence[Sample], rows: Sequence[dict[str, object]],
-             describe: dict[str, object]) -> dict[str, object]:
-    return {"describe": describe, "timing": asdict(timing),
-            "samples": [asdict(s) for s in samples], "modes": list(rows)}
+def samples_of(results: dict[RoutingMode, DriveResult]) -> list[Sample]:
+    return [s for r in results.values() for s in r.samples]
