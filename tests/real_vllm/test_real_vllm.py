@@ -180,8 +180,12 @@ async def test_a_killed_engine_loses_no_request_that_had_not_started_and_its_ses
     url = f"http://{gateway.config.listener}"
     sessions = [f"kill-{i}" for i in range(8)]
     homes: dict[str, str] = {}
-    lost: list[str] = []  # failed before the first byte of an answer: must never happen
-    cut: list[str] = []  # failed mid-stream on the dying engine: allowed, counted
+    # vLLM answers 200 and its headers as soon as it accepts a stream, before the prefill; from
+    # then on Envoy has answered the client and cannot retry elsewhere. So a request has started
+    # streaming once its status line arrived: one that fails before it is lost (must never
+    # happen: Envoy retries it on the other engine); one cut after it is allowed, and counted.
+    lost: list[str] = []
+    cut: list[str] = []
     stop = asyncio.Event()
 
     async def turn(http: httpx.AsyncClient, session: str, rng: random.Random) -> None:
@@ -191,12 +195,12 @@ async def test_a_killed_engine_loses_no_request_that_had_not_started_and_its_ses
         try:
             async with http.stream("POST", "/v1/completions", json=body,
                                    headers={"x-session-id": session}) as reply:
+                started = True
                 if reply.status_code != 200:
                     lost.append(f"{session}: HTTP {reply.status_code}")
                     return
                 async for line in reply.aiter_lines():
                     if line.startswith("data: "):
-                        started = True
                         homes[session] = reply.headers[UPSTREAM_HEADER]
         except httpx.HTTPError as exc:
             (cut if started else lost).append(f"{session}: {type(exc).__name__}")
@@ -223,6 +227,7 @@ async def test_a_killed_engine_loses_no_request_that_had_not_started_and_its_ses
         stop.set()
         await asyncio.gather(*talkers)
     assert lost == [], (lost, cut)
+    assert len(cut) <= len(orphans)  # at most the streams open on the victim when it died
     survivor = next(a for a in engines.addresses if a != victim)
     for session in orphans:
         code, out = await kvgate("sessions", "show", session, "--json", "--admin",
