@@ -7,7 +7,10 @@ its prompt resends the answer the engine gave (so an engine that cached it finds
 workload's stand-in text.
 
 Per request: TTFT (send to first streamed token, in emulated seconds = wall / time scale), output
-tokens, `usage.prompt_tokens_details.cached_tokens`, the engine (`x-engine-id`), errors.
+tokens, `usage.prompt_tokens_details.cached_tokens`, errors, and the engine that served it: from
+the gateway's opt-in upstream header (`upstream_header:`, `x-kvgate-upstream`), or the emulator's
+`x-engine-id`; with neither, from each engine's `vllm:request_success_total` over the run (needs
+the engines' URLs), which works in front of any vLLM.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.engine_metrics import CacheCounters, scrape
+from bench.engine_metrics import CacheCounters, scrape, scrape_each
 from experiment.report import ModeStats
 from workload.model import Request, Workload
 from workload.text import TextMaker
@@ -39,6 +42,9 @@ class DriveOptions:
     label: str = "bench"
     session_in: str = "header"  # "header", "body" (prompt_cache_key) or "none"
     extra_headers: tuple[tuple[str, str], ...] = ()  # sent with every request
+    # Response headers naming the serving engine, first present wins.
+    engine_headers: tuple[str, ...] = ("x-kvgate-upstream", "x-engine-id")
+
 
 
 SESSION_IN = ("header", "body", "none")
@@ -56,14 +62,31 @@ def request_parts(o: DriveOptions, session: str, body: dict[str, object]
     return headers, body
 
 
+
+@dataclass(frozen=True, slots=True)
+class RequestSample:
+    """One measured request, for fitting engine timing (wall seconds / time scale)."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    ttft_s: float
+    output_tokens: int
+    decode_s: float  # first streamed token to the last
+
+    @property
+    def uncached(self) -> int:
+        return self.prompt_tokens - self.cached_tokens
+
+
 @dataclass(slots=True)
 class DriveResult:
     stats: ModeStats
-    engines: dict[str, int] = field(default_factory=dict)  # x-engine-id -> requests
+    engines: dict[str, int] = field(default_factory=dict)  # engine address -> requests
     endpoints: list[str] = field(default_factory=list)  # the fleet's addresses, when known
     counters: CacheCounters | None = None  # /metrics delta over the measured part
     late_s: float = 0.0  # worst lateness of a send behind its schedule (wall)
     output_tokens: int = 0
+    samples: list[RequestSample] = field(default_factory=list)  # measured requests, in order
 
 
 class GatewayUnreachable(Exception):
@@ -95,6 +118,7 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
     sent = time.perf_counter()
     arrival = (sent - origin) / scale
     first: float | None = None
+    last = 0.0
     usage: dict[str, Any] | None = None  # parsed JSON
     tokens = 0
     text: list[str] = []
@@ -102,7 +126,8 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
         async with http.post(f"{o.url}/v1/completions", json=body,
                              headers=headers) as response:
             sent_event.set()  # the engine has the request (and counted it in /metrics)
-            engine = response.headers.get("x-engine-id", "?")
+            engine = next((response.headers[h] for h in o.engine_headers
+                           if h in response.headers), None)
             if response.status != 200:
                 await response.read()
                 raise aiohttp.ClientResponseError(response.request_info, (),
@@ -117,8 +142,9 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
                 if choices := chunk.get("choices"):
                     tokens += 1
                     text.append(str(choices[0].get("text") or ""))
+                    last = time.perf_counter()
                     if first is None:
-                        first = time.perf_counter()
+                        first = last
                 if chunk.get("usage"):
                     usage = chunk["usage"]
     except (aiohttp.ClientError, TimeoutError, ValueError):
@@ -132,13 +158,17 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
         if measured:
             result.stats.error(arrival)
         return None
-    result.engines[engine] = result.engines.get(engine, 0) + 1
+    if engine is not None:
+        result.engines[engine] = result.engines.get(engine, 0) + 1
     result.output_tokens += tokens
     if measured:
         details = usage.get("prompt_tokens_details") or {}
         cached = int(details.get("cached_tokens") or 0)
         result.stats.add(arrival, (first - sent) / scale, arrival + (done - sent) / scale,
                          int(usage["prompt_tokens"]), cached)
+        result.samples.append(RequestSample(
+            int(usage["prompt_tokens"]), cached,
+            (first - sent) / scale, tokens, (last - first) / scale))
     return "".join(text)
 
 
@@ -159,6 +189,8 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         found = await _first_model(http, o.url)
         model = o.model or found
+        # Per-engine counters over the whole run: attribution when no header names engines.
+        at_start = await scrape_each(http, o.engines) if o.engines else None
         tasks: set[asyncio.Task[None]] = set()
         start = time.perf_counter()
         warmup_sent: list[asyncio.Event] = []
@@ -208,6 +240,8 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
         if counted is not None:
             after = await scrape(http, o.engines)
             result.counters = None if after is None else after - counted
+        if not result.engines and at_start is not None:
+            result.engines = await _served_per_engine(http, o.engines, at_start)
     if bar is not None:
         bar.close()
     _split(result)
@@ -226,6 +260,17 @@ async def _counters_after(http: aiohttp.ClientSession, engines: Sequence[str],
         except TimeoutError:
             pass
     return await scrape(http, engines)
+
+
+async def _served_per_engine(http: aiohttp.ClientSession, engines: Sequence[str],
+                             before: dict[str, CacheCounters]) -> dict[str, int]:
+    """Requests each engine finished since ``before`` (engines that served none left out)."""
+    after = await scrape_each(http, engines)
+    if after is None:
+        return {}
+    served = {url.split("://", 1)[-1].rstrip("/"): round((after[url] - before[url]).requests)
+              for url in engines}
+    return {engine: n for engine, n in served.items() if n > 0}
 
 
 def _split(result: DriveResult) -> None:

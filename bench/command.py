@@ -7,10 +7,11 @@ import argparse
 import asyncio
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.client import SESSION_IN, DriveOptions, GatewayUnreachable, drive
+from bench.client import SESSION_IN, DriveOptions, DriveResult, GatewayUnreachable, drive
 from bench.compare import CompareOptions, compare, ports_needed
 from emulator.command import time_scale
 from experiment.fleet_options import add_fleet_arguments
@@ -45,7 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--header", action="append", type=_header, default=[], metavar="NAME:VALUE",
       dest="headers", help="an extra header sent with every request (repeatable)")
     a("--model", help="model name (default: the first from /v1/models)")
-    a("--engine-urls", help="--gateway: comma-separated engine URLs whose /metrics to read")
+    a("--engine-urls", help="--gateway: comma-separated engine URLs whose /metrics to read "
+      "(cache hits split HBM/DDR, and requests per engine when no header names the engine)")
+    a("--upstream-header", default="x-kvgate-upstream",
+      help="--gateway: response header naming the serving engine, as the gateway's "
+      "upstream_header sets it (%(default)s; the emulator's x-engine-id is read too)")
     a("--modes", type=parse_modes, default=parse_modes("all"),
       help="--compare: comma-separated modes (all)")
     a("--workdir", type=Path, help="--compare: logs and configs (default: a temporary dir)")
@@ -87,16 +92,23 @@ def run(args: argparse.Namespace) -> int:
         drive_options = DriveOptions(args.gateway.rstrip("/"), args.time_scale,
                                      args.session_header, args.model, engines, progress=progress,
                                      session_in=args.session_in,
-                                     extra_headers=tuple(args.headers))
+                                     extra_headers=tuple(args.headers),
+                                     engine_headers=(args.upstream_header.lower(),
+                                                     "x-engine-id"))
         try:
             results = {"gateway": asyncio.run(drive(workload, drive_options))}
         except GatewayUnreachable as exc:
             print(f"kvgate bench: cannot use the gateway: {exc}", file=sys.stderr)
             return 1
         block = args.block_size
+        served = results["gateway"].engines
+        say("requests per engine: " + (", ".join(f"{e} {n}" for e, n in sorted(served.items()))
+                                       if served else "unknown (no upstream header and no "
+                                       "--engine-urls)"))
+    fleet_size = engine.instances if args.compare else _engines_seen(args, results)
     measured = [workload.measured(r) for r in workload.requests]
     oracle = oracle_hit_rate(workload.requests, block or DEFAULT_BLOCK_FOR_ORACLE, measured)
-    describe = {**workload.describe, "engines": engine.instances, "block_size": block,
+    describe = {**workload.describe, "engines": fleet_size, "block_size": block,
                 "time_scale": args.time_scale, "session_in": args.session_in,
                 "tool": "kvgate bench"
                 + (" --compare" if args.compare else f" --gateway {args.gateway}")}
@@ -108,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     print(markdown_table(document))
     if args.out is not None:
         title = (f"kvgate bench{' --compare' if args.compare else ''}: {workload.name}, "
-                 f"{engine.instances} engines, {len(workload.requests)} requests")
+                 f"{fleet_size or 'unknown'} engines, {len(workload.requests)} requests")
         name = args.name or f"bench-{workload.name}"
         for path in write_outputs(args.out, name, document,
                                   {m: s.ttfts for m, s in stats.items()}, title):
@@ -142,6 +154,16 @@ def _header(text: str) -> tuple[str, str]:
             c in value for c in "\r\n"):
         raise argparse.ArgumentTypeError(f"must be NAME:VALUE, got {text!r}")
     return name, value.strip()
+
+
+def _engines_seen(args: argparse.Namespace, results: Mapping[str, DriveResult]) -> int | None:
+    """--gateway: the engines given by URL, else those the requests were attributed to, else
+    unknown (None): the fleet options' default count says nothing about a running gateway."""
+    urls = [u for u in (args.engine_urls or "").split(",") if u.strip()]
+    if urls:
+        return len(urls)
+    seen = {e for r in results.values() for e in r.engines}
+    return len(seen) or None
 
 
 def _check_url(url: str) -> None:

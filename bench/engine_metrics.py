@@ -1,4 +1,5 @@
-"""vLLM prefix-cache counters from the engines' /metrics, summed over the fleet."""
+"""vLLM counters from the engines' /metrics: prefix-cache use summed over the fleet, and requests
+served per engine (which attributes requests to engines with any vLLM, no header needed)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ _COUNTERS = {
     "vllm:prefix_cache_queries": "queries",
     "vllm:prefix_cache_hits": "hits",
     "vllm:external_prefix_cache_hits": "external_hits",
+    "vllm:request_success": "requests",
 }
 
 
@@ -20,10 +22,17 @@ class CacheCounters:
     queries: float = 0.0  # prompt tokens looked up
     hits: float = 0.0  # tokens found in HBM
     external_hits: float = 0.0  # tokens found in the DDR pool
+    requests: float = 0.0  # requests finished (vllm:request_success_total, every reason)
 
     def __sub__(self, other: CacheCounters) -> CacheCounters:
         return CacheCounters(self.queries - other.queries, self.hits - other.hits,
-                             self.external_hits - other.external_hits)
+                             self.external_hits - other.external_hits,
+                             self.requests - other.requests)
+
+    def __add__(self, other: CacheCounters) -> CacheCounters:
+        return CacheCounters(self.queries + other.queries, self.hits + other.hits,
+                             self.external_hits + other.external_hits,
+                             self.requests + other.requests)
 
 
 def parse_counters(text: str) -> CacheCounters:
@@ -38,18 +47,25 @@ def parse_counters(text: str) -> CacheCounters:
     return CacheCounters(**found)
 
 
-async def scrape(http: aiohttp.ClientSession, engines: Sequence[str]) -> CacheCounters | None:
-    """The fleet's counters, or None when any engine cannot be read."""
-    total = CacheCounters()
+async def scrape_each(http: aiohttp.ClientSession,
+                      engines: Sequence[str]) -> dict[str, CacheCounters] | None:
+    """Each engine's counters by URL, or None when any engine cannot be read."""
+    found: dict[str, CacheCounters] = {}
     for url in engines:
         try:
             async with http.get(f"{url.rstrip('/')}/metrics",
                                 timeout=aiohttp.ClientTimeout(total=5)) as response:
                 if response.status != 200:
                     return None
-                counters = parse_counters(await response.text())
+                found[url] = parse_counters(await response.text())
         except (aiohttp.ClientError, TimeoutError, ValueError):
             return None
-        total = CacheCounters(total.queries + counters.queries, total.hits + counters.hits,
-                              total.external_hits + counters.external_hits)
-    return total
+    return found
+
+
+async def scrape(http: aiohttp.ClientSession, engines: Sequence[str]) -> CacheCounters | None:
+    """The fleet's counters, or None when any engine cannot be read."""
+    each = await scrape_each(http, engines)
+    if each is None:
+        return None
+    return sum(each.values(), CacheCounters())

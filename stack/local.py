@@ -21,7 +21,7 @@ from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.child import Child, ChildFailed
 from kvgate.runtime.envoy import envoy_child, envoy_ready
 from kvgate.runtime.etcd import embedded_etcd, etcd_ready
-from kvgate.runtime.ports import free_port, free_ports, port_in_use
+from kvgate.runtime.ports import free_ports, port_in_use
 
 
 @dataclass
@@ -79,6 +79,13 @@ class Stack:
                 await component.child.stop()
         self.components.clear()
 
+    def _own_ports(self) -> set[int]:
+        """The ports the config promises to the stack's services (maybe taken from the OS and
+        released again, as `kvgate up --ports auto` does): never to be handed out twice."""
+        c = self.config
+        return {a.port for a in (c.listener, c.envoy_admin, c.control_plane.xds,
+                                 c.control_plane.admin, c.ext_proc.metrics, *c.ext_proc.addresses)}
+
     def _check_ports(self) -> None:
         wanted = [
             ("gateway listener", self.config.listener),
@@ -130,7 +137,7 @@ class Stack:
     async def _start_etcd(self) -> None:
         if self.config.etcd.endpoints is not None:
             return
-        client_port, peer_port = self.etcd_ports or free_ports(2)
+        client_port, peer_port = self.etcd_ports or free_ports(2, exclude=self._own_ports())
         child = embedded_etcd(
             self.workdir / "etcd-data", client_port, peer_port, self.workdir / "etcd.log"
         )
@@ -164,7 +171,7 @@ class Stack:
         config_path = self._write_config()
         metrics = self.config.ext_proc.metrics
         if index > 0:
-            metrics = HostPort(metrics.host, free_port(metrics.host))
+            metrics = HostPort(metrics.host, free_ports(1, metrics.host, exclude=self._own_ports())[0])
         child = Child(
             f"ext_proc[{index}]" if len(self.config.ext_proc.addresses) > 1 else "ext_proc",
             [

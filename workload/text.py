@@ -15,6 +15,12 @@ from workload.model import Request, Segment
 _VOCAB_SIZE = 8192
 
 
+def vocabulary() -> list[str]:
+    """Every word a prompt may contain, each with its leading space (a real engine's tokenizer
+    for the bench must know them all: the real-vLLM tier builds its model's from this list)."""
+    return _vocabulary()
+
+
 def _vocabulary() -> list[str]:
     rng = random.Random(0x6B76)
     words: set[str] = set()

@@ -39,7 +39,19 @@ def route_configuration(
                         _not_found(mode)],
             )
         ],
+        response_headers_to_add=_upstream_header(config),
     )
+
+
+def _upstream_header(config: Config) -> list[base_pb2.HeaderValueOption]:
+    """Opt-in (`upstream_header:`): the serving engine's `ip:port`, set by Envoy whatever the
+    engine is, replacing any value the engine itself sent under that name."""
+    if config.upstream_header is None:
+        return []
+    return [base_pb2.HeaderValueOption(
+        header=base_pb2.HeaderValue(key=config.upstream_header, value="%UPSTREAM_HOST%"),
+        append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+    )]
 
 
 def _route(route: Route, config: Config, mode: RoutingMode) -> rc.Route:

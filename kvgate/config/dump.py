@@ -79,6 +79,8 @@ def to_dict(config: Config) -> dict[str, Any]:
     if auth is not None:  # the password itself never: it stays in its file or the environment
         data["etcd"]["auth"] = {"username": auth.username, **(
             {"password_file": auth.password_file} if auth.password_file else {})}
+    if config.upstream_header is not None:
+        data["upstream_header"] = config.upstream_header
     return data
 
 

@@ -40,7 +40,7 @@ MIN_MESSAGE_TIMEOUT = 0.05
 _BODY_FIELD = re.compile(r"[A-Za-z0-9_-]{1,64}(\.[A-Za-z0-9_-]{1,64})*")
 TOP_LEVEL = (
     "listener", "envoy_admin", "control_plane", "ext_proc", "etcd",
-    "session", "placement", "pools", "routes",
+    "session", "placement", "pools", "routes", "upstream_header",
 )
 
 
@@ -129,7 +129,19 @@ def _config(f: Fields, raw: Any, base: FilePath) -> Config:
             for i, item in enumerate(f.sequence(top.get("routes"), ("routes",)))
             if (route := _route(f, item, ("routes", i))) is not None
         ),
+        upstream_header=_upstream_header(f, top.get("upstream_header")),
     )
+
+
+def _upstream_header(f: Fields, value: Any) -> str | None:
+    """Off when absent, null or empty; else a plain header name of Envoy's to set."""
+    if value is None or value == "":
+        return None
+    name = f.header_name(value, ("upstream_header",))
+    if name is not None and (name.startswith(":") or name == DESTINATION_KEY):
+        f.error(("upstream_header",), f"{name!r} cannot name the upstream")
+        return None
+    return name
 
 
 def _socket(f: Fields, value: Any, path: Path) -> HostPort | None:

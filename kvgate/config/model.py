@@ -165,6 +165,9 @@ class Config:
     placement: Placement = field(default_factory=Placement)
     pools: tuple[Pool, ...] = ()
     routes: tuple[Route, ...] = ()
+    # Response header naming the engine (`ip:port`) that served the request; None = off,
+    # the default, since it reveals internal addresses to clients.
+    upstream_header: str | None = None
 
     def pool(self, name: str) -> Pool:
         for pool in self.pools:

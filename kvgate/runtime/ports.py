@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Collection
 
 PortRange = tuple[int, int]  # (low, high), both included
 
@@ -34,19 +35,28 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def free_ports(count: int, host: str = "127.0.0.1", within: PortRange | None = None) -> list[int]:
+def free_ports(count: int, host: str = "127.0.0.1", within: PortRange | None = None,
+               exclude: Collection[int] = ()) -> list[int]:
     """`count` distinct free ports: all held at once while the OS hands them out (one at a time,
     a port just released can come back). `within`: only from that range (tried in random order,
-    so two runs confined to one range rarely collide); NoFreePorts if it has too few free."""
+    so two runs confined to one range rarely collide); NoFreePorts if it has too few free.
+    `exclude`: ports already promised to someone else (released, so the OS may hand them out
+    again)."""
     if within is not None:
-        with ReservedPorts(count, host, within) as reserved:
-            return reserved.ports
+        with ReservedPorts(count + len(exclude), host, within) as reserved:
+            return [p for p in reserved.ports if p not in exclude][:count]
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sockets = [socket.socket(family, socket.SOCK_STREAM) for _ in range(count)]
+    sockets: list[socket.socket] = []
+    found: list[int] = []
     try:
-        for sock in sockets:
+        while len(found) < count:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)  # held, even when excluded, so the OS moves on
             sock.bind((host, 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
+            port = int(sock.getsockname()[1])
+            if port not in exclude:
+                found.append(port)
+        return found
     finally:
         for sock in sockets:
             sock.close()

@@ -11,15 +11,19 @@ import asyncio
 import os
 import signal
 import sys
+from dataclasses import replace
+
+import yaml
 
 from kvgate.admin_api.auth import TOKEN_ENV
 from kvgate.admin_api.token_file import token_path
 from kvgate.config import Config, ConfigError
 from kvgate.config.flags import report_warnings, with_engines
-from kvgate.config.load import check_file
+from kvgate.config.load import check_file, load_text
 from kvgate.runtime.child import ChildFailed
 from kvgate_cli.up import workdir as workdirs
 from kvgate_cli.up.engines import Unhealthy, unhealthy_engines
+from kvgate_cli.up.ports import PortsError, parse_ports, with_ports
 from stack.local import Stack
 
 
@@ -36,6 +40,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-scale", default="1",
         help="emulated engines only: wall seconds per emulated second, e.g. 1/60 (default 1)",
+    )
+    parser.add_argument(
+        "--ports", metavar="auto|BASE",
+        help="take every port of the stack from the OS ('auto') or consecutive from BASE "
+        "(gateway, Envoy admin, xDS, admin API, ext_proc metrics, ext_proc), instead of the "
+        "YAML's or the defaults (8080, 9901, 18000, 18001, 9003, 9002)",
+    )
+    parser.add_argument(
+        "--upstream-header", metavar="NAME", nargs="?", const="x-kvgate-upstream",
+        help="add a response header naming the engine (ip:port) that served each request "
+        "(default name %(const)s; YAML: upstream_header). Off unless asked: it reveals "
+        "internal addresses to clients",
     )
     parser.add_argument(
         "--workdir", help="where logs, rendered configs and embedded etcd data go "
@@ -70,11 +86,27 @@ def run(args: argparse.Namespace) -> int:
               "without endpoints kvgate up starts its own etcd, on loopback, without them",
               file=sys.stderr)
         return 1
+    try:
+        if args.ports:
+            config = with_ports(config, parse_ports(args.ports))
+        if args.upstream_header:
+            config = _with_upstream_header(config, args.upstream_header)
+    except (PortsError, ConfigError) as exc:
+        print(exc.render() if isinstance(exc, ConfigError) else f"kvgate up: {exc}",
+              file=sys.stderr)
+        print("kvgate up: nothing was started", file=sys.stderr)
+        return 1
     if not config.pools and args.emulated < 1:
         print("kvgate up: no engines: configure pools, pass --engines, or --emulated N",
               file=sys.stderr)
         return 1
     return asyncio.run(_up(config, args))
+
+
+def _with_upstream_header(config: Config, name: str) -> Config:
+    """Validated as the YAML key is, so a bad name reads the same either way."""
+    checked = load_text(yaml.safe_dump({"upstream_header": name}), source="--upstream-header")
+    return replace(config, upstream_header=checked.upstream_header)
 
 
 def _say(line: str) -> None:
@@ -139,42 +171,60 @@ def _print_ready(stack: Stack, unhealthy: list[Unhealthy]) -> None:
     else:
         _say(f"kvgate is ready: gateway http://{config.listener}")
     _say(f"  Envoy admin: http://{config.envoy_admin}")
+    _say(f"  control plane: xds {config.control_plane.xds}, admin API {config.control_plane.admin}")
+    _say(f"  ext_proc: {', '.join(str(a) for a in config.ext_proc.addresses)}, "
+         f"metrics http://{config.ext_proc.metrics}/metrics")
     _say(f"  engines: {', '.join(engines)}")
     if unhealthy:
         _say(f"  WARNING: {len(unhealthy)} of {len(engines)} engines fail their health check:")
         for engine in unhealthy:
             _say(f"    {engine.engine}  {engine.reason}")
         _say("    (kvgate status shows what the control plane makes of them)")
-    header = config.session.headers[0]
-    url = f"http://{config.listener}"
-    _say("")
-    _say("  try it: a conversation keeps to the engine holding its KV cache, whether it names")
-    _say("  itself in the body (prompt_cache_key), in a header, or not at all:")
-    _say(f"    curl -s {url}/v1/chat/completions -H 'content-type: application/json' -d \\")
-    _say("      '{\"prompt_cache_key\": \"demo-1\", \"messages\": [{\"role\": \"user\", "
-         "\"content\": \"hello\"}]}' -i | grep -i x-engine-id")
-    _say(f"    python -c \"import openai; c = openai.OpenAI(base_url='{url}/v1', api_key='-'); "
-         f"m = c.models.list().data[0].id; print(c.chat.completions.create(model=m, "
-         f"messages=[{{'role': 'user', 'content': 'hi'}}], "
-         f"extra_headers={{'{header}': 'demo-1'}}).usage)\"")
-    _say("  four turns with the openai client; cached tokens grow turn by turn:")
-    _say("    python - <<'EOF'")
-    for line in openai_example(url, header):
+    for line in examples(config):
         _say(line)
-    _say("EOF")
     admin = config.control_plane.admin
-    flag = "" if (admin.host, admin.port) == ("127.0.0.1", 18001) else f" --admin {admin}"
-    _say("")
-    _say("  operate it:")
-    _say(f"    kvgate status{flag}")
-    _say(f"    kvgate endpoints list{flag}      (drain | undrain | fail ADDRESS)")
-    _say(f"    kvgate sessions list{flag}       (show SESSION | move SESSION ENDPOINT)")
     if os.environ.get(TOKEN_ENV):
         _say(f"  operator token (drain, undrain, fail, move): ${TOKEN_ENV}")
     else:
         _say(f"  operator token (drain, undrain, fail, move): {token_path(admin.port)}")
         _say("    (only you can read it; your kvgate commands use it by themselves)")
     _say("  Ctrl-C stops everything.")
+
+
+def examples(config: Config) -> list[str]:
+    """What to try and how to operate this stack, with its own addresses and header names.
+
+    Which engine served a request: from the opt-in upstream header if the config sets one,
+    else from the session's binding (`kvgate sessions show`), which works with any engine."""
+    header = config.session.headers[0]
+    url = f"http://{config.listener}"
+    admin = config.control_plane.admin
+    flag = "" if (admin.host, admin.port) == ("127.0.0.1", 18001) else f" --admin {admin}"
+    body = ('{"prompt_cache_key": "demo-1", "messages": [{"role": "user", '
+            '"content": "hello"}]}')
+    curl = (f"    curl -s {url}/v1/chat/completions -H 'content-type: application/json' \\\n"
+            f"      -d '{body}'")
+    lines = ["", "  try it: a conversation keeps to the engine holding its KV cache, whether it "
+             "names", "  itself in the body (prompt_cache_key), in a header, or not at all:"]
+    if config.upstream_header:
+        lines.append(f"{curl} -i | grep -i {config.upstream_header}")
+    else:
+        lines += [curl, f"    kvgate sessions show demo-1{flag}      (the engine it is bound to)"]
+    lines.append(
+        f"    python -c \"import openai; c = openai.OpenAI(base_url='{url}/v1', api_key='-'); "
+        f"m = c.models.list().data[0].id; print(c.chat.completions.create(model=m, "
+        f"messages=[{{'role': 'user', 'content': 'hi'}}], "
+        f"extra_headers={{'{header}': 'demo-1'}}).usage)\"")
+    lines += ["  four turns with the openai client; cached tokens grow turn by turn:",
+              "    python - <<'EOF'", *openai_example(url, header), "EOF"]
+    lines += [
+        "",
+        "  operate it:" + (f"  (or export KVGATE_ADMIN={admin})" if flag else ""),
+        f"    kvgate status{flag}",
+        f"    kvgate endpoints list{flag}      (drain | undrain | fail ADDRESS)",
+        f"    kvgate sessions list{flag}       (show SESSION | move SESSION ENDPOINT)",
+    ]
+    return lines
 
 
 def openai_example(url: str, header: str) -> list[str]:

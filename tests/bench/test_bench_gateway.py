@@ -128,3 +128,26 @@ async def test_a_later_turn_is_sent_after_the_previous_answer_and_the_think_time
     events = [(kind, tokens) for kind, _, tokens in log]
     assert events == [("received", 1), ("answered", 1), ("received", 2), ("answered", 2)]
     assert log[2][1] - log[1][1] >= 10.0 * SCALE - 0.01
+
+
+async def test_without_an_engine_header_requests_are_attributed_from_each_engines_metrics() -> None:
+    options = EmulatorOptions(instances=2, time_scale=SCALE, block_size=16, no_ddr_pool=True)
+    workload = small_bank(sessions=6, duration_s=60)
+    async with Fleet(options) as fleet:
+        urls = [f"http://{e}" for e in fleet.engines]
+        # Round robin over both engines by the client itself: a stand-in for any gateway.
+        result = await drive(workload, DriveOptions(urls[0], time_scale=SCALE, engines=urls,
+                                                    engine_headers=("x-not-sent",)))
+    assert result.stats.errors == 0
+    # Every request went to the first engine; the second served none and is not listed.
+    assert result.engines == {fleet.engines[0]: len(workload.requests)}
+
+
+async def test_bench_gateway_reports_the_engines_it_saw_not_the_fleet_default(
+        engine: str, tmp_path: Path) -> None:
+    args = ["bench", "--gateway", f"http://{engine}", "--sessions", "3", "--duration-s", "30",
+            "--time-scale", str(SCALE), "--block-size", "16", "--out", str(tmp_path),
+            "--quiet"]
+    assert await asyncio.to_thread(main, args) == 0
+    document = json.loads((tmp_path / "bench-bank-coding.json").read_text())
+    assert document["workload"]["engines"] == 1  # not --engines' default of 4

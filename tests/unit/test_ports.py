@@ -69,3 +69,10 @@ def test_reserved_ports_are_kept_from_others_but_a_child_reusing_addresses_gets_
                 accepted.close()
     with socket.socket() as after:  # released at the end
         after.bind(("127.0.0.1", port))
+
+
+def test_free_ports_never_hands_out_an_excluded_port() -> None:
+    promised = set(free_ports(32))
+    again = free_ports(64, exclude=promised)
+    assert len(set(again)) == 64
+    assert not promised & set(again)

@@ -1,0 +1,236 @@
+"""The emulator calibrated against real vLLM: fit its timing to the engines, then run a bench
+workload through the real engines and through emulated ones with the fitted timing, per mode.
+
+A fit is TTFT = c0 + uncached prompt tokens / prefill rate by least squares, and decode time
+per token = median of (last - first token time) / (output tokens - 1). Two fits:
+
+- idle: one request at a time, cold prompts of several sizes and warm ones (the same prompt
+  extended, its prefix cached): the engine's own speed;
+- in-workload: the same regression over the requests of a real bench run (workload A), so it
+  takes in what the emulator does not model: on one CPU core, the API server's streaming, the
+  other requests' decode steps and a prefill all share the core.
+
+The emulator with the in-workload fit is then checked against the real engines on a second
+workload (B, another seed) it was not fitted on.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from bench.client import DriveOptions, DriveResult, RequestSample, drive
+from bench.compare import CompareOptions, compare
+from emulator.options import EmulatorOptions
+from kvgate.config import Config, load_text
+from kvgate.contract.modes import RoutingMode
+from kvgate.runtime.ports import free_ports
+from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL, RealFleet
+from stack.local import Stack
+from workload.bank import BankCodingOptions, bank_coding
+from workload.model import Workload
+from workload.text import vocabulary
+
+SIZES = (128, 256, 512, 1024, 2048, 3072)
+EXTENSION = 64  # words added to a cached prompt for a warm sample
+
+
+Sample = RequestSample
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """The emulator's three timing parameters, fitted."""
+
+    prefill_overhead_ms: float
+    prefill_tokens_per_s: float
+    decode_ms_per_token: float
+    samples: int
+    ttft_residual_p50_ms: float  # |measured - fitted|, median
+
+    def apply(self, options: EmulatorOptions) -> EmulatorOptions:
+        options.prefill_overhead_ms = self.prefill_overhead_ms
+        options.prefill_tokens_per_s = self.prefill_tokens_per_s
+        options.decode_ms_per_token = self.decode_ms_per_token
+        return options
+
+
+async def _one(http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int) -> Sample:
+    body = {"model": SERVED_MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+            "stream_options": {"include_usage": True}}
+    sent = time.perf_counter()
+    first = last = None
+    tokens = 0
+    usage: dict[str, object] = {}
+    async with http.post(f"{url}/v1/completions", json=body) as reply:
+        reply.raise_for_status()
+        async for line in reply.content:
+            if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("choices"):
+                last = time.perf_counter()
+                first = first or last
+                tokens += 1
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+    assert first is not None and last is not None and usage, "no answer streamed"
+    details = usage.get("prompt_tokens_details") or {}
+    return Sample(int(usage["prompt_tokens"]),  # type: ignore[call-overload]
+                  int(details.get("cached_tokens") or 0),  # type: ignore[union-attr]
+                  first - sent, tokens, last - first)
+
+
+async def measure(url: str, sizes: Sequence[int] = SIZES, repeats: int = 2,
+                  max_tokens: int = 32, seed: int = 11) -> list[Sample]:
+    """Cold and warm samples from one engine, one request at a time."""
+    words = vocabulary()
+    rng = random.Random(seed)
+    samples: list[Sample] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
+        await _one(http, url, "".join(rng.choices(words, k=64)), 4)  # first-call costs
+        for _ in range(repeats):
+            for size in sizes:
+                prompt = "".join(rng.choices(words, k=size))
+                samples.append(await _one(http, url, prompt, max_tokens))
+                prompt += "".join(rng.choices(words, k=EXTENSION))
+                samples.append(await _one(http, url, prompt, max_tokens))
+    return samples
+
+
+def fit(samples: Sequence[Sample]) -> Timing:
+    xs = [float(s.uncached) for s in samples]
+    ys = [s.ttft_s for s in samples]
+    slope, intercept = statistics.linear_regression(xs, ys)
+    decode = [s.decode_s / (s.output_tokens - 1) for s in samples if s.output_tokens > 1]
+    residuals = [abs(y - (intercept + slope * x)) for x, y in zip(xs, ys, strict=True)]
+    return Timing(
+        prefill_overhead_ms=round(max(0.0, intercept) * 1000, 2),
+        prefill_tokens_per_s=round(1.0 / slope, 1),
+        decode_ms_per_token=round(statistics.median(decode) * 1000, 2),
+        samples=len(samples),
+        ttft_residual_p50_ms=round(statistics.median(residuals) * 1000, 2),
+    )
+
+
+def calibration_workload(seed: int, sessions: int = 16,
+                         decode_s_per_token: float = 0.02) -> Workload:
+    """Developers in growing multi-turn sessions, sized for a CPU engine (1-3k-token prompts)."""
+    workload = bank_coding(BankCodingOptions(
+        sessions=sessions, duration_s=90.0, ramp_s=20.0, system_tokens=256,
+        context_median_tokens=1500, context_min_tokens=800, context_max_tokens=3000,
+        turns_mean=4.0, turns_max=6, question_median_tokens=60, answer_median_tokens=24,
+        answer_max_tokens=48, think_median_s=3.0, decode_s_per_token=decode_s_per_token,
+        seed=seed))
+    workload.warmup_s = 0.0
+    return workload
+
+
+def real_config(addresses: Sequence[str], header: str = "x-session-id") -> Config:
+    """A gateway on free ports in front of ``addresses``, each engine its own KV pool."""
+    listener, admin, xds, api, ext_proc, metrics = free_ports(6)
+    return load_text(json.dumps({
+        "listener": {"port": listener},
+        "envoy_admin": {"port": admin},
+        "control_plane": {"xds": f"127.0.0.1:{xds}", "admin": f"127.0.0.1:{api}"},
+        "ext_proc": {"address": [f"127.0.0.1:{ext_proc}"], "metrics": f"127.0.0.1:{metrics}"},
+        "session": {"headers": [header]},
+        "pools": [{"name": "real", "kv_pool": "none",
+                   "endpoints": [{"address": a, "kv_pool": f"hbm-{i}"}
+                                 for i, a in enumerate(addresses)],
+                   "health": {"interval": "1s", "timeout": "900ms"}}],
+    }))
+
+
+async def reset_prefix_caches(urls: Sequence[str]) -> None:
+    async with aiohttp.ClientSession() as http:
+        for url in urls:
+            async with http.post(f"{url}/reset_prefix_cache") as reply:
+                reply.raise_for_status()
+
+
+async def run_real(fleet: RealFleet, workload: Workload, modes: Sequence[RoutingMode],
+                   workdir: Path, say: Callable[[str], None]) -> dict[RoutingMode, DriveResult]:
+    results: dict[RoutingMode, DriveResult] = {}
+    for mode in modes:
+        await reset_prefix_caches(fleet.urls)
+        # One Envoy worker, as `bench --compare` runs: one round-robin rotation.
+        stack = Stack(real_config(fleet.addresses), workdir / f"real-{mode}", mode=mode,
+                      envoy_workers=1)
+        say(f"real {mode}: gateway in front of {len(fleet.urls)} vLLM engines")
+        await stack.start()
+        try:
+            results[mode] = await drive(workload, DriveOptions(
+                f"http://{stack.config.listener}", engines=fleet.urls, label=f"real {mode}"))
+        finally:
+            await stack.stop()
+    return results
+
+
+def emulated(instances: int, timing: Timing, kv_tokens: int, max_num_seqs: int) -> EmulatorOptions:
+    return timing.apply(EmulatorOptions(
+        instances=instances, block_size=BLOCK_SIZE, hbm_tokens=kv_tokens,
+        max_num_seqs=max_num_seqs, time_scale=1.0, no_ddr_pool=True))
+
+
+async def run_emulated(options: EmulatorOptions, workload: Workload,
+                       modes: Sequence[RoutingMode], workdir: Path,
+                       say: Callable[[str], None]) -> dict[RoutingMode, DriveResult]:
+    return await compare(workload, modes, CompareOptions(options, workdir / "emulated"), say)
+
+
+def comparison(real: dict[RoutingMode, DriveResult],
+               emulated: dict[RoutingMode, DriveResult]) -> list[dict[str, object]]:
+    """Per mode: both runs' figures and how far apart they are, against the targets (hit
+    rates within 3 points, TTFT p50 within 25 %)."""
+    rows = []
+    for mode, r in real.items():
+        a, b = r.stats.figures(), emulated[mode].stats.figures()
+        hit_gap = abs(a["hit_rate"] - b["hit_rate"]) * 100
+        ttft_gap = abs(b["ttft_p50_s"] - a["ttft_p50_s"]) / a["ttft_p50_s"] * 100
+        rows.append({
+            "mode": str(mode), "real": a, "emulated": b,
+            "hit_rate_gap_points": round(hit_gap, 2), "ttft_p50_gap_pct": round(ttft_gap, 1),
+            "hit_rate_ok": hit_gap <= 3.0, "ttft_p50_ok": ttft_gap <= 25.0,
+        })
+    return rows
+
+
+def describe_timing(name: str, timing: Timing) -> str:
+    return (f"{name}: c0 {timing.prefill_overhead_ms:.1f} ms, prefill "
+            f"{timing.prefill_tokens_per_s:,.0f} tokens/s, decode "
+            f"{timing.decode_ms_per_token:.1f} ms/token ({timing.samples} samples, median TTFT "
+            f"residual {timing.ttft_residual_p50_ms:.0f} ms)")
+
+
+def markdown(title: str, rows: Sequence[dict[str, object]]) -> str:
+    lines = [
+        title, "",
+        "| mode | engine | hit rate | TTFT p50 | TTFT p90 | requests | errors |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        for kind in ("real", "emulated"):
+            f = row[kind]
+            assert isinstance(f, dict)
+            lines.append(f"| {row['mode']} | {kind} | {f['hit_rate'] * 100:.1f} % | "
+                         f"{f['ttft_p50_s']:.3f} s | {f['ttft_p90_s']:.3f} s | "
+                         f"{f['requests']} | {f['errors']} |")
+    lines += ["", "| mode | hit-rate gap | TTFT p50 gap |", "|---|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['mode']} | {row['hit_rate_gap_points']:.1f} points "
+                     f"({'ok' if row['hit_rate_ok'] else 'over 3'}) | "
+                     f"{row['ttft_p50_gap_pct']:.0f} % "
+                     f"({'ok' if row['ttft_p50_ok'] else 'over 25 %'}) |")
+    return "\n".join(lines) + "\n"
+
+
+def samples_of(results: dict[RoutingMode, DriveResult]) -> list[Sample]:
+    return [s for r in results.values() for s in r.samples]
