@@ -171,7 +171,8 @@ class Stack:
         config_path = self._write_config()
         metrics = self.config.ext_proc.metrics
         if index > 0:
-            metrics = HostPort(metrics.host, free_ports(1, metrics.host, exclude=self._own_ports())[0])
+            port = free_ports(1, metrics.host, exclude=self._own_ports())[0]
+            metrics = HostPort(metrics.host, port)
         child = Child(
             f"ext_proc[{index}]" if len(self.config.ext_proc.addresses) > 1 else "ext_proc",
             [

@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _with_upstream_header(config: Config, name: str) -> Config:
     """Validated as the YAML key is, so a bad name reads the same either way."""
-    checked = load_text(yaml.safe_dump({"upstream_header": name}), source="--upstream-header")
+    checked = load_text(yaml.safe_dump({"upstream_header": name}), source="--upstream-header",
+                        require_pools=False)
     return replace(config, upstream_header=checked.upstream_header)
 
 
