@@ -49,6 +49,8 @@ class Stack:
     fleet: Child | None = None
     components: list[Component] = field(default_factory=list)
     ext_procs: list[Child] = field(default_factory=list)
+    # Each ext_proc replica's metrics address, in the order of `ext_procs`.
+    ext_proc_metrics: list[HostPort] = field(default_factory=list)
     envoy: Child | None = None
     etcd: Child | None = None
     control_plane: Child | None = None
@@ -182,6 +184,7 @@ class Stack:
         await self._launch(child, f"{scheme}://{address}  metrics http://{metrics}/metrics",
                            lambda: probe(address))
         self.ext_procs.append(child)
+        self.ext_proc_metrics.append(metrics)
 
     async def _start_envoy(self) -> None:
         bootstrap = self.workdir / "envoy.json"
