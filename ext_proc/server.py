@@ -29,7 +29,7 @@ class ExternalProcessor:
         """The service, registered with no response serializer: answers are already bytes."""
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {
             "Process": grpc.stream_stream_rpc_method_handler(
-                self.Process,  # type: ignore[arg-type]
+                self.Process,
                 request_deserializer=pb.ProcessingRequest.FromString,
                 response_serializer=None,
             ),
