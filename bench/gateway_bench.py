@@ -2,6 +2,7 @@
 ring_hash alone, in one run, on this machine. Prints latency and max rate, and their ratios.
 
     python bench/gateway_bench.py [--duration 8] [--sessions 1000] [--replicas 1,2]
+                                  [--transports grpc,http]
 
 Needs `wrk` (Debian: apt-get install wrk). Upstreams are a separate Envoy answering with a
 direct response, so the engines never limit the measurement. Figures are for known sessions
@@ -75,14 +76,14 @@ def upstream_bootstrap(ports: list[int], admin: int) -> dict[str, object]:
     }
 
 
-def gateway_config(upstreams: list[int], replicas: int) -> Config:
+def gateway_config(upstreams: list[int], replicas: int, transport: str = "grpc") -> Config:
     ports = iter(free_ports(5 + replicas))
     text = json.dumps({
         "listener": {"port": next(ports)},
         "envoy_admin": {"port": next(ports)},
         "control_plane": {"xds": f"127.0.0.1:{next(ports)}", "admin": f"127.0.0.1:{next(ports)}"},
         "ext_proc": {"address": [f"127.0.0.1:{next(ports)}" for _ in range(replicas)],
-                     "metrics": f"127.0.0.1:{next(ports)}"},
+                     "metrics": f"127.0.0.1:{next(ports)}", "transport": transport},
         "pools": [{"name": "bench", "endpoints": [f"127.0.0.1:{p}" for p in upstreams]}],
         # Not an inference path: the default routes would not serve it.
         "routes": [{"match": {"path": "/v1/bench"}, "pool": "bench"}],
@@ -112,11 +113,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def decisions(config: Config) -> float:
+async def decisions(stack: Stack) -> list[float]:
+    """Decisions so far, per replica (each has its own metrics port)."""
+    counts = []
     async with httpx.AsyncClient() as http:
-        text = (await http.get(f"http://{config.ext_proc.metrics}/metrics")).text
-    return sum(float(v) for v in re.findall(r"^kvgate_ext_proc_decisions_total\{.*\} (\S+)$",
-                                           text, re.M))
+        for metrics in stack.ext_proc_metrics:
+            text = (await http.get(f"http://{metrics}/metrics")).text
+            counts.append(sum(float(v) for v in re.findall(
+                r"^kvgate_ext_proc_decisions_total\{.*\} (\S+)$", text, re.M)))
+    return counts
 
 
 async def measure(stack: Stack, script: Path, args: argparse.Namespace) -> dict[str, float]:
@@ -128,15 +133,20 @@ async def measure(stack: Stack, script: Path, args: argparse.Namespace) -> dict[
     low = await asyncio.to_thread(wrk, url, script, 1, args.duration / 2)
     pids = [c.pid for c in stack.ext_procs if c.pid]
     cpu_before = sum(cpu_seconds(p) for p in pids)
-    decided_before = await decisions(stack.config) if pids else 0.0
+    decided_before = await decisions(stack)
     high = await asyncio.to_thread(wrk, url, script, args.connections, args.duration)
     result = {"p50": low["p50"], "p99": low["p99"], "rps": high["rps"],
               "loaded_p50": high["p50"], "loaded_p99": high["p99"],
               "errors": low["non2xx"] + high["non2xx"]}
     if pids:
+        # Every replica's decisions over every replica's CPU (not the first's over all).
         cpu = sum(cpu_seconds(p) for p in pids) - cpu_before
-        result["decisions_per_cpu_s"] = (await decisions(stack.config) - decided_before) / cpu
+        decided = [after - before
+                   for after, before in zip(await decisions(stack), decided_before, strict=True)]
+        result["decisions_per_cpu_s"] = sum(decided) / cpu
         result["ext_proc_cpu_share"] = cpu / args.duration
+        # How evenly Envoy spread the decisions: the busiest replica's share.
+        result["busiest_replica_share"] = max(decided) / max(1.0, sum(decided))
     return result
 
 
@@ -155,10 +165,11 @@ async def main(args: argparse.Namespace) -> None:
     await upstream.wait_ready(lambda: envoy_ready(HostPort("127.0.0.1", upstream_admin)), 30)
     results: dict[str, dict[str, float]] = {}
     try:
-        runs = [("ring_hash (Envoy alone)", RoutingMode.RING_HASH, 1)]
-        runs += [(f"kvgate, {n} ext_proc", RoutingMode.AFFINITY, n) for n in args.replicas]
-        for name, mode, replicas in runs:
-            config = gateway_config(ports, replicas)
+        runs = [("ring_hash (Envoy alone)", RoutingMode.RING_HASH, 1, "grpc")]
+        runs += [(f"kvgate {t}, {n} ext_proc", RoutingMode.AFFINITY, n, t)
+                 for t in args.transports for n in args.replicas]
+        for name, mode, replicas, transport in runs:
+            config = gateway_config(ports, replicas, transport)
             stack = Stack(config, work / name.replace(" ", "_"), mode=mode)
             await stack.start()
             try:
@@ -173,13 +184,15 @@ async def main(args: argparse.Namespace) -> None:
 
 def report(results: dict[str, dict[str, float]]) -> None:
     base = results["ring_hash (Envoy alone)"]
-    print(f"{'mode':<26}{'p50 ms':>9}{'p99 ms':>9}{'max req/s':>11}{'x base':>8}"
-          f"{'added p50':>11}{'decisions/ext_proc CPU-s':>26}")
+    print(f"{'mode':<27}{'p50 ms':>9}{'p99 ms':>9}{'max req/s':>11}{'x base':>8}"
+          f"{'added p50':>11}{'decisions/ext_proc CPU-s':>26}{'busiest replica':>17}")
     for name, r in results.items():
         per_cpu = r.get("decisions_per_cpu_s")
-        print(f"{name:<26}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}{r['rps']:>11.0f}"
+        busiest = r.get("busiest_replica_share")
+        print(f"{name:<27}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}{r['rps']:>11.0f}"
               f"{r['rps'] / base['rps']:>8.2f}{(r['p50'] - base['p50']) * 1e3:>9.3f}ms"
-              f"{'' if per_cpu is None else f'{per_cpu:,.0f}':>26}")
+              f"{'' if per_cpu is None else f'{per_cpu:,.0f}':>26}"
+              f"{'' if busiest is None else f'{busiest:.0%}':>17}")
     errors = sum(r["errors"] for r in results.values())
     print(f"non-2xx responses: {errors:.0f}")
 
@@ -191,5 +204,7 @@ if __name__ == "__main__":
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--replicas", type=lambda s: [int(x) for x in s.split(",")],
                         default=[1, 2])
+    parser.add_argument("--transports", type=lambda s: s.split(","), default=["grpc", "http"],
+                        help="ext_proc transports to measure, comma separated (grpc, http)")
     asyncio.run(main(parser.parse_args()))
 

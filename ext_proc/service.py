@@ -3,14 +3,16 @@ binding store → serve → metrics; stop in reverse. Background tasks run under
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 import grpc
 import structlog
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ext_proc.decide import Decider
+from ext_proc.handling import RequestHandler
+from ext_proc.http_server import HttpProcessor
 from ext_proc.metrics import ExtProcMetrics
 from ext_proc.server import ExternalProcessor
 from ext_proc.sources import SessionSources
@@ -49,6 +51,8 @@ class ExtProcService:
         self.supervisor = Supervisor("ext_proc", self.metrics.registry)
         self.etcd_errors = EtcdErrorLog("ext_proc", self.metrics.registry)
         self._server: grpc.aio.Server | None = None
+        self._http: HttpProcessor | None = None  # ext_proc.transport: http
+        self._http_socket: socket.socket | None = None
         self._health = health.aio.HealthServicer()
         self._metrics_server: MetricsServer | None = None
         self.port = options.listen.port
@@ -56,16 +60,11 @@ class ExtProcService:
     async def start(self) -> None:
         config = self._config
         # Bound first: a busy port fails the start before etcd is touched.
-        self._server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10_000)]
-        )
         listen = self._options.listen
-        try:
-            self.port = self._server.add_insecure_port(f"{listen}")
-        except RuntimeError:
-            self.port = 0
-        if self.port == 0:
-            raise OSError(f"ext_proc: cannot listen on {listen} (address in use?)")
+        if config.ext_proc.transport == "http":
+            self._bind_http(listen)
+        else:
+            self._bind_grpc(listen)
         if self._options.etcd_endpoints:
             self._etcd = EtcdClient(self._options.etcd_endpoints, on_error=self.etcd_errors,
                                     security=self._etcd_security)
@@ -91,13 +90,20 @@ class ExtProcService:
             self.metrics.track(lambda: sum(1 for _ in memory.bindings()), lambda: 0, lambda: 0)
         decider = Decider(self.store, self.directory, config.placement.load_factor)
         default_pool = config.pools[0].name if len(config.pools) == 1 else None
-        servicer = ExternalProcessor(
+        handler = RequestHandler(
             decider, SessionSources(config.session), self.metrics, default_pool
         )
-        pb_grpc.add_ExternalProcessorServicer_to_server(servicer, self._server)
-        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-        await self._server.start()
-        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        if self._http_socket is not None:
+            self._http = HttpProcessor(handler)
+            await self._http.serve(self._http_socket)
+        else:
+            assert self._server is not None
+            self._server.add_generic_rpc_handlers(
+                (ExternalProcessor(handler).generic_handler(),)
+            )
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+            await self._server.start()
+            await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         if self._options.metrics is not None:
             self._metrics_server = MetricsServer(
                 self.metrics.registry, self._options.metrics.host, self._options.metrics.port
@@ -106,6 +112,7 @@ class ExtProcService:
         log.info("ext_proc_ready", listen=f"{listen.host}:{self.port}",
                  metrics=None if self._metrics_server is None
                  else f"{self._options.metrics.host}:{self._metrics_server.port}",  # type: ignore[union-attr]
+                 transport=config.ext_proc.transport,
                  etcd=list(self._options.etcd_endpoints) or None,
                  **(self._etcd_security.describe() if self._etcd_security else {}))
 
@@ -113,6 +120,10 @@ class ExtProcService:
         await self._health.enter_graceful_shutdown()
         if self._server is not None:
             await self._server.stop(grace)
+        if self._http is not None:
+            await self._http.stop()
+        elif self._http_socket is not None:
+            self._http_socket.close()
         if self._metrics_server is not None:
             await self._metrics_server.stop()
         if hasattr(self, "store"):  # absent when start() failed before making it
@@ -121,6 +132,26 @@ class ExtProcService:
         if self._etcd is not None:
             await self._etcd.close()
         log.info("ext_proc_stopped")
+
+
+    def _bind_grpc(self, listen: HostPort) -> None:
+        self._server = grpc.aio.server(
+            options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10_000)]
+        )
+        try:
+            self.port = self._server.add_insecure_port(f"{listen}")
+        except RuntimeError:
+            self.port = 0
+        if self.port == 0:
+            raise OSError(f"ext_proc: cannot listen on {listen} (address in use?)")
+
+    def _bind_http(self, listen: HostPort) -> None:
+        try:
+            self._http_socket = socket.create_server((listen.host, listen.port))
+        except OSError as exc:
+            raise OSError(f"ext_proc: cannot listen on {listen} ({exc.strerror})") from exc
+        self._http_socket.setblocking(False)
+        self.port = self._http_socket.getsockname()[1]
 
 
 async def _check_credentials(client: EtcdClient, prefix: str) -> None:

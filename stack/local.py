@@ -4,6 +4,7 @@ ext_proc replicas → Envoy. Started in that order, each waited for; stopped in 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -48,6 +49,8 @@ class Stack:
     fleet: Child | None = None
     components: list[Component] = field(default_factory=list)
     ext_procs: list[Child] = field(default_factory=list)
+    # Each ext_proc replica's metrics address, in the order of `ext_procs`.
+    ext_proc_metrics: list[HostPort] = field(default_factory=list)
     envoy: Child | None = None
     etcd: Child | None = None
     control_plane: Child | None = None
@@ -182,9 +185,14 @@ class Stack:
             ],
             self.workdir / f"ext_proc-{index}.log",
         )
-        await self._launch(child, f"grpc://{address}  metrics http://{metrics}/metrics",
-                           lambda: grpc_serving(address))
+        if self.config.ext_proc.transport == "http":
+            scheme, probe = "http", http_serving
+        else:
+            scheme, probe = "grpc", grpc_serving
+        await self._launch(child, f"{scheme}://{address}  metrics http://{metrics}/metrics",
+                           lambda: probe(address))
         self.ext_procs.append(child)
+        self.ext_proc_metrics.append(metrics)
 
     async def _start_envoy(self) -> None:
         bootstrap = self.workdir / "envoy.json"
@@ -225,3 +233,16 @@ async def grpc_serving(address: HostPort) -> bool:
             health_pb2.HealthCheckRequest(), timeout=0.5
         )
         return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def http_serving(address: HostPort) -> bool:
+    """ext_proc's HTTP transport answers a GET (Envoy's health check) with 200 once serving."""
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(address.host, address.port), 0.5
+    )
+    try:
+        writer.write(b"GET /health HTTP/1.1\r\nhost: ext-proc\r\ncontent-length: 0\r\n\r\n")
+        status = await asyncio.wait_for(reader.readline(), 0.5)
+        return status.startswith(b"HTTP/1.1 200")
+    finally:
+        writer.close()

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
+from typing import Any
 
-from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
 from envoy.config.core.v3 import config_source_pb2, health_check_pb2, protocol_pb2
 from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2
 from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
@@ -103,8 +104,25 @@ def _balancing(mode: RoutingMode) -> cluster_pb2.LoadBalancingPolicy:
 
 
 def ext_proc_cluster(ext_proc: ExtProc) -> cluster_pb2.Cluster:
-    """The ext_proc replicas, skipped by Envoy when their gRPC health fails."""
-    return grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=True)
+    """The ext_proc replicas, skipped by Envoy when their health check fails: gRPC health, or
+    over the HTTP transport a GET on the same HTTP/1.1 port."""
+    if ext_proc.transport != "http":
+        return grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=True)
+    cluster = grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=False)
+    del cluster.typed_extension_protocol_options[_HTTP_OPTIONS]  # HTTP/1.1, Envoy's default
+    cluster.health_checks.append(_health_check(
+        http_health_check=health_check_pb2.HealthCheck.HttpHealthCheck(path="/health")
+    ))
+    # http_service has no retry policy: a replica that refuses connections is ejected at its
+    # first failure, so only the requests already on their way fall back to Envoy's ring.
+    cluster.outlier_detection.CopyFrom(outlier_detection_pb2.OutlierDetection(
+        consecutive_5xx=protos.u32(1),
+        consecutive_gateway_failure=protos.u32(1),
+        interval=protos.duration(0.1),
+        base_ejection_time=protos.duration(5.0),
+        max_ejection_percent=protos.u32(100),
+    ))
+    return cluster
 
 
 def grpc_cluster(
@@ -123,22 +141,27 @@ def grpc_cluster(
         connect_timeout=protos.duration(0.25),
         lb_policy=cluster_pb2.Cluster.ROUND_ROBIN,
         load_assignment=static_hosts(name, addresses),
-        typed_extension_protocol_options={
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": protos.pack(options)
-        },
+        typed_extension_protocol_options={_HTTP_OPTIONS: protos.pack(options)},
         circuit_breakers=_generous_limits(),
     )
     if health_checked:
         cluster.health_checks.append(
-            health_check_pb2.HealthCheck(
-                timeout=protos.duration(0.5),
-                interval=protos.duration(1.0),
-                unhealthy_threshold=protos.u32(2),
-                healthy_threshold=protos.u32(1),
-                grpc_health_check=health_check_pb2.HealthCheck.GrpcHealthCheck(),
-            )
+            _health_check(grpc_health_check=health_check_pb2.HealthCheck.GrpcHealthCheck())
         )
     return cluster
+
+
+_HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+
+
+def _health_check(**kind: Any) -> health_check_pb2.HealthCheck:
+    return health_check_pb2.HealthCheck(
+        timeout=protos.duration(0.5),
+        interval=protos.duration(1.0),
+        unhealthy_threshold=protos.u32(2),
+        healthy_threshold=protos.u32(1),
+        **kind,
+    )
 
 
 def _generous_limits(max_retries: int | None = None) -> circuit_breaker_pb2.CircuitBreakers:

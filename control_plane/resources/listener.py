@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
-from envoy.config.core.v3 import backoff_pb2, base_pb2, config_source_pb2, grpc_service_pb2
+from envoy.config.core.v3 import (
+    backoff_pb2,
+    base_pb2,
+    config_source_pb2,
+    grpc_service_pb2,
+    http_service_pb2,
+    http_uri_pb2,
+)
 from envoy.config.listener.v3 import listener_components_pb2, listener_pb2
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
@@ -22,8 +29,10 @@ from kvgate.contract.envoy import (
     DESTINATION_KEY,
     EXT_PROC_CLUSTER,
     EXT_PROC_FILTER,
+    HEADER_MUTATION_FILTER,
     LB_NAMESPACE,
     LISTENER_NAME,
+    POOL_HEADER,
     ROUTE_CONFIG_NAME,
 )
 from kvgate.contract.modes import RoutingMode
@@ -90,37 +99,22 @@ def gateway_listener(
 
 
 def _strip_destination() -> hcm.HttpFilter:
+    """Client-sent routing headers go first: the destination, and the pool header the route
+    sets for the HTTP transport (the route's own setting runs after this filter-level one)."""
     mutation = header_mutation_pb2.HeaderMutation(
         mutations=header_mutation_pb2.Mutations(
-            request_mutations=[mutation_rules_pb2.HeaderMutation(remove=DESTINATION_KEY)]
+            request_mutations=[mutation_rules_pb2.HeaderMutation(remove=DESTINATION_KEY),
+                               mutation_rules_pb2.HeaderMutation(remove=POOL_HEADER)]
         )
     )
     return hcm.HttpFilter(
-        name="envoy.filters.http.header_mutation", typed_config=protos.pack(mutation)
+        name=HEADER_MUTATION_FILTER, typed_config=protos.pack(mutation)
     )
 
 
 def _ext_proc(config: Config) -> hcm.HttpFilter:
+    http = config.ext_proc.transport == "http"
     processor = ext_proc_pb2.ExternalProcessor(
-        grpc_service=grpc_service_pb2.GrpcService(
-            envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
-            timeout=protos.duration(1.0),
-            # A replica that just died refuses the stream: try another one before falling back.
-            retry_policy=base_pb2.RetryPolicy(
-                retry_on="connect-failure,refused-stream,unavailable,reset",
-                num_retries=protos.u32(2),
-                retry_back_off=backoff_pb2.BackoffStrategy(
-                    base_interval=protos.duration(0.005), max_interval=protos.duration(0.02)
-                ),
-                retry_host_predicate=[
-                    base_pb2.RetryPolicy.RetryHostPredicate(
-                        name="envoy.retry_host_predicates.previous_hosts",
-                        typed_config=protos.pack(previous_hosts_pb2.PreviousHostsPredicate()),
-                    )
-                ],
-                host_selection_retry_max_attempts=5,
-            ),
-        ),
         # ext_proc down or slow → the ring_hash fallback keeps sessions where they were.
         failure_mode_allow=True,
         message_timeout=protos.duration(config.ext_proc.message_timeout),
@@ -132,9 +126,12 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
             request_trailer_mode=_Mode.SKIP,
             response_trailer_mode=_Mode.SKIP,
         ),
-        # ext_proc needs only the session headers; sending less keeps each decision cheap.
+        # ext_proc needs only the session headers (and, over HTTP, the route's pool header);
+        # sending less keeps each decision cheap.
         forward_rules=ext_proc_pb2.HeaderForwardingRules(
-            allowed_headers=_exact_names(config.session.headers)
+            allowed_headers=_exact_names(
+                (*config.session.headers, *([POOL_HEADER] if http else []))
+            )
         ),
         metadata_options=ext_proc_pb2.MetadataOptions(
             # The session Envoy found in the body, sent with the request headers.
@@ -148,7 +145,47 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
         ),
         stat_prefix="kvgate",
     )
+    if http:
+        processor.http_service.CopyFrom(_http_service(config))
+    else:
+        processor.grpc_service.CopyFrom(_grpc_service())
     return hcm.HttpFilter(name=EXT_PROC_FILTER, typed_config=protos.pack(processor))
+
+
+def _http_service(config: Config) -> ext_proc_pb2.ExtProcHttpService:
+    """ext_proc over HTTP/1.1 (Envoy: work in progress, outside its threat model): the
+    cluster's address list and health check stand in for the gRPC retry policy."""
+    return ext_proc_pb2.ExtProcHttpService(
+        http_service=http_service_pb2.HttpService(
+            http_uri=http_uri_pb2.HttpUri(
+                uri=f"http://{EXT_PROC_CLUSTER}/process",
+                cluster=EXT_PROC_CLUSTER,
+                timeout=protos.duration(config.ext_proc.message_timeout),
+            )
+        )
+    )
+
+
+def _grpc_service() -> grpc_service_pb2.GrpcService:
+    return grpc_service_pb2.GrpcService(
+        envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
+        timeout=protos.duration(1.0),
+        # A replica that just died refuses the stream: try another one before falling back.
+        retry_policy=base_pb2.RetryPolicy(
+            retry_on="connect-failure,refused-stream,unavailable,reset",
+            num_retries=protos.u32(2),
+            retry_back_off=backoff_pb2.BackoffStrategy(
+                base_interval=protos.duration(0.005), max_interval=protos.duration(0.02)
+            ),
+            retry_host_predicate=[
+                base_pb2.RetryPolicy.RetryHostPredicate(
+                    name="envoy.retry_host_predicates.previous_hosts",
+                    typed_config=protos.pack(previous_hosts_pb2.PreviousHostsPredicate()),
+                )
+            ],
+            host_selection_retry_max_attempts=5,
+        ),
+    )
 
 
 def _exact_names(names: tuple[str, ...]) -> string_pb2.ListStringMatcher:

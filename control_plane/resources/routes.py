@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.matcher.v3 import string_pb2
+from google.protobuf import any_pb2
 
 from control_plane.resources import protos
 from kvgate.config.model import Config, Route
 from kvgate.contract.envoy import (
     DESTINATION_KEY,
     EXT_PROC_FILTER,
+    HEADER_MUTATION_FILTER,
+    POOL_HEADER,
     POOL_METADATA_KEY,
     ROUTE_CONFIG_NAME,
     pool_cluster_name,
@@ -30,7 +35,7 @@ def route_configuration(
     return route_pb2.RouteConfiguration(
         name=ROUTE_CONFIG_NAME,
         # Defence in depth: header_mutation strips it first; nothing may forward it upstream.
-        request_headers_to_remove=[DESTINATION_KEY],
+        request_headers_to_remove=[DESTINATION_KEY, POOL_HEADER],
         virtual_hosts=[
             rc.VirtualHost(
                 name="kvgate",
@@ -92,19 +97,34 @@ def _route(route: Route, config: Config, mode: RoutingMode) -> rc.Route:
     if route.timeout == 0:
         # No overall deadline for minutes-long streams, but a stalled one is still cut.
         action.idle_timeout.CopyFrom(protos.duration(600.0))
-    per_route = ext_proc_pb2.ExtProcPerRoute(
-        overrides=ext_proc_pb2.ExtProcOverrides(
-            grpc_initial_metadata=[base_pb2.HeaderValue(key=POOL_METADATA_KEY, value=route.pool)]
-        )
-    )
     return rc.Route(
         name=f"{route.pool}:{route.match.describe}",
         match=match,
         route=action,
-        typed_per_filter_config=(
-            {EXT_PROC_FILTER: protos.pack(per_route)} if mode.uses_ext_proc else {}
-        ),
+        typed_per_filter_config=_tell_pool(route.pool, config) if mode.uses_ext_proc else {},
     )
+
+
+def _tell_pool(pool: str, config: Config) -> dict[str, any_pb2.Any]:
+    """How ext_proc learns the route's pool: gRPC initial metadata, or over HTTP a request
+    header this route sets after the gateway's header_mutation filter removed any client copy
+    (and overwrites, should one survive); the route removes it again before the engine."""
+    if config.ext_proc.transport == "http":
+        header = header_mutation_pb2.HeaderMutationPerRoute(
+            mutations=header_mutation_pb2.Mutations(request_mutations=[
+                mutation_rules_pb2.HeaderMutation(append=base_pb2.HeaderValueOption(
+                    header=base_pb2.HeaderValue(key=POOL_HEADER, value=pool),
+                    append_action=base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD,
+                ))
+            ])
+        )
+        return {HEADER_MUTATION_FILTER: protos.pack(header)}
+    per_route = ext_proc_pb2.ExtProcPerRoute(
+        overrides=ext_proc_pb2.ExtProcOverrides(
+            grpc_initial_metadata=[base_pb2.HeaderValue(key=POOL_METADATA_KEY, value=pool)]
+        )
+    )
+    return {EXT_PROC_FILTER: protos.pack(per_route)}
 
 
 

@@ -28,6 +28,7 @@ def to_dict(config: Config) -> dict[str, Any]:
             "address": [str(a) for a in config.ext_proc.addresses],
             "metrics": str(config.ext_proc.metrics),
             "message_timeout": _seconds(config.ext_proc.message_timeout),
+            "transport": config.ext_proc.transport,
         },
         "etcd": {"prefix": config.etcd.prefix},
         "session": {

@@ -168,7 +168,7 @@ def _control_plane(f: Fields, value: Any, path: Path) -> ControlPlane:
 
 
 def _ext_proc(f: Fields, value: Any, path: Path) -> ExtProc:
-    raw = f.mapping(value, path, ("address", "metrics", "message_timeout"))
+    raw = f.mapping(value, path, ("address", "metrics", "message_timeout", "transport"))
     d = ExtProc()
     addresses = d.addresses
     if raw.get("address") is not None:
@@ -191,7 +191,19 @@ def _ext_proc(f: Fields, value: Any, path: Path) -> ExtProc:
             raw, "message_timeout", path, lambda v, p: _message_timeout(f, v, p),
             d.message_timeout,
         ),
+        transport=f.optional(raw, "transport", path, lambda v, p: _transport(f, v, p),
+                             d.transport),
     )
+
+
+EXT_PROC_TRANSPORTS = ("grpc", "http")
+
+
+def _transport(f: Fields, value: Any, path: Path) -> str | None:
+    if isinstance(value, str) and value in EXT_PROC_TRANSPORTS:
+        return value
+    f.error(path, f"must be one of {', '.join(EXT_PROC_TRANSPORTS)}, got {value!r}")
+    return None
 
 
 def _message_timeout(f: Fields, value: Any, path: Path) -> float | None:

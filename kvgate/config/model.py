@@ -139,6 +139,10 @@ class ExtProc:
     addresses: tuple[HostPort, ...] = (HostPort("127.0.0.1", 9002),)
     metrics: HostPort = HostPort("127.0.0.1", 9003)
     message_timeout: float = 0.2
+    # How Envoy's ext_proc filter reaches the service: "grpc" (the ext_proc contract) or
+    # "http" (Envoy's http_service: JSON over HTTP/1.1, far cheaper per decision, but marked
+    # work in progress and outside Envoy's threat model).
+    transport: str = "grpc"
 
     @property
     def etcd_write_deadline(self) -> float:

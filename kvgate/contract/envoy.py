@@ -7,12 +7,16 @@ LB_NAMESPACE = "envoy.lb"
 DESTINATION_KEY = "x-gateway-destination-endpoint"
 # gRPC initial metadata telling ext_proc which pool the matched route serves.
 POOL_METADATA_KEY = "x-kvgate-pool"
+# The same, as a request header the route sets for the HTTP transport (a client-sent copy is
+# stripped before the route sets it).
+POOL_HEADER = POOL_METADATA_KEY
 
 LISTENER_NAME = "kvgate_gateway"
 ROUTE_CONFIG_NAME = "kvgate_routes"
 EXT_PROC_CLUSTER = "kvgate_ext_proc"
 XDS_CLUSTER = "kvgate_xds"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
+HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
 
 # Envoy's ring_hash defaults, pinned so ext_proc can rebuild the identical ring.
 RING_MIN_SIZE = 1024

@@ -9,17 +9,21 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import httpx
+import pytest
 
 from kvgate.etcd import EtcdClient
 from kvgate.session import normalize_session
 from tests.support.stack import gateway_config, running_stack
 
+# Every test here runs on both of ext_proc's transports.
+pytestmark = pytest.mark.parametrize("transport", ["grpc", "http"])
+
 
 async def test_sessions_stick_and_spread_within_load_factor(
-    tmp_path: Path, upstreams, prefix: str
+    tmp_path: Path, upstreams, prefix: str, transport: str
 ) -> None:
     ups = await upstreams(4)
-    config = gateway_config([u.address for u in ups], prefix=prefix)
+    config = gateway_config([u.address for u in ups], prefix=prefix, transport=transport)
     async with running_stack(config, tmp_path) as stack:
         seen: defaultdict[str, set[str]] = defaultdict(set)
         async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
@@ -45,10 +49,10 @@ async def test_sessions_stick_and_spread_within_load_factor(
 
 
 async def test_client_destination_header_is_ignored_and_stripped(
-    tmp_path: Path, upstreams, prefix: str
+    tmp_path: Path, upstreams, prefix: str, transport: str
 ) -> None:
     ups = await upstreams(3)
-    config = gateway_config([u.address for u in ups], prefix=prefix)
+    config = gateway_config([u.address for u in ups], prefix=prefix, transport=transport)
     async with running_stack(config, tmp_path):
         async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
             first = await http.get("/v1/x", headers={"x-session-id": "pinned"})

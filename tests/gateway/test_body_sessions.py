@@ -7,9 +7,13 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.stack import gateway_config, running_stack
+
+# The body is read inside Envoy on both of ext_proc's transports; every test runs on both.
+pytestmark = pytest.mark.parametrize("transport", ["grpc", "http"])
 
 
 def _counter(metrics_text: str, family_name: str, label: str) -> dict[str, float]:
@@ -45,10 +49,10 @@ def _chat(**fields: object) -> dict[str, object]:
 
 
 async def test_body_fields_stick_and_the_header_wins(
-    tmp_path: Path, upstreams, prefix: str
+    tmp_path: Path, upstreams, prefix: str, transport: str
 ) -> None:
     ups = await upstreams(4)
-    config = gateway_config([u.address for u in ups], prefix=prefix)
+    config = gateway_config([u.address for u in ups], prefix=prefix, transport=transport)
     async with running_stack(config, tmp_path):
         async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
             gateway = Gateway(http, f"http://{config.ext_proc.metrics}/metrics")
@@ -95,10 +99,10 @@ async def test_body_fields_stick_and_the_header_wins(
 
 
 async def test_odd_bodies_are_routed_without_a_session(
-    tmp_path: Path, upstreams, prefix: str
+    tmp_path: Path, upstreams, prefix: str, transport: str
 ) -> None:
     ups = await upstreams(3)
-    config = gateway_config([u.address for u in ups], prefix=prefix,
+    config = gateway_config([u.address for u in ups], prefix=prefix, transport=transport,
                             session={"body_limit": "64KiB", "implicit": "off"})
     async with running_stack(config, tmp_path):
         async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
@@ -151,10 +155,10 @@ def _conversation(question: str, turns: int = 4) -> list[dict[str, object]]:
 
 
 async def test_conversations_without_an_id_stick_and_spread(
-    tmp_path: Path, upstreams, prefix: str
+    tmp_path: Path, upstreams, prefix: str, transport: str
 ) -> None:
     ups = await upstreams(4)
-    config = gateway_config([u.address for u in ups], prefix=prefix)
+    config = gateway_config([u.address for u in ups], prefix=prefix, transport=transport)
     async with running_stack(config, tmp_path):
         async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:
             gateway = Gateway(http, f"http://{config.ext_proc.metrics}/metrics")
@@ -172,10 +176,10 @@ async def test_conversations_without_an_id_stick_and_spread(
 
 
 async def test_implicit_off_leaves_such_requests_sessionless(
-    tmp_path: Path, upstreams, prefix: str
+    tmp_path: Path, upstreams, prefix: str, transport: str
 ) -> None:
     ups = await upstreams(2)
-    config = gateway_config([u.address for u in ups], prefix=prefix,
+    config = gateway_config([u.address for u in ups], prefix=prefix, transport=transport,
                             session={"implicit": "off", "body_fields": []})
     async with running_stack(config, tmp_path):
         async with httpx.AsyncClient(base_url=f"http://{config.listener}") as http:

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import pytest
 
 from kvgate.etcd import EtcdClient
 from kvgate.runtime.ports import free_port
@@ -31,11 +32,13 @@ async def _bindings(endpoint: str, prefix: str) -> dict[str, str]:
     return {kv.key.decode(): json.loads(kv.value)["endpoint"] for kv in kvs}
 
 
+@pytest.mark.parametrize("transport", ["grpc", "http"])
 async def test_etcd_outage_keeps_routing_and_writes_back_later(
-    tmp_path: Path, upstreams, etcd, prefix: str
+    tmp_path: Path, upstreams, etcd, prefix: str, transport: str
 ) -> None:
     ups = await upstreams(3)
-    config = gateway_config([u.address for u in ups], prefix=prefix, etcd=[etcd.endpoint])
+    config = gateway_config([u.address for u in ups], prefix=prefix, etcd=[etcd.endpoint],
+                            transport=transport)
     known = [f"known-{i}" for i in range(10)]
     fresh = [f"fresh-{i}" for i in range(10)]
     async with running_stack(config, tmp_path / "stack"):

@@ -59,12 +59,13 @@ class SteadyTraffic:
     ],
     ids=["one-of-two-replicas", "all-replicas"],
 )
+@pytest.mark.parametrize("transport", ["grpc", "http"])
 async def test_ext_proc_killed_mid_traffic_fails_nothing_and_moves_nobody(
-    tmp_path: Path, upstreams, prefix: str, ext_procs: int, load_factor: float
+    tmp_path: Path, upstreams, prefix: str, ext_procs: int, load_factor: float, transport: str
 ) -> None:
     ups = await upstreams(4)
     config = gateway_config([u.address for u in ups], prefix=prefix, ext_procs=ext_procs,
-                            load_factor=load_factor)
+                            load_factor=load_factor, transport=transport)
     sessions = [f"conv-{i}" for i in range(30)]
     async with running_stack(config, tmp_path) as stack:
         async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
@@ -76,11 +77,18 @@ async def test_ext_proc_killed_mid_traffic_fails_nothing_and_moves_nobody(
             await stack.ext_procs[0].process.wait()  # type: ignore[union-attr]
             await traffic.until_sent(traffic.sent + 150)
             await traffic.stop()
-            after = await homes_of(http, sessions)
+            # Over HTTP there is no stream retry: until Envoy's health check ejects the dead
+            # replica, its share of requests falls back to Envoy's ring; after that, all home.
+            after = await eventually(lambda: homes_of(http, sessions),
+                                     until=lambda found: found == homes,
+                                     what="every session home again")
     if ext_procs == 1:
         ring = EnvoyRing([(u.address, 1) for u in ups])
         assert all(homes[s] == ring.pick(session_hash(s.encode())) for s in sessions)
-    assert traffic.errors == []
+    if transport == "http" and ext_procs == 2:
+        assert [e for e in traffic.errors if "moved" not in e] == []
+    else:
+        assert traffic.errors == []
     assert after == homes
 
 

@@ -38,12 +38,14 @@ def gateway_config(
     health: dict[str, object] | None = None,
     default_routes: bool = False,
     session: dict[str, object] | None = None,
+    transport: str = "grpc",
 ) -> Config:
     """A one-pool config on free ports. Every path goes to the pool, unless `default_routes`:
     then no `routes:` key, so the gateway serves only the inference API. `message_timeout`
     (Envoy's wait for ext_proc) is generous: past it Envoy falls back to its ring and a slow
     ext_proc would look like a moved session. `health` defaults to :data:`CALM_HEALTH`.
-    `session`: extra `session:` keys (body_fields, implicit, body_limit)."""
+    `session`: extra `session:` keys (body_fields, implicit, body_limit). `transport`:
+    ext_proc.transport (grpc or http)."""
     ports = iter(free_ports(5 + ext_procs))
     data: dict[str, object] = {
         "listener": {"address": "127.0.0.1", "port": next(ports)},
@@ -55,6 +57,7 @@ def gateway_config(
             "address": [f"127.0.0.1:{next(ports)}" for _ in range(ext_procs)],
             "metrics": f"127.0.0.1:{next(ports)}",
             "message_timeout": message_timeout,
+            "transport": transport,
         },
         "etcd": {"prefix": prefix, **({"endpoints": list(etcd)} if etcd else {})},
         "session": {"headers": ["x-session-id"], "idle_ttl": idle_ttl, **(session or {})},

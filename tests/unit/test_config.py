@@ -333,3 +333,11 @@ def test_check_config_reads_a_fifo_someone_writes(tmp_path: Path) -> None:
         assert check_file(fifo, wait=30).config == load_file(EXAMPLE)
     finally:
         writer.join()
+
+
+def test_ext_proc_transport_is_grpc_or_http() -> None:
+    assert load_text(POOL).ext_proc.transport == "grpc"
+    assert load_text(POOL + "ext_proc: {transport: http}\n").ext_proc.transport == "http"
+    with pytest.raises(ConfigError) as caught:
+        load_text(POOL + "ext_proc: {transport: HTTP2}\n")
+    assert "ext_proc.transport: must be one of grpc, http, got 'HTTP2'" in caught.value.render()
