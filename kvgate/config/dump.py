@@ -28,11 +28,13 @@ def to_dict(config: Config) -> dict[str, Any]:
             "address": [str(a) for a in config.ext_proc.addresses],
             "metrics": str(config.ext_proc.metrics),
             "message_timeout": _seconds(config.ext_proc.message_timeout),
+            "max_pending_bindings": config.ext_proc.max_pending_bindings,
         },
         "etcd": {"prefix": config.etcd.prefix},
         "session": {
             "headers": list(config.session.headers),
             "idle_ttl": _seconds(config.session.idle_ttl),
+            "max_bindings": config.session.max_bindings,
         },
         "placement": {"load_factor": config.placement.load_factor},
         "pools": [

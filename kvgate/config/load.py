@@ -148,7 +148,8 @@ def _control_plane(f: Fields, value: Any, path: Path) -> ControlPlane:
 
 
 def _ext_proc(f: Fields, value: Any, path: Path) -> ExtProc:
-    raw = f.mapping(value, path, ("address", "metrics", "message_timeout"))
+    raw = f.mapping(value, path, ("address", "metrics", "message_timeout",
+                                  "max_pending_bindings"))
     d = ExtProc()
     addresses = d.addresses
     if raw.get("address") is not None:
@@ -170,6 +171,10 @@ def _ext_proc(f: Fields, value: Any, path: Path) -> ExtProc:
         message_timeout=f.optional(
             raw, "message_timeout", path, lambda v, p: _message_timeout(f, v, p),
             d.message_timeout,
+        ),
+        max_pending_bindings=f.optional(
+            raw, "max_pending_bindings", path, lambda v, p: f.integer(v, p, 1, 10_000_000),
+            d.max_pending_bindings,
         ),
     )
 
@@ -204,7 +209,7 @@ def _etcd(f: Fields, value: Any, path: Path) -> Etcd:
 
 
 def _session(f: Fields, value: Any, path: Path) -> Session:
-    raw = f.mapping(value, path, ("headers", "idle_ttl"))
+    raw = f.mapping(value, path, ("headers", "idle_ttl", "max_bindings"))
     d = Session()
     headers = d.headers
     if raw.get("headers") is not None:
@@ -220,6 +225,10 @@ def _session(f: Fields, value: Any, path: Path) -> Session:
         headers=headers,
         idle_ttl=f.optional(
             raw, "idle_ttl", path, lambda v, p: f.duration(v, p, 2.0, 30 * 86400.0), d.idle_ttl
+        ),
+        max_bindings=f.optional(
+            raw, "max_bindings", path, lambda v, p: f.integer(v, p, 0, 1_000_000_000),
+            d.max_bindings,
         ),
     )
 

@@ -100,6 +100,9 @@ class Etcd:
 class Session:
     headers: tuple[str, ...] = ("x-session-id",)
     idle_ttl: float = 3600.0
+    # Per pool. Past it new sessions are routed on Envoy's ring without a binding; existing
+    # bindings are never evicted. 0: no cap. A million is ~200 MB per ext_proc replica.
+    max_bindings: int = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,8 @@ class ExtProc:
     addresses: tuple[HostPort, ...] = (HostPort("127.0.0.1", 9002),)
     metrics: HostPort = HostPort("127.0.0.1", 9003)
     message_timeout: float = 0.2
+    # Bindings waiting for etcd while it is away; past it new sessions route on Envoy's ring.
+    max_pending_bindings: int = 100_000
 
     @property
     def etcd_write_deadline(self) -> float:
