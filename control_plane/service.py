@@ -42,6 +42,7 @@ from kvgate.endpoints import (
     sync_membership,
 )
 from kvgate.etcd import EtcdClient, EtcdError, KeyValue, PrefixMirror
+from kvgate.etcd.alarms import EtcdAlarmWatch
 from kvgate.etcd.client import WatchEvent, wait_until_ready
 from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.observability.http import MetricsServer
@@ -87,6 +88,7 @@ class ControlPlaneService:
         self.etcd_errors = EtcdErrorLog("control_plane", self.registry)
         self.mirrors = MirrorMetrics("control_plane", self.registry)
         self._etcd = EtcdClient(options.etcd, on_error=self.etcd_errors)
+        self.etcd_alarms = EtcdAlarmWatch(self._etcd, "control_plane", self.registry)
         self.cache = SnapshotCache()
         self.nodes = NodeRegistry()
         self.directory = EndpointDirectory(config)
@@ -160,7 +162,8 @@ class ControlPlaneService:
         await self._xds.start()
         await self.checker.start()
         for name, run in (("leader-election", self.leader.run), ("snapshot", self._snapshot_loop),
-                          ("failover", self._failover_loop), ("reload", self._reload_loop)):
+                          ("failover", self._failover_loop), ("reload", self._reload_loop),
+                          ("etcd-alarms", self.etcd_alarms.run)):
             self.supervisor.spawn(name, run)
         await self._admin.set_serving()
         log.info("control_plane_ready", xds=f"{self.config.control_plane.xds.host}:"

@@ -19,8 +19,10 @@ import pytest
 
 from kvgate.config import load_file
 from kvgate.config.model import Config
+from kvgate.runtime.etcd import embedded_etcd
 from tests.deploy.deploy_support import (
     REPO,
+    assert_etcd_compacts,
     envoy_validate,
     host_port,
     load_yaml,
@@ -84,12 +86,18 @@ def test_compose_file_matches_the_compose_specification(compose: dict[str, Any])
 def test_the_stack_has_every_component(services: dict[str, dict[str, Any]]) -> None:
     assert services["envoy"]["image"].startswith("envoyproxy/envoy:v1.40")
     assert services["etcd"]["image"].startswith("quay.io/coreos/etcd:v3.5.")
+    assert_etcd_compacts(services["etcd"]["command"])
     ext_procs = [n for n, s in services.items() if s.get("command", [""])[1:2] == ["ext-proc"]]
     assert len(ext_procs) == 2
     for name, service in services.items():
         assert service.get("healthcheck", {}).get("test"), f"{name}: no healthcheck"
         for dependency in service.get("depends_on", {}):
             assert dependency in services, f"{name} depends on unknown {dependency}"
+
+
+def test_kvgate_ups_embedded_etcd_compacts_like_the_deployments(tmp_path: Path) -> None:
+    child = embedded_etcd(tmp_path / "data", 2379, 2380, tmp_path / "etcd.log")
+    assert_etcd_compacts(child.argv)
 
 
 def test_every_kvgate_command_parses_with_kvgates_own_cli(
