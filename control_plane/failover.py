@@ -32,6 +32,7 @@ from kvgate.placement.load import PoolLoad
 log = structlog.get_logger("kvgate.failover")
 
 RESCAN_S = 300.0  # while endpoints are leaving, look again this often (a stale replica's write)
+PARALLEL = 4  # move transactions in flight at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,16 +142,24 @@ class Failover:
             plans.append(GuardedPut(orphan.kv.key, rebound.encode(), orphan.kv.lease,
                                     orphan.kv.mod_revision))
         moved = 0
-        for start in range(0, len(plans), self._batch):
-            try:
-                results, _ = await self._client.put_each(plans[start:start + self._batch])
-            except EtcdError as exc:  # etcd away or refusing writes: the next sweep retries
+        batches = [plans[i:i + self._batch] for i in range(0, len(plans), self._batch)]
+        for start in range(0, len(batches), PARALLEL):
+            results = await asyncio.gather(
+                *(self._client.put_each(b, read_refused=False)
+                  for b in batches[start:start + PARALLEL]), return_exceptions=True)
+            moved += sum(1 for r in results if not isinstance(r, BaseException)
+                         for put in r[0] if put.done)
+            unexpected = [r for r in results
+                          if isinstance(r, BaseException) and not isinstance(r, EtcdError)]
+            if unexpected:
+                raise unexpected[0]  # to the supervisor: logged, counted, the loop restarted
+            refused = [r for r in results if isinstance(r, EtcdError)]
+            if refused:  # etcd away or refusing writes: the next sweep retries
                 log.warning("sessions_move_paused", pool=pool, moved=moved,
-                            kind=str(exc.kind), error=str(exc))
+                            kind=str(refused[0].kind), error=str(refused[0]))
                 if moved:
                     log.info("sessions_moved", pool=pool, moved=moved, planned=len(plans))
                 return moved, False
-            moved += sum(1 for r in results if r.done)
         if moved:
             log.info("sessions_moved", pool=pool, moved=moved, planned=len(plans))
         # A move refused because the binding changed meanwhile is looked at again at once;

@@ -41,7 +41,7 @@ log = structlog.get_logger("kvgate.bindings")
 
 DEFAULT_MAX_PENDING = 100_000
 SLOW_WRITES_TO_DEGRADE = 3  # hot-path writes past the deadline in a row: etcd counts as away
-FLUSH_PARALLEL = 4  # batched flush transactions in flight at once
+FLUSH_PARALLEL = 8  # batched flush transactions in flight at once
 
 
 class EtcdBindingStore:
@@ -164,7 +164,10 @@ class EtcdBindingStore:
         key = binding_key(pool, session)
         try:
             kv = await self._client.get(self._key(key), limit_s=self._write_limit_s)
-        except EtcdError:
+        except EtcdError as exc:
+            # etcd does not answer a read in time: a write would not fare better, and the
+            # request has spent its etcd deadline already. Queue until etcd is back.
+            self._set_degraded(exc)
             return None
         if kv is None:
             return None
@@ -322,9 +325,11 @@ class EtcdBindingStore:
             if current is None:  # replacing a binding that expired meanwhile: create it
                 self._pending.retry_as_create(op)
                 continue
-            if result.done:
+            if result.done:  # etcd holds what was sent
                 self._writes += 1
-            stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
+                stored = replace(op.binding, revision=current.mod_revision)
+            else:
+                stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
             self._pending.written(op, current.mod_revision)
             if op.binding.key not in self._pending:
                 self._bindings.put(stored, current.lease)

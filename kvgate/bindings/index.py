@@ -27,6 +27,7 @@ _EP_MASK = (1 << 20) - 1
 _LEASE_SHIFT = 78
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_UUID_BYTES = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 SessionKey = int | str
 
@@ -36,6 +37,13 @@ def session_key(session: str) -> SessionKey:
     if len(session) == 36 and _UUID.fullmatch(session):
         return int(session.replace("-", ""), 16)
     return session
+
+
+def session_key_of_bytes(raw: bytes) -> SessionKey:
+    """session_key() of a session read from an etcd key, without decoding it first."""
+    if len(raw) == 36 and _UUID_BYTES.fullmatch(raw):
+        return int(raw.replace(b"-", b""), 16)
+    return raw.decode(errors="replace")
 
 
 def session_of(key: SessionKey) -> str:
@@ -135,15 +143,43 @@ class BindingIndex:
         endpoint_id = self._endpoint_ids.get(endpoint)
         if endpoint_id is None:
             endpoint_id = self._intern(endpoint)
+        self._put_id(sessions, pool, key, endpoint_id, revision, lease)
+
+    def put_if_newer(
+        self, pool: str, key: SessionKey, endpoint_id: int, revision: int, lease: int
+    ) -> bool:
+        """put_key() for an endpoint already interned (`endpoint_id`), unless a newer revision
+        of the binding is held: the listing's and the watch's path, a million times at start."""
+        sessions = self._pools.get(pool)
+        if sessions is None:
+            sessions = self._pools[pool] = {}
+            self._loads[pool] = PoolLoad()
+        else:
+            old = sessions.get(key)
+            if old is not None and old & _REV_MASK > revision:
+                return False
+        self._put_id(sessions, pool, key, endpoint_id, revision, lease)
+        return True
+
+    def endpoint_id(self, endpoint: str) -> int:
+        """The intern id of `endpoint` (given one if new)."""
+        found = self._endpoint_ids.get(endpoint)
+        return self._intern(endpoint) if found is None else found
+
+    def _put_id(
+        self, sessions: dict[SessionKey, int], pool: str, key: SessionKey, endpoint_id: int,
+        revision: int, lease: int,
+    ) -> None:
         old = sessions.get(key)
-        load = self._loads[pool]
         if old is None:
             self._count += 1
+            self._loads[pool].add(self._endpoints[endpoint_id], 1)
             flags = 0
         else:
-            load.add(self.endpoint_of(old), -1)
+            if (old >> _EP_SHIFT) & _EP_MASK != endpoint_id:
+                self._loads[pool].add(self.endpoint_of(old), -1)
+                self._loads[pool].add(self._endpoints[endpoint_id], 1)
             flags = old & _TOUCHED_BOTH
-        load.add(self._endpoints[endpoint_id], 1)
         sessions[key] = ((lease << _LEASE_SHIFT) | (endpoint_id << _EP_SHIFT) | self._mark
                          | flags | (revision & _REV_MASK))
 

@@ -13,7 +13,13 @@ import json
 
 import structlog
 
-from kvgate.bindings.index import BindingIndex, SessionKey, revision_of, session_key
+from kvgate.bindings.index import (
+    BindingIndex,
+    SessionKey,
+    revision_of,
+    session_key,
+    session_key_of_bytes,
+)
 from kvgate.bindings.model import Binding
 from kvgate.etcd import KeyValue
 from kvgate.etcd.client import WatchEvent
@@ -34,6 +40,8 @@ class BindingMirror:
         self.prefix = f"{prefix}bindings/".encode()
         self.index = BindingIndex()
         self._listing_into_empty = False
+        self._pool_names: dict[bytes, str] = {}
+        self._endpoint_ids: dict[bytes, int] = {}  # a stored value's endpoint → its intern id
 
     def key_of(self, etcd_key: bytes) -> str | None:
         """`pool/session` of a key under the prefix; None for a key outside it."""
@@ -103,25 +111,37 @@ class BindingMirror:
     def _parse_key(self, etcd_key: bytes) -> tuple[str, SessionKey] | None:
         if not etcd_key.startswith(self.prefix):
             return None
-        pool, slash, session = etcd_key[len(self.prefix):].decode(errors="replace").partition("/")
-        if not slash or not pool or not session:
+        rest = etcd_key[len(self.prefix):]
+        slash = rest.find(b"/")
+        if slash <= 0 or slash == len(rest) - 1:
             return None
-        return pool, session_key(session)
+        raw_pool = rest[:slash]
+        pool = self._pool_names.get(raw_pool)
+        if pool is None:
+            pool = self._pool_names[raw_pool] = raw_pool.decode(errors="replace")
+        return pool, session_key_of_bytes(rest[slash + 1:])
 
     def _put_kv(self, kv: KeyValue) -> bool:
         parsed = self._parse_key(kv.key)
         if parsed is None:
             return False
-        endpoint = endpoint_in(kv.value)
-        if endpoint is None:
-            log.warning("binding_unreadable", key=kv.key.decode(errors="replace"))
-            return False
+        value = kv.value
+        endpoint_id = None
+        if value.startswith(_ENDPOINT):  # how Binding.encode writes it: no parsing needed
+            end = value.find(b'"', len(_ENDPOINT))
+            endpoint_id = self._endpoint_ids.get(value[len(_ENDPOINT):end])
+        if endpoint_id is None:
+            endpoint = endpoint_in(value)
+            if endpoint is None:
+                log.warning("binding_unreadable", key=kv.key.decode(errors="replace"))
+                return False
+            endpoint_id = self.index.endpoint_id(endpoint)
+            if value.startswith(_ENDPOINT) and len(self._endpoint_ids) < 65536:
+                end = value.find(b'"', len(_ENDPOINT))
+                if value[len(_ENDPOINT):end] == endpoint.encode():
+                    self._endpoint_ids[value[len(_ENDPOINT):end]] = endpoint_id
         pool, key = parsed
-        packed = self.index.packed(pool, key)
-        if packed is not None and revision_of(packed) > kv.mod_revision:
-            return False
-        self.index.put_key(pool, key, endpoint, kv.mod_revision, kv.lease)
-        return True
+        return self.index.put_if_newer(pool, key, endpoint_id, kv.mod_revision, kv.lease)
 
 
 def endpoint_in(value: bytes) -> str | None:

@@ -133,7 +133,7 @@ class Reattachment:
                 for key, revision, lease in batch]
         again = TOUCHED[self.epoch & 1]
         try:
-            results, revision = await self._client.put_each(puts)
+            results, revision = await self._client.put_each(puts, read_refused=False)
         except EtcdError as exc:
             for key, _, _ in batch:
                 self._index.touch(pool, key, again)  # retried next epoch

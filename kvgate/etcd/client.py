@@ -311,10 +311,12 @@ class EtcdClient:
         return reply.header.revision  # type: ignore[attr-defined]
 
     async def put_each(
-        self, puts: Sequence[GuardedPut], limit_s: float | None = None
+        self, puts: Sequence[GuardedPut], limit_s: float | None = None,
+        read_refused: bool = True,
     ) -> tuple[list[PutResult], int]:
         """Each put under its own guard, all in one transaction (one etcd write for the batch:
-        nested transactions, etcd >= 3.3): a guard that fails skips only its own key. At most
+        nested transactions, etcd >= 3.3): a guard that fails skips only its own key, whose
+        value now is read in the same transaction unless `read_refused` is False. At most
         MAX_TXN_OPS puts. Returns each put's result, in order, and the revision after them."""
         if len(puts) > MAX_TXN_OPS:
             raise ValueError(f"at most {MAX_TXN_OPS} puts per transaction, got {len(puts)}")
@@ -330,7 +332,8 @@ class EtcdClient:
                    else rpc.PutRequest(key=p.key, lease=p.lease, ignore_value=True))
             ops.append(rpc.RequestOp(request_txn=rpc.TxnRequest(
                 compare=[compare], success=[rpc.RequestOp(request_put=put)],
-                failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=p.key))],
+                failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=p.key))]
+                if read_refused else [],
             )))
         reply = await self._call("Txn", "_kv", rpc.TxnRequest(success=ops), limit_s)
         revision = reply.header.revision  # type: ignore[attr-defined]
@@ -340,6 +343,8 @@ class EtcdClient:
             if nested.succeeded:
                 # ignore_value keeps the stored value, which the caller did not send: unknown
                 results.append(PutResult(True, KeyValue(p.key, p.value or b"", revision, p.lease)))
+            elif not read_refused:
+                results.append(PutResult(False, None))
             else:
                 kvs = nested.responses[0].response_range.kvs
                 results.append(PutResult(False, _kv(kvs[0]) if kvs else None))
