@@ -22,10 +22,12 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import sys
 import tempfile
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -165,8 +167,8 @@ class Bench:
         client = EtcdClient([self.etcd_endpoint])
         leases = await EpochLeases(client, PREFIX, IDLE_TTL / 4,
                                    int(IDLE_TTL * 1.5)).leases_for(int(time.time() // 900))
-        bulk = [f"{i:08x}-{i >> 16 & 0xFFFF:04x}-4000-8000-{i * 2654435761 % 2**48:012x}"
-                for i in range(n - through)]
+        rng = random.Random(13)  # clients' session ids: random UUIDs, the same every run
+        bulk = [str(uuid.UUID(int=rng.getrandbits(128), version=4)) for _ in range(n - through)]
         started = time.perf_counter()
         await write_bindings(client, PREFIX, (
             Binding(s, POOL, f"127.0.0.1:{self.engines.ports[i % ENGINES]}", hash=i + 1)
@@ -368,9 +370,10 @@ class Bench:
                  f"{[round(p) for p in per]} B per binding")
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def run(args: argparse.Namespace, children: list[Child]) -> dict[str, Any]:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="kvgate-scale-"))
     bench = Bench(args, workdir)
+    bench.children = children  # the caller kills what is left if this is interrupted
     say = bench.say
     say(f"scale benchmark: {args.bindings} bindings, workdir {workdir}")
     try:
@@ -496,7 +499,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.bindings < 1000:
         parser.error("--bindings: at least 1000")
-    results = asyncio.run(run(args))
+    children: list[Child] = []
+    try:
+        results = asyncio.run(run(args, children))
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        for child in children:  # after an interruption: nothing left running
+            child.kill()
     text = markdown(results)
     print(text)
     if args.out:

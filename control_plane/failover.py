@@ -26,6 +26,7 @@ from kvgate.contract.states import EndpointState
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient, EtcdError, KeyValue
 from kvgate.etcd.client import MAX_TXN_OPS, GuardedPut
+from kvgate.etcd.scan import scan
 from kvgate.placement import place, session_hash
 from kvgate.placement.load import PoolLoad
 
@@ -106,7 +107,7 @@ class Failover:
         loads = PoolLoad()
         orphans: list[_Orphan] = []
         scope = self._base + f"{pool}/".encode()
-        async for page, _ in self._client.pages(scope):
+        async for page, _ in scan(self._client, scope):
             self.scanned += len(page)
             for kv in page:
                 try:

@@ -224,9 +224,17 @@ class EtcdClient:
 
     async def count_prefix(self, prefix: bytes) -> int:
         """How many keys are under `prefix` (etcd counts; nothing is transferred)."""
+        count, _ = await self.count_range(prefix, prefix_end(prefix))
+        return count
+
+    async def count_range(
+        self, key: bytes, range_end: bytes, revision: int = 0
+    ) -> tuple[int, int]:
+        """(keys in [key, range_end) at `revision` or now, the revision counted at)."""
         reply = await self._call("Range", "_kv", rpc.RangeRequest(
-            key=prefix, range_end=prefix_end(prefix), count_only=True))
-        return int(reply.count)  # type: ignore[attr-defined]
+            key=key, range_end=range_end, count_only=True, revision=revision))
+        return (int(reply.count),  # type: ignore[attr-defined]
+                revision or reply.header.revision)  # type: ignore[attr-defined]
 
     async def get(self, key: bytes, limit_s: float | None = None) -> KeyValue | None:
         reply = await self._call("Range", "_kv", rpc.RangeRequest(key=key), limit_s)

@@ -18,6 +18,7 @@ import structlog
 
 from kvgate.etcd.client import EtcdClient, KeyValue, WatchEvent
 from kvgate.etcd.errors import EtcdCompacted, EtcdError, EtcdUnavailable
+from kvgate.etcd.scan import scan
 
 log = structlog.get_logger("kvgate.etcd")
 
@@ -140,11 +141,12 @@ class PrefixMirror:
                 backoff = min(backoff * 2, 2.0 if isinstance(exc, EtcdUnavailable) else 10.0)
 
     async def _list(self) -> tuple[int, int]:
-        """Reads the whole prefix at one revision, page by page; returns (revision, keys)."""
+        """Reads the whole prefix at one revision, page by page (a large one in windows:
+        kvgate.etcd.scan); returns (revision, keys)."""
         revision = keys = 0
         if isinstance(self._handler, PagedHandler):
             self._handler.begin_listing()
-            async for page, at in self._client.pages(self._prefix):
+            async for page, at in scan(self._client, self._prefix):
                 revision = at
                 self._handler.listed(page)
                 keys += len(page)

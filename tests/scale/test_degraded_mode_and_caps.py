@@ -134,16 +134,15 @@ async def test_before_the_mirror_is_synced_an_unknown_session_is_looked_up_not_p
     await client.put(f"{prefix}bindings/coder/{session}".encode(),
                      Binding(session, "coder", elsewhere).encode())
     listing = asyncio.Event()
-    pages = client.pages
+    count_range = client.count_range
 
-    async def bindings_never_done(prefix_: bytes, **kwargs: Any) -> AsyncIterator[Any]:
-        if prefix_.endswith(b"/bindings/"):
+    async def bindings_never_done(key: bytes, *args: Any) -> tuple[int, int]:
+        if key.endswith(b"/bindings/"):  # the listing of a million bindings, still going
             listing.set()
-            await asyncio.Event().wait()  # the listing of a million bindings, still going
-        async for page in pages(prefix_, **kwargs):
-            yield page
+            await asyncio.Event().wait()
+        return await count_range(key, *args)
 
-    monkeypatch.setattr(client, "pages", bindings_never_done)
+    monkeypatch.setattr(client, "count_range", bindings_never_done)
     store = EtcdBindingStore(client, prefix, 3600, write_limit_s=2.0,
                              supervisor=Supervisor("ext_proc", CollectorRegistry()))
     try:
