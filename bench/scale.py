@@ -46,6 +46,7 @@ from kvgate.bindings.index import session_key
 from kvgate.bindings.leases import EpochLeases
 from kvgate.bindings.model import Binding
 from kvgate.etcd import EtcdClient
+from kvgate.etcd.scan import scan
 from kvgate.runtime.child import Child
 from kvgate.runtime.etcd import embedded_etcd, etcd_ready
 from kvgate.runtime.ports import free_ports
@@ -240,7 +241,7 @@ class Bench:
         base = f"{PREFIX}bindings/{POOL}/".encode()
         on_victim: set[bytes] = set()
         revision = 0
-        async for page, at in client.pages(base):
+        async for page, at in scan(client, base):
             on_victim.update(kv.key for kv in page if marker in kv.value)
             revision = at
         count = len(on_victim)

@@ -16,6 +16,7 @@ from kvgate.bindings.model import Binding
 from kvgate.contract.states import EndpointState
 from kvgate.endpoints import EndpointRecord, EndpointRecords, UnknownEndpoint
 from kvgate.etcd import EtcdClient, KeyValue
+from kvgate.etcd.scan import fixed_windows, window
 from kvgate.replicas import ReplicaReport, read_reports
 from kvgate.session import normalize_session
 
@@ -145,24 +146,29 @@ class Operations:
         self, pool: str | None = None, endpoint: str | None = None, limit: int = 100,
         after: str | None = None,
     ) -> SessionPage:
-        """One page of bindings in key order (pool, then session), read from etcd in pages:
-        at most `limit` (LIST_LIMIT at most), starting after `after` (`pool/session`, or a
-        session of `pool`)."""
+        """One page of bindings in key order (pool, then session) of the pools etcd has endpoint
+        records for: at most `limit` (LIST_LIMIT at most), starting after `after`
+        (`pool/session`, or a session of `pool`)."""
         limit = 100 if limit <= 0 else min(limit, LIST_LIMIT)
-        base = self._bindings_prefix()
-        scope = base + (f"{pool}/".encode() if pool else b"")
         start = None if after is None else self._after_key(after, pool) + b"\0"
+        pools = [pool] if pool else sorted({r.pool for r in await self._records.list()})
         found: list[SessionBinding] = []
-        async for page, _ in self._client.pages(scope, start=start,
-                                                page_size=min(max(limit + 1, 100), 1000)):
-            for kv in page:
-                binding = self._decode(kv)
-                if binding is None or (endpoint is not None
-                                       and binding.binding.endpoint != endpoint):
+        for name in pools:
+            base = self._bindings_prefix() + f"{name}/".encode()
+            # Windows of a few thousand keys each: etcd counts every key up to a Range's end.
+            for low, high in fixed_windows(base):
+                if start is not None and high <= start:
                     continue
-                if len(found) == limit:  # one more exists: say where the next page starts
-                    return SessionPage(found, found[-1].binding.key)
-                found.append(binding)
+                low = max(low, start) if start is not None else low
+                async for page, _ in window(self._client, low, high, min(limit + 1, 1000)):
+                    for kv in page:
+                        binding = self._decode(kv)
+                        if binding is None or (endpoint is not None
+                                               and binding.binding.endpoint != endpoint):
+                            continue
+                        if len(found) == limit:  # one more exists: the next page starts here
+                            return SessionPage(found, found[-1].binding.key)
+                        found.append(binding)
         return SessionPage(found)
 
     def _after_key(self, after: str, pool: str | None) -> bytes:

@@ -86,6 +86,7 @@ async def test_the_leader_finds_a_failed_engines_sessions_in_one_paged_read(
 async def test_sessions_list_pages_in_key_order(etcd, prefix: str) -> None:
     client = EtcdClient([etcd.endpoint])
     try:
+        await sync_membership(client, load_text(_config(etcd.endpoint, prefix)), "t", claim=True)
         coder, chat = sessions(230, "coder"), sessions(40, "chat")
         await write_bindings(client, prefix, [Binding(s, "coder", A) for s in coder]
                              + [Binding(s, "chat", "10.0.1.1:8000") for s in chat])
