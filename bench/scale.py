@@ -452,15 +452,17 @@ def markdown(r: dict[str, Any]) -> str:
         ("restarted replica serves / holds every binding",
          f"{r['restart']['serving_after_s']:.1f} s / {r['restart']['holds_all_after_s']:.1f} s",
          "≤ 20 s at 1M"),
-        ("slowest probe decision during that restart (known / new sessions)",
-         f"{restart_probe['slowest_known_session_ms']} / "
-         f"{restart_probe['slowest_new_session_ms']} ms "
-         f"({restart_probe['decisions']} answered, {restart_probe['refused']} refused while "
-         "it started)", "≤ 50 ms"),
-        *((f"slowest probe decision, {name}: known / new sessions",
-           " and ".join(f"{p['slowest_known_session_ms']} / {p['slowest_new_session_ms']} ms"
+        ("probe decisions during that restart: p99, slowest known / new session "
+         "(restarted replica; the other one, idle, for the machine's own noise)",
+         " and ".join(f"{w['p99_ms']} ms, {w['slowest_known_session_ms']} / "
+                      f"{w['slowest_new_session_ms']} ms"
+                      for w in (restart_probe, r["probe"]["replica 0"]["restart of replica 1"])),
+         "≤ 50 ms"),
+        *((f"probe decisions, {name}: p99, slowest known / new session (replica 0 and 1)",
+           " and ".join(f"{p['p99_ms']} ms, {p['slowest_known_session_ms']} / "
+                        f"{p['slowest_new_session_ms']} ms"
                         for p in (r["probe"][f"replica {i}"][name] for i in (0, 1))),
-           "a new session waits for etcd (≤ 100 ms)")
+           "")
           for name in ("watch lag", "failover", "etcd stall", "etcd restart (relist)",
                        "throughout")),
         ("watch lag between replicas p50 / p99",
@@ -501,7 +503,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="active sessions for writes per epoch (3,000)")
     parser.add_argument("--workdir", help="logs and etcd data (default: a temporary dir)")
     parser.add_argument("--out", type=Path, help="write scale-<N>.json and .md here")
+    parser.add_argument("--report", type=Path, metavar="JSON",
+                        help="only print the table of an earlier run's scale-<N>.json")
     args = parser.parse_args(argv)
+    if args.report:
+        print(markdown(json.loads(args.report.read_text())), end="")
+        return 0
     if args.bindings < 1000:
         parser.error("--bindings: at least 1000")
     children: list[Child] = []
