@@ -106,4 +106,4 @@ async def writes_per_epoch(endpoint: str, prefix: str, replicas: int, sessions: 
         await watcher.close()
     return {"replicas": replicas, "sessions": sessions, "epochs": epochs,
             "writes_per_session_per_epoch": sum(rewrites.values()) / sessions / epochs,
-            "still_held": held}
+            "sessions_rewritten": len(rewrites), "still_held": held}
