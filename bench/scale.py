@@ -32,8 +32,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import grpc
-import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -90,7 +90,7 @@ class Bench:
         self.children: list[Child] = []
         self.replicas: list[Child | None] = [None, None]
         self.results: dict[str, Any] = {"bindings": args.bindings}
-        self.http = httpx.AsyncClient()
+        self.http: aiohttp.ClientSession | None = None
         self.say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
 
     # -- processes -------------------------------------------------------------------------
@@ -129,7 +129,8 @@ class Bench:
         await child.wait_ready(ready, within)
 
     async def stop(self) -> None:
-        await self.http.aclose()
+        if self.http is not None:
+            await self.http.close()
         for child in reversed(self.children):
             await child.stop()
         await self.engines.stop()
@@ -138,6 +139,8 @@ class Bench:
         return f"127.0.0.1:{self.ports[f'ext_proc{index}']}"
 
     async def replica_metrics(self, index: int) -> dict[str, float]:
+        if self.http is None:  # made inside the running loop
+            self.http = aiohttp.ClientSession()
         return await metrics(self.http, f"http://127.0.0.1:{self.ports[f'metrics{index}']}/metrics")
 
     async def held(self, index: int) -> tuple[int, bool, float]:
@@ -187,7 +190,7 @@ class Bench:
         while True:
             try:
                 held, synced, _ = await self.held(index)
-            except httpx.HTTPError:
+            except (aiohttp.ClientError, TimeoutError):
                 held, synced = 0, False
             if held >= self.args.bindings and synced:
                 return time.perf_counter() - started

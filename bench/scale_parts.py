@@ -11,8 +11,8 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import aiohttp
 import grpc
-import httpx
 from aiohttp import web
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -82,9 +82,10 @@ class Engines:
             await self._runner.cleanup()
 
 
-async def metrics(http: httpx.AsyncClient, url: str) -> dict[str, float]:
+async def metrics(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
     """A Prometheus text page as {'name{labels}': value}."""
-    text = (await http.get(url, timeout=10)).text
+    async with http.get(url, timeout=aiohttp.ClientTimeout(total=10)) as reply:
+        text = await reply.text()
     found = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
