@@ -2,8 +2,14 @@
 their deadline passes, with the gateway's own placement (same KV pool first, within the pool's
 load bound, spilling to other KV pools only when the siblings are full), in batches.
 
-Every move is a compare-and-set on the binding that keeps its lease (its idle expiry); a
-binding that changed meanwhile (ext_proc re-bound it first) is left as it is.
+The control plane mirrors no binding (at a million sessions that would cost it as much memory
+as an ext_proc replica, and a watch event per write): when the set of leaving endpoints of a
+pool changes, the leader reads the pool's bindings once, in pages, to find theirs and the load
+of every endpoint, then moves them. A sweep that found nothing to move is not repeated until
+that set (or the membership) changes again, or RESCAN_S passes.
+
+Every move is a compare-and-set on the binding that keeps its lease (its idle expiry), many per
+transaction; a binding that changed meanwhile (ext_proc re-bound it first) is left as it is.
 """
 
 from __future__ import annotations
@@ -11,18 +17,29 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 
-from kvgate.bindings.mirror import BindingMirror
 from kvgate.bindings.model import Binding
 from kvgate.contract.states import EndpointState
 from kvgate.endpoints import EndpointDirectory
-from kvgate.etcd import EtcdClient, EtcdError
+from kvgate.etcd import EtcdClient, EtcdError, KeyValue
+from kvgate.etcd.client import MAX_TXN_OPS, GuardedPut
+from kvgate.etcd.scan import scan
 from kvgate.placement import place, session_hash
 from kvgate.placement.load import PoolLoad
 
 log = structlog.get_logger("kvgate.failover")
+
+RESCAN_S = 300.0  # while endpoints are leaving, look again this often (a stale replica's write)
+PARALLEL = 4  # move transactions in flight at once
+
+
+@dataclass(frozen=True, slots=True)
+class _Orphan:
+    binding: Binding
+    kv: KeyValue
 
 
 class Failover:
@@ -30,22 +47,24 @@ class Failover:
         self,
         client: EtcdClient,
         directory: EndpointDirectory,
-        bindings: BindingMirror,
+        prefix: str,
         load_factor: float,
         *,
-        batch: int = 64,
+        batch: int = MAX_TXN_OPS,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._client = client
         self._directory = directory
-        self._bindings = bindings
+        self._base = f"{prefix}bindings/".encode()
         self._load_factor = load_factor
         self._batch = batch
         self._clock = clock
+        self._done: dict[str, tuple[object, float]] = {}  # pool → (what was swept, when)
         self.moved = 0
+        self.scanned = 0  # bindings read by sweeps
 
     def leaving(self, pool: str) -> set[str]:
-        """Endpoints whose sessions must move now."""
+        """Endpoints whose sessions must move now (besides those removed from the pool)."""
         view = self._directory.view(pool)
         now = self._clock()
         out = set()
@@ -56,29 +75,61 @@ class Failover:
             elif member.state == EndpointState.DRAINING and record is not None:
                 if record.drain_deadline is not None and record.drain_deadline <= now:
                     out.add(member.address)
-        known = {m.address for m in view.members}
-        out |= set(self._bindings.index.load(pool)) - known  # removed from the config
         return out
 
     async def sweep(self) -> int:
         moved = 0
         for pool in self._directory.pools():
             leaving = self.leaving(pool)
-            if not leaving:
+            members = tuple(m.address for m in self._directory.view(pool).members)
+            signature = (frozenset(leaving), members)
+            done = self._done.get(pool)
+            if done is not None and done[0] == signature and (
+                    not leaving or self._clock() - done[1] < RESCAN_S):
                 continue
-            orphans = [b for b in self._bindings.index.bindings(pool) if b.endpoint in leaving]
-            if orphans:
-                moved += await self._move(pool, orphans)
+            count, complete = await self._sweep_pool(pool, leaving, set(members))
+            moved += count
+            if complete:
+                self._done[pool] = (signature, self._clock())
         self.moved += moved
         return moved
 
-    async def _move(self, pool: str, orphans: list[Binding]) -> int:
+    def forget(self) -> None:
+        """Sweep every pool afresh (on taking leadership: another leader may have stopped half
+        way)."""
+        self._done.clear()
+
+    async def _sweep_pool(
+        self, pool: str, leaving: set[str], members: set[str]
+    ) -> tuple[int, bool]:
+        """Finds the pool's bindings on leaving or removed endpoints (one paged read) and moves
+        them; (moved, whether every one was dealt with)."""
+        loads = PoolLoad()
+        orphans: list[_Orphan] = []
+        scope = self._base + f"{pool}/".encode()
+        async for page, _ in scan(self._client, scope):
+            self.scanned += len(page)
+            for kv in page:
+                try:
+                    binding = Binding.decode(kv.key[len(self._base):].decode(), kv.value,
+                                             kv.mod_revision)
+                except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+                    continue
+                loads.add(binding.endpoint, 1)
+                if binding.endpoint in leaving or binding.endpoint not in members:
+                    orphans.append(_Orphan(binding, kv))
+            await asyncio.sleep(0)
+        if not orphans:
+            return 0, True
+        return await self._move(pool, orphans, loads)
+
+    async def _move(
+        self, pool: str, orphans: list[_Orphan], loads: PoolLoad
+    ) -> tuple[int, bool]:
         view = self._directory.view(pool)
-        loads = PoolLoad()  # what the moves below leave behind, kept as they are planned
-        for endpoint, count in self._bindings.index.load(pool).items():
-            loads.add(endpoint, count)
-        plans: list[tuple[Binding, str]] = []
-        for binding in orphans:
+        plans: list[GuardedPut] = []
+        for orphan in orphans:
+            binding = orphan.binding
             target = place(
                 view, binding.hash or session_hash(binding.session.encode()), loads,
                 self._load_factor,
@@ -88,14 +139,17 @@ class Failover:
                 continue  # nowhere to go: ext_proc will place it when it next asks
             loads.add(target, 1)
             loads.add(binding.endpoint, -1)
-            plans.append((binding, target))
+            rebound = Binding(binding.session, pool, target, hash=binding.hash)
+            plans.append(GuardedPut(orphan.kv.key, rebound.encode(), orphan.kv.lease,
+                                    orphan.kv.mod_revision))
         moved = 0
-        for start in range(0, len(plans), self._batch):
+        batches = [plans[i:i + self._batch] for i in range(0, len(plans), self._batch)]
+        for start in range(0, len(batches), PARALLEL):
             results = await asyncio.gather(
-                *(self._cas(b, t) for b, t in plans[start:start + self._batch]),
-                return_exceptions=True,
-            )
-            moved += sum(1 for r in results if r is True)
+                *(self._client.put_each(b, read_refused=False)
+                  for b in batches[start:start + PARALLEL]), return_exceptions=True)
+            moved += sum(1 for r in results if not isinstance(r, BaseException)
+                         for put in r[0] if put.done)
             unexpected = [r for r in results
                           if isinstance(r, BaseException) and not isinstance(r, EtcdError)]
             if unexpected:
@@ -104,14 +158,11 @@ class Failover:
             if refused:  # etcd away or refusing writes: the next sweep retries
                 log.warning("sessions_move_paused", pool=pool, moved=moved,
                             kind=str(refused[0].kind), error=str(refused[0]))
-                break
+                if moved:
+                    log.info("sessions_moved", pool=pool, moved=moved, planned=len(plans))
+                return moved, False
         if moved:
             log.info("sessions_moved", pool=pool, moved=moved, planned=len(plans))
-        return moved
-
-    async def _cas(self, binding: Binding, target: str) -> bool:
-        key = f"{self._bindings.prefix.decode()}{binding.key}".encode()
-        lease = self._bindings.leases.get(binding.key, 0)
-        moved = Binding(binding.session, binding.pool, target, hash=binding.hash)
-        done, _ = await self._client.replace(key, moved.encode(), binding.revision, lease)
-        return done
+        # A move refused because the binding changed meanwhile is looked at again at once;
+        # one with nowhere to go waits for the pool's states to change.
+        return moved, moved == len(plans)

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from control_plane.counts import session_counts
 from kvgate.bindings.model import Binding
 from kvgate.contract.states import EndpointState
 from kvgate.endpoints import EndpointRecord, EndpointRecords, UnknownEndpoint
-from kvgate.etcd import EtcdClient
+from kvgate.etcd import EtcdClient, KeyValue
+from kvgate.etcd.scan import fixed_windows, window
+from kvgate.replicas import ReplicaReport, read_reports
 from kvgate.session import normalize_session
+
+LIST_LIMIT = 10_000  # the most sessions one `sessions list` call returns (pages beyond it)
 
 
 class OperationError(Exception):
@@ -54,6 +58,18 @@ class SessionBinding:
     lease: int
 
 
+@dataclass(frozen=True, slots=True)
+class EndpointList:
+    endpoints: list[EndpointStatus]
+    sessions_note: str | None = None  # set when the counts are not an exact count in etcd
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPage:
+    sessions: list[SessionBinding]
+    next_after: str | None = None  # `pool/session` to pass as `after` for the next page
+
+
 class Operations:
     def __init__(
         self,
@@ -72,15 +88,24 @@ class Operations:
         """etcd's active alarms (NOSPACE: writes refused until an operator disarms it)."""
         return await self._client.alarms()
 
+    async def etcd_db(self) -> tuple[int, int]:
+        """etcd's database size and the part of it in use (bytes)."""
+        return await self._client.db_size()
+
+    async def ext_proc_reports(self) -> list[ReplicaReport]:
+        return await read_reports(self._client, self._prefix)
+
     # -- endpoints -------------------------------------------------------------------------
 
-    async def list_endpoints(self, pool: str | None = None) -> list[EndpointStatus]:
+    async def list_endpoints(self, pool: str | None = None) -> EndpointList:
+        """Every endpoint with its sessions (counts, never a listing: kvgate.control_plane
+        counts) and last scraped load."""
         records = await self._records.list(pool)
-        counts = Counter((b.binding.pool, b.binding.endpoint) for b in await self._bindings(pool))
-        return [
-            EndpointStatus(r, counts[(r.pool, r.address)], self._loads(r.address))
+        counts = await session_counts(self._client, self._prefix, pool, self._clock)
+        return EndpointList([
+            EndpointStatus(r, counts.by_endpoint[(r.pool, r.address)], self._loads(r.address))
             for r in sorted(records, key=lambda r: (r.pool, r.address))
-        ]
+        ], counts.note)
 
     async def drain(
         self, address: str, pool: str | None = None, deadline_s: float | None = None
@@ -118,21 +143,57 @@ class Operations:
     # -- sessions --------------------------------------------------------------------------
 
     async def list_sessions(
-        self, pool: str | None = None, endpoint: str | None = None, limit: int = 100
-    ) -> list[SessionBinding]:
-        found = [
-            b for b in await self._bindings(pool)
-            if endpoint is None or b.binding.endpoint == endpoint
-        ]
-        found.sort(key=lambda b: (b.binding.pool, b.binding.session))
-        return found[:limit] if limit > 0 else found
+        self, pool: str | None = None, endpoint: str | None = None, limit: int = 100,
+        after: str | None = None,
+    ) -> SessionPage:
+        """One page of bindings in key order (pool, then session) of the pools etcd has endpoint
+        records for: at most `limit` (LIST_LIMIT at most), starting after `after`
+        (`pool/session`, or a session of `pool`)."""
+        limit = 100 if limit <= 0 else min(limit, LIST_LIMIT)
+        start = None if after is None else self._after_key(after, pool) + b"\0"
+        pools = [pool] if pool else sorted({r.pool for r in await self._records.list()})
+        found: list[SessionBinding] = []
+        for name in pools:
+            base = self._bindings_prefix() + f"{name}/".encode()
+            # Windows of a few thousand keys each: etcd counts every key up to a Range's end.
+            for low, high in fixed_windows(base):
+                if start is not None and high <= start:
+                    continue
+                low = max(low, start) if start is not None else low
+                async for page, _ in window(self._client, low, high, min(limit + 1, 1000)):
+                    for kv in page:
+                        binding = self._decode(kv)
+                        if binding is None or (endpoint is not None
+                                               and binding.binding.endpoint != endpoint):
+                            continue
+                        if len(found) == limit:  # one more exists: the next page starts here
+                            return SessionPage(found, found[-1].binding.key)
+                        found.append(binding)
+        return SessionPage(found)
+
+    def _after_key(self, after: str, pool: str | None) -> bytes:
+        pool_name, slash, session = after.partition("/")
+        if not slash:
+            if pool is None:
+                raise Invalid("--after needs --pool, or the pool/session a previous page named")
+            pool_name, session = pool, after
+        normalized = normalize_session(session.encode())
+        if normalized is None:
+            raise Invalid("--after names no session")
+        return self._bindings_prefix() + f"{pool_name}/{normalized}".encode()
 
     async def show_session(self, session: str) -> list[SessionBinding]:
-        """The session's bindings in every pool; `session` as the client sends it, or its UUID."""
+        """The session's bindings in every pool; `session` as the client sends it, or its UUID.
+        One read per pool, whatever the number of bindings."""
         normalized = normalize_session(session.encode())
         if normalized is None:
             raise Invalid("an empty session id has no binding")
-        found = [b for b in await self._bindings(None) if b.binding.session == normalized]
+        found = []
+        for pool in sorted({r.pool for r in await self._records.list()}):
+            kv = await self._client.get(self._bindings_prefix() + f"{pool}/{normalized}".encode())
+            binding = None if kv is None else self._decode(kv)
+            if binding is not None:
+                found.append(binding)
         if not found:
             raise NotFound(f"no binding for session {session!r} ({normalized})")
         return found
@@ -165,18 +226,15 @@ class Operations:
         revision = now.mod_revision if now is not None else 0
         return SessionBinding(replace(moved, revision=revision), current.lease)
 
-    async def _bindings(self, pool: str | None) -> list[SessionBinding]:
-        base = f"{self._prefix}bindings/".encode()
-        kvs, _ = await self._client.get_prefix(base + (f"{pool}/".encode() if pool else b""))
-        found = []
-        for kv in kvs:
-            key = kv.key[len(base):].decode(errors="replace")
-            try:
-                found.append(SessionBinding(Binding.decode(key, kv.value, kv.mod_revision),
-                                            kv.lease))
-            except (ValueError, KeyError, TypeError, json.JSONDecodeError):
-                continue
-        return found
+    def _bindings_prefix(self) -> bytes:
+        return f"{self._prefix}bindings/".encode()
+
+    def _decode(self, kv: KeyValue) -> SessionBinding | None:
+        key = kv.key[len(self._bindings_prefix()):].decode(errors="replace")
+        try:
+            return SessionBinding(Binding.decode(key, kv.value, kv.mod_revision), kv.lease)
+        except (ValueError, KeyError, TypeError, json.JSONDecodeError):
+            return None
 
     def _binding_key(self, binding: Binding) -> bytes:
         return f"{self._prefix}bindings/{binding.key}".encode()

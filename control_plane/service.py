@@ -31,7 +31,6 @@ from control_plane.status import ControlPlaneStatus
 from control_plane.xds.cache import InconsistentSnapshot, SnapshotCache, check_consistency
 from control_plane.xds.metrics import XdsMetrics
 from control_plane.xds.server import AdsServer, NodeRegistry
-from kvgate.bindings.mirror import BindingMirror
 from kvgate.config import Config, ConfigError, load_file
 from kvgate.config.model import HostPort
 from kvgate.contract.states import EndpointState
@@ -43,8 +42,9 @@ from kvgate.endpoints import (
     sync_membership,
 )
 from kvgate.etcd import EtcdClient, EtcdError, KeyValue, PrefixMirror
+from kvgate.etcd.alarms import EtcdAlarmWatch
 from kvgate.etcd.client import WatchEvent, wait_until_ready
-from kvgate.etcd.observed import EtcdErrorLog
+from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
 from kvgate.observability.http import MetricsServer
 from kvgate.runtime.supervisor import Supervisor
@@ -88,13 +88,14 @@ class ControlPlaneService:
         self.registry = CollectorRegistry()
         self.supervisor = Supervisor("control_plane", self.registry)
         self.etcd_errors = EtcdErrorLog("control_plane", self.registry)
+        self.mirrors = MirrorMetrics("control_plane", self.registry)
         # etcd.tls / etcd.auth: files and password read now (EtcdSecurityError: not started)
         self._etcd = EtcdClient(options.etcd, on_error=self.etcd_errors,
                                 security=etcd_security(config.etcd))
+        self.etcd_alarms = EtcdAlarmWatch(self._etcd, "control_plane", self.registry)
         self.cache = SnapshotCache()
         self.nodes = NodeRegistry()
         self.directory = EndpointDirectory(config)
-        self.bindings = BindingMirror(config.etcd.prefix)
         self._states_changed = asyncio.Event()
         self.leader = LeaderElection(
             self._etcd, f"{config.etcd.prefix}leader".encode(), options.identity,
@@ -102,7 +103,7 @@ class ControlPlaneService:
         )
         self.checker = HealthChecker(config, self._etcd, self.supervisor,
                                      leading=lambda: self.leader.leading, registry=self.registry)
-        self.failover = Failover(self._etcd, self.directory, self.bindings,
+        self.failover = Failover(self._etcd, self.directory, config.etcd.prefix,
                                  config.placement.load_factor)
         self.operations = Operations(self._etcd, config.etcd.prefix, loads=self.checker.load)
         self.last_reload_error: str | None = None
@@ -154,19 +155,20 @@ class ControlPlaneService:
         self.membership.stored = state.stored
         if not state.in_sync:
             log.warning("membership_differs", **self._membership_fields())
-        endpoints = PrefixMirror(self._etcd, self.directory.prefix,
-                                 _Notifying(self.directory, self._states_changed))
-        bindings = PrefixMirror(self._etcd, self.bindings.prefix, self.bindings)
-        membership = PrefixMirror(self._etcd, self.membership.key, self.membership)
+        endpoints = self.mirrors.track(PrefixMirror(
+            self._etcd, self.directory.prefix, _Notifying(self.directory, self._states_changed),
+            "endpoints"))
+        membership = self.mirrors.track(PrefixMirror(
+            self._etcd, self.membership.key, self.membership, "membership"))
         self.supervisor.spawn("endpoints-mirror", endpoints.run)
-        self.supervisor.spawn("bindings-mirror", bindings.run)
         self.supervisor.spawn("membership-mirror", membership.run)
         await asyncio.wait_for(endpoints.synced.wait(), etcd_wait)
         await self._publish()
         await self._xds.start()
         await self.checker.start()
         for name, run in (("leader-election", self.leader.run), ("snapshot", self._snapshot_loop),
-                          ("failover", self._failover_loop), ("reload", self._reload_loop)):
+                          ("failover", self._failover_loop), ("reload", self._reload_loop),
+                          ("etcd-alarms", self.etcd_alarms.run)):
             self.supervisor.spawn(name, run)
         await self._admin.set_serving()
         log.info("control_plane_ready", xds=f"{self.config.control_plane.xds.host}:"
@@ -205,6 +207,7 @@ class ControlPlaneService:
             etcd_errors=tuple(self.etcd_errors.recent()),
             membership_generation=0 if stored is None else stored.generation,
             membership_warning=self._membership_warning(),
+            mirrors=tuple(self.mirrors.statuses()),
         )
 
     def _membership_fields(self) -> dict[str, object]:
@@ -262,6 +265,7 @@ class ControlPlaneService:
 
     def _on_leadership(self, leading: bool) -> None:
         if leading:
+            self.failover.forget()
             self.supervisor.cancel("publish-health")
             self.supervisor.spawn("publish-health", self.checker.publish_all, once=True)
 

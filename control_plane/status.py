@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvgate.etcd.mirror import MirrorStatus
 from kvgate.etcd.observed import EtcdErrorSeen
 from kvgate.runtime.supervisor import TaskFailure
 
@@ -33,3 +34,4 @@ class ControlPlaneStatus:
     etcd_errors: tuple[EtcdErrorSeen, ...] = ()  # by kind, seen in the last 5 minutes
     membership_generation: int = 0  # of the endpoint membership etcd holds (0: none yet)
     membership_warning: str | None = None  # this replica's file is not etcd's membership
+    mirrors: tuple[MirrorStatus, ...] = ()  # this replica's etcd mirrors

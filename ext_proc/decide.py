@@ -7,11 +7,12 @@ the binding store, whose answer (possibly a concurrent replica's earlier binding
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from kvgate.bindings.model import Binding, binding_key
-from kvgate.bindings.store import BindingStore
+from kvgate.bindings.store import BindingStore, Unbound
 from kvgate.contract.states import EndpointState
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement import fallback_for, place, session_hash
@@ -26,6 +27,7 @@ class Outcome(StrEnum):
     NEW = "new"
     REBIND = "rebind"
     SESSIONLESS = "sessionless"
+    UNBOUND = "unbound"  # no binding made (queue full, binding cap): Envoy's ring places it
     ERROR = "error"
 
 
@@ -53,11 +55,15 @@ SESSIONLESS = Decision(Outcome.SESSIONLESS)
 
 class Decider:
     def __init__(
-        self, store: BindingStore, directory: EndpointDirectory, load_factor: float
+        self, store: BindingStore, directory: EndpointDirectory, load_factor: float,
+        *, max_bindings: int = 0,
+        on_unbound: Callable[[str, str, Unbound], None] = lambda pool, session, why: None,
     ) -> None:
         self._store = store
         self._directory = directory
         self._load_factor = load_factor
+        self._max_bindings = max_bindings  # per pool; 0: no cap
+        self._on_unbound = on_unbound
         self._inflight: dict[str, asyncio.Future[Binding]] = {}  # placements being written
         self._sessions = SessionIds()
 
@@ -70,13 +76,25 @@ class Decider:
             raise UnknownPool(f"no endpoints known for pool {pool!r}")
         hash_value = session_hash(raw_session or b"")
         binding = self._store.get(pool, session)
+        if binding is None and not self._store.synced:
+            # Still loading (or the watch is lost): another replica may have bound it.
+            binding = await self._store.fetch(pool, session)
         state = None if binding is None else view.state(binding.endpoint)
         if binding is not None and state in _KEEPS_SESSIONS:
             self._store.touch(binding)
             outcome = Outcome.STICKY
         else:
             outcome = Outcome.NEW if binding is None else Outcome.REBIND
-            binding = await self._commit(pool, session, hash_value, binding)
+            try:
+                if binding is None and 0 < self._max_bindings <= self._store.count(pool):
+                    # Existing bindings are never evicted for newcomers (session.max_bindings).
+                    raise Unbound("max_bindings", f"pool {pool!r} holds "
+                                  f"{self._store.count(pool)} bindings (session.max_bindings: "
+                                  f"{self._max_bindings})")
+                binding = await self._commit(pool, session, hash_value, binding)
+            except Unbound as why:
+                self._on_unbound(pool, session, why)
+                return Decision(Outcome.UNBOUND, (), session)
         fallback = fallback_for(view, hash_value, binding.endpoint)
         endpoints = (binding.endpoint,) if fallback is None else (binding.endpoint, fallback)
         return Decision(outcome, endpoints, session)
@@ -117,4 +135,5 @@ class Decider:
             raise NoActiveEndpoint(f"pool {pool!r} has no active endpoint")
         if current is None:
             return await self._store.create(Binding(session, pool, target, hash=hash_value))
-        return await self._store.move(current, target)
+        # Memory keeps no ring hash per binding; the stored value carries it for the failover.
+        return await self._store.move(replace(current, hash=hash_value), target)

@@ -32,19 +32,25 @@ class ExtProcMetrics:
         self.pending = Gauge(
             "kvgate_ext_proc_pending_writes", "Bindings waiting for etcd", registry=self.registry
         )
-        self.etcd_connected = Gauge(
-            "kvgate_ext_proc_etcd_connected", "1 while the etcd watch is live",
+        self.degraded = Gauge(
+            "kvgate_ext_proc_degraded", "1 while etcd takes no writes and new bindings queue",
             registry=self.registry,
         )
-        for outcome in ("sticky", "new", "rebind", "sessionless", "error"):
+        self.unbound = Counter(
+            "kvgate_ext_proc_unbound", "New sessions routed on Envoy's ring without a binding, "
+            "by reason (pending_full, max_bindings)", ["reason"], registry=self.registry,
+        )
+        for outcome in ("sticky", "new", "rebind", "sessionless", "unbound", "error"):
             self.decisions.labels(outcome)
         for source in ("header", "body", "implicit", "none"):
             self.session_sources.labels(source)
+        for reason in ("pending_full", "max_bindings"):
+            self.unbound.labels(reason)
 
     def track(
         self, bindings: Callable[[], float], pending: Callable[[], float],
-        connected: Callable[[], float],
+        degraded: Callable[[], float],
     ) -> None:
         self.bindings.set_function(bindings)
         self.pending.set_function(pending)
-        self.etcd_connected.set_function(connected)
+        self.degraded.set_function(degraded)

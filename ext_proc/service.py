@@ -3,8 +3,10 @@ binding store → serve → metrics; stop in reverse. Background tasks run under
 
 from __future__ import annotations
 
+import os
 import socket
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 import grpc
 import structlog
@@ -18,13 +20,16 @@ from ext_proc.server import ExternalProcessor
 from ext_proc.sources import SessionSources
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.memory import MemoryBindingStore
-from kvgate.bindings.store import BindingStore
+from kvgate.bindings.store import BindingStore, Unbound
 from kvgate.config.model import Config, HostPort
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdAuthError, EtcdClient, EtcdError, PrefixMirror
-from kvgate.etcd.observed import EtcdErrorLog
+from kvgate.etcd.client import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PAGE_SIZE
+from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
 from kvgate.observability.http import MetricsServer
+from kvgate.observability.logs import Throttled
+from kvgate.replicas import ReplicaReport, ReportPublisher
 from kvgate.runtime.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.ext_proc")
@@ -35,6 +40,9 @@ class ExtProcOptions:
     listen: HostPort
     metrics: HostPort | None
     etcd_endpoints: tuple[str, ...] = ()  # empty: in-memory bindings (a single replica only)
+    identity: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    etcd_page_size: int = DEFAULT_PAGE_SIZE  # keys per page of a listing
+    etcd_max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # the largest reply accepted
 
 
 class ExtProcService:
@@ -48,8 +56,12 @@ class ExtProcService:
         self._etcd_security = etcd_security(config.etcd) if options.etcd_endpoints else None
         self.store: BindingStore
         self._mirror: PrefixMirror | None = None
+        self._report: ReportPublisher | None = None
+        self._etcd_store: EtcdBindingStore | None = None
         self.supervisor = Supervisor("ext_proc", self.metrics.registry)
         self.etcd_errors = EtcdErrorLog("ext_proc", self.metrics.registry)
+        self.mirrors = MirrorMetrics("ext_proc", self.metrics.registry)
+        self._throttled = Throttled(log)
         self._server: grpc.aio.Server | None = None
         self._http: HttpProcessor | None = None  # ext_proc.transport: http
         self._http_socket: socket.socket | None = None
@@ -67,28 +79,34 @@ class ExtProcService:
             self._bind_grpc(listen)
         if self._options.etcd_endpoints:
             self._etcd = EtcdClient(self._options.etcd_endpoints, on_error=self.etcd_errors,
-                                    security=self._etcd_security)
+                                    security=self._etcd_security,
+                                    page_size=self._options.etcd_page_size,
+                                    max_message_bytes=self._options.etcd_max_message_bytes)
             await _check_credentials(self._etcd, config.etcd.prefix)
             etcd_store = EtcdBindingStore(
                 self._etcd, config.etcd.prefix, config.session.idle_ttl,
                 supervisor=self.supervisor, on_etcd_error=self.metrics.etcd_errors.inc,
                 write_limit_s=config.ext_proc.etcd_write_deadline,
+                max_pending=config.ext_proc.max_pending_bindings,
             )
-            self._mirror = PrefixMirror(self._etcd, self.directory.prefix, self.directory)
+            self._mirror = self.mirrors.track(
+                PrefixMirror(self._etcd, self.directory.prefix, self.directory, "endpoints"))
+            self.mirrors.track(etcd_store.mirror)
             self.supervisor.spawn("endpoints-mirror", self._mirror.run)
             await etcd_store.start()
-            self.store = etcd_store
-            mirror = self._mirror
-            self.metrics.track(
-                lambda: len(etcd_store), lambda: etcd_store.pending,
-                lambda: 1.0 if mirror.connected and not etcd_store.degraded else 0.0,
-            )
+            self.store = self._etcd_store = etcd_store
+            self.metrics.track(lambda: len(etcd_store), lambda: etcd_store.pending,
+                               lambda: 1.0 if etcd_store.degraded else 0.0)
+            self._report = ReportPublisher(self._etcd, config.etcd.prefix,
+                                           self._options.identity, self.report)
+            self.supervisor.spawn("replica-report", self._report.run)
         else:
             log.warning("bindings_in_memory", reason="no etcd configured; one replica only")
             memory = MemoryBindingStore(config.session.idle_ttl)
             self.store = memory
             self.metrics.track(lambda: sum(1 for _ in memory.bindings()), lambda: 0, lambda: 0)
-        decider = Decider(self.store, self.directory, config.placement.load_factor)
+        decider = Decider(self.store, self.directory, config.placement.load_factor,
+                          max_bindings=config.session.max_bindings, on_unbound=self._unbound)
         default_pool = config.pools[0].name if len(config.pools) == 1 else None
         handler = RequestHandler(
             decider, SessionSources(config.session), self.metrics, default_pool
@@ -116,6 +134,26 @@ class ExtProcService:
                  etcd=list(self._options.etcd_endpoints) or None,
                  **(self._etcd_security.describe() if self._etcd_security else {}))
 
+    def report(self) -> ReplicaReport:
+        """This replica as `kvgate status` shows it (kvgate.replicas)."""
+        store = self._etcd_store
+        unbound = sum(self.metrics.registry.get_sample_value(
+            "kvgate_ext_proc_unbound_total", {"reason": r}) or 0.0
+            for r in ("pending_full", "max_bindings"))
+        return ReplicaReport(
+            self._options.identity, time.time(),
+            0 if store is None else len(store), 0 if store is None else store.pending,
+            store is not None and store.degraded, int(unbound), tuple(self.mirrors.statuses()),
+            {pool: dict(self.store.load(pool)) for pool in self.directory.pools()},
+        )
+
+    def _unbound(self, pool: str, session: str, why: Unbound) -> None:
+        """A new session routed on Envoy's ring without a binding: counted always, logged at
+        most every 10 s per reason (a flood of new sessions would flood the log too)."""
+        self.metrics.unbound.labels(why.reason).inc()
+        self._throttled.warning("session_unbound", why.reason, reason=why.reason, pool=pool,
+                                session=session, detail=str(why))
+
     async def stop(self, grace: float = 5.0) -> None:
         await self._health.enter_graceful_shutdown()
         if self._server is not None:
@@ -128,6 +166,9 @@ class ExtProcService:
             await self._metrics_server.stop()
         if hasattr(self, "store"):  # absent when start() failed before making it
             await self.store.close()
+        if self._report is not None:
+            self.supervisor.cancel("replica-report")
+            await self._report.withdraw()
         await self.supervisor.stop()
         if self._etcd is not None:
             await self._etcd.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -23,6 +24,8 @@ from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.endpoints import EndpointRecord
 from kvgate.etcd import EtcdError, EtcdNoSpace
+from kvgate.etcd.mirror import MirrorStatus
+from kvgate.replicas import REPORT_TTL, ReplicaReport
 
 log = structlog.get_logger("kvgate.admin")
 
@@ -79,7 +82,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self, request: pb.ListEndpointsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListEndpointsResponse:
         found = await self._ops.list_endpoints(_optional(request, "pool"))
-        return pb.ListEndpointsResponse(endpoints=[endpoint_status(s) for s in found])
+        response = pb.ListEndpointsResponse(endpoints=[endpoint_status(s) for s in found.endpoints])
+        if found.sessions_note is not None:
+            response.sessions_note = found.sessions_note
+        return response
 
     @_mapped
     async def DrainEndpoint(
@@ -114,10 +120,14 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def ListSessions(
         self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListSessionsResponse:
-        found = await self._ops.list_sessions(
-            _optional(request, "pool"), _optional(request, "endpoint"), request.limit
+        page = await self._ops.list_sessions(
+            _optional(request, "pool"), _optional(request, "endpoint"), request.limit,
+            _optional(request, "after"),
         )
-        return pb.ListSessionsResponse(sessions=[session_binding(b) for b in found])
+        response = pb.ListSessionsResponse(sessions=[session_binding(b) for b in page.sessions])
+        if page.next_after is not None:
+            response.next_after = page.next_after
+        return response
 
     @_mapped
     async def ShowSession(
@@ -147,18 +157,28 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def Status(
         self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
     ) -> pb.StatusResponse:
-        response = control_plane_status(self._status())
+        status = self._status()
+        response = control_plane_status(status)
         try:
             found = await self._ops.list_endpoints()
         except EtcdError as exc:
             # The control plane's own view (Envoys, versions, tasks) is still worth showing.
             response.endpoints_error = str(exc)
         else:
-            response.endpoints.extend(endpoint_status(s) for s in found)
+            response.endpoints.extend(endpoint_status(s) for s in found.endpoints)
+            if found.sessions_note is not None:
+                response.sessions_note = found.sessions_note
         try:
             response.etcd_alarms.extend(await self._ops.etcd_alarms())
+            response.etcd_db_bytes, response.etcd_db_in_use_bytes = await self._ops.etcd_db()
+            reports = await self._ops.ext_proc_reports()
         except EtcdError:
             pass  # already named in endpoints_error or etcd_errors
+        else:
+            fresh = [r for r in reports if time.time() - r.at <= REPORT_TTL]
+            response.ext_procs.extend(ext_proc_status(r) for r in fresh)
+            response.mirrors.extend(mirror_status(f"ext_proc {r.identity}", m)
+                                    for r in fresh for m in r.mirrors)
         return response
 
 
@@ -205,6 +225,21 @@ def session_binding(found: SessionBinding) -> pb.SessionBinding:
                              revision=b.revision, lease=found.lease)
 
 
+def mirror_status(replica: str, mirror: MirrorStatus) -> pb.MirrorStatus:
+    message = pb.MirrorStatus(replica=replica, name=mirror.name, state=str(mirror.state),
+                              since=mirror.since, revision=mirror.revision,
+                              relists=mirror.relists)
+    if mirror.error is not None:
+        message.error = mirror.error
+    return message
+
+
+def ext_proc_status(report: ReplicaReport) -> pb.ExtProcStatus:
+    return pb.ExtProcStatus(identity=report.identity, reported_at=report.at,
+                            bindings=report.bindings, pending=report.pending,
+                            degraded=report.degraded, unbound=report.unbound)
+
+
 def node_status(node: NodeStatus) -> pb.NodeStatus:
     message = pb.NodeStatus(node_id=node.node_id, cluster=node.cluster,
                             connected_at=node.connected_at, acked=node.acked, nacks=node.nacks)
@@ -233,6 +268,8 @@ def control_plane_status(status: ControlPlaneStatus) -> pb.StatusResponse:
         for e in status.etcd_errors
     )
     message.membership_generation = status.membership_generation
+    message.mirrors.extend(mirror_status(f"control_plane {status.identity}", m)
+                           for m in status.mirrors)
     if status.membership_warning is not None:
         message.membership_warning = status.membership_warning
     return message

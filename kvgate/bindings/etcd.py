@@ -1,9 +1,15 @@
-"""Bindings in etcd, mirrored in memory; writes queue up while etcd is away.
+"""Bindings in etcd, mirrored in memory; writes queue up (bounded) while etcd is away.
 
 Keys: `{prefix}bindings/{pool}/{session}` → {"endpoint": "ip:port"}, attached to a lease.
-Idle expiry without a write per request: leases are granted per epoch (idle_ttl/4); `touch` only
-marks a session as used, and once per epoch the sessions used in it are re-attached to the newest
-lease. A binding is kept at least idle_ttl after its last use and gone by 1.75 × idle_ttl.
+Idle expiry without a write per request: one lease per epoch (idle_ttl/4), shared by every
+replica (kvgate.bindings.leases); `touch` only flags a session as used in this epoch, and at the
+next epoch the sessions used are re-attached to the newest lease, in batched transactions paced
+over half an epoch, skipping those already on the newest or the previous lease. So a session is
+rewritten at most once per epoch however many replicas serve it (in steady use, once every two).
+A binding is kept at least idle_ttl after its last use and gone by 1.75 × idle_ttl.
+
+Nothing here holds the event loop for long: the listing is applied page by page, watch events
+and re-attachment in slices, and the degraded-mode queue is flushed in batched transactions.
 
 Its background tasks (the mirror, lease refresh, re-attach, the degraded-mode flush) run under the
 service's supervisor; an etcd failure of any kind only pauses them, named in the log.
@@ -14,24 +20,28 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import structlog
 
+from kvgate.bindings.failures import BackgroundFailures
+from kvgate.bindings.index import SessionKey, session_key, session_of
+from kvgate.bindings.leases import NO_LEASES, EpochLeases, EpochLeaseSet
 from kvgate.bindings.mirror import BindingMirror
 from kvgate.bindings.model import Binding, binding_key
+from kvgate.bindings.pending import PendingWrite, PendingWrites
+from kvgate.bindings.reattach import Reattachment
 from kvgate.etcd import EtcdClient, EtcdError, KeyValue, PrefixMirror
-from kvgate.etcd.client import WatchEvent
-from kvgate.etcd.errors import EtcdLeaseNotFound
+from kvgate.etcd.client import MAX_TXN_OPS, GuardedPut, WatchEvent
+from kvgate.etcd.errors import EtcdDeadline, EtcdLeaseNotFound
+from kvgate.etcd.mirror import MirrorState
 from kvgate.runtime.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.bindings")
 
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    binding: Binding
-    expected_revision: int  # 0: create if absent; else: replace only if still at this revision
+DEFAULT_MAX_PENDING = 100_000
+SLOW_WRITES_TO_DEGRADE = 3  # hot-path writes past the deadline in a row: etcd counts as away
+FLUSH_PARALLEL = 8  # batched flush transactions in flight at once
 
 
 class EtcdBindingStore:
@@ -45,37 +55,37 @@ class EtcdBindingStore:
         on_etcd_error: Callable[[], None] | None = None,
         flush_interval: float = 0.5,
         write_limit_s: float = 0.1,
+        max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
         self._client = client
         self._bindings = BindingMirror(prefix)
         self._prefix = self._bindings.prefix
-        self._epoch = max(1.0, idle_ttl / 4)
-        # An epoch's lease outlives its last possible use by idle_ttl
-        # (refreshes skip sessions already on the previous epoch's lease).
-        self._lease_ttl = math.ceil(idle_ttl + 2 * self._epoch)
+        epoch = max(1.0, idle_ttl / 4)
         self._index = self._bindings.index  # the same object, one attribute nearer the hot path
-        self._touched: set[str] = set()
-        self._pending: dict[str, _Pending] = {}
-        self._lease = 0
+        self._pending = PendingWrites(max_pending)
+        self._failures = BackgroundFailures(lambda: len(self._pending))
+        # An epoch's lease outlives its last possible use by idle_ttl
+        # (re-attachment skips sessions already on the previous epoch's lease).
+        self.reattachment = Reattachment(
+            client, EpochLeases(client, prefix, epoch, math.ceil(idle_ttl + 2 * epoch)),
+            self._index, self._session_etcd_key, self._failures)
         self._degraded = False
+        self._slow_writes = 0
         self._flush_interval = flush_interval
         # Hot-path writes must finish well inside Envoy's ext_proc message timeout; a slower
         # etcd is treated as away (the write is queued and flushed in the background).
         self._write_limit_s = write_limit_s
         self._on_etcd_error = on_etcd_error
-        self._mirror = PrefixMirror(client, self._prefix, self)
+        self._mirror = PrefixMirror(client, self._prefix, self, name="bindings")
         self._supervisor = supervisor
         self._flush_wanted = asyncio.Event()
-        self._reattach_wanted = asyncio.Event()
-        self._previous_lease = 0
-        # Each background failure's latest error, by log event: logged once per change of kind.
-        self._failures: dict[str, EtcdError] = {}
+        self._writes = 0  # bindings created or moved by this store
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self, sync_timeout: float = 5.0) -> None:
         try:
-            self._lease = await self._client.grant_lease(self._lease_ttl)
+            await self.reattachment.renew()
         except EtcdError as exc:
             self._set_degraded(exc)
         for name, run in self._background().items():
@@ -85,14 +95,15 @@ class EtcdBindingStore:
         except TimeoutError:
             error = self._mirror.last_error
             log.warning("bindings_start_unsynced", serving="degraded",
+                        state=str(self._mirror.state), loaded=len(self._index),
                         kind=None if error is None else str(error.kind),
-                        reason="no answer from etcd" if error is None else str(error))
+                        reason="still listing" if error is None else str(error))
 
     def _background(self) -> dict[str, Callable[[], Awaitable[None]]]:
         return {
             "bindings-mirror": self._mirror.run,
-            "bindings-refresh": self._refresh_loop,
-            "bindings-reattach": self._reattach_loop,
+            "bindings-refresh": self.reattachment.refresh_loop,
+            "bindings-reattach": self.reattachment.reattach_loop,
             "bindings-flush": self._flush_loop,
         }
 
@@ -111,16 +122,33 @@ class EtcdBindingStore:
     def pending(self) -> int:
         return len(self._pending)
 
+    @property
+    def epoch_leases(self) -> EpochLeaseSet:
+        """The leases new and re-attached bindings go on now (one per shard)."""
+        return self.reattachment.lease
+
+    @property
+    def writes(self) -> int:
+        """Bindings this store wrote to etcd: created, moved, flushed and re-attached."""
+        return self._writes + self.reattachment.writes
+
+    @property
+    def synced(self) -> bool:
+        return self._mirror.state == MirrorState.SYNCED
+
     # -- reads (hot path: memory only) -----------------------------------------------------
 
     def get(self, pool: str, session: str) -> Binding | None:
-        return self._index.get(binding_key(pool, session))
+        return self._index.find(pool, session)
 
     def touch(self, binding: Binding) -> None:
-        self._touched.add(binding.key)
+        self.reattachment.touch(binding.pool, session_key(binding.session))
 
     def load(self, pool: str) -> Mapping[str, int]:
         return self._index.load(pool)
+
+    def count(self, pool: str) -> int:
+        return self._index.count(pool)
 
     def bindings(self, pool: str | None = None) -> Iterator[Binding]:
         return self._index.bindings(pool)
@@ -128,157 +156,194 @@ class EtcdBindingStore:
     def __len__(self) -> int:
         return len(self._index)
 
+    async def fetch(self, pool: str, session: str) -> Binding | None:
+        """One etcd read for a session memory does not hold while the mirror is not synced
+        (loading, or its watch lost): another replica may have bound it."""
+        if self._degraded:
+            return None  # etcd is away: placing anew is all that can be done
+        key = binding_key(pool, session)
+        try:
+            kv = await self._client.get(self._key(key), limit_s=self._write_limit_s)
+        except EtcdError as exc:
+            # etcd does not answer a read in time: a write would not fare better, and the
+            # request has spent its etcd deadline already. Queue until etcd is back.
+            self._set_degraded(exc)
+            return None
+        if kv is None:
+            return None
+        try:
+            found = Binding.decode(key, kv.value, kv.mod_revision)
+        except (ValueError, KeyError, TypeError):
+            return None
+        if key not in self._pending:
+            self._bindings.put(found, kv.lease)
+        return self._index.find(pool, session) or found
+
     # -- writes ----------------------------------------------------------------------------
 
     async def create(self, binding: Binding) -> Binding:
-        existing = self._index.get(binding.key)
+        existing = self._index.find(binding.pool, binding.session)
         if existing is not None:
             return existing
-        return await self._write(_Pending(binding, 0))
+        return await self._write(PendingWrite(binding, 0))
 
     async def move(self, current: Binding, endpoint: str) -> Binding:
-        return await self._write(_Pending(replace(current, endpoint=endpoint), current.revision))
+        return await self._write(PendingWrite(replace(current, endpoint=endpoint),
+                                              current.revision))
 
-    async def _write(self, op: _Pending) -> Binding:
+    async def _write(self, op: PendingWrite) -> Binding:
         if self._degraded or op.binding.key in self._pending:
             return self._queue(op)
         try:
-            return await self._commit(op, self._write_limit_s)
+            stored = await self._commit(op, self._write_limit_s)
+        except EtcdDeadline as exc:
+            # One slow write queues only itself; several in a row mean etcd is away for now.
+            self._slow_writes += 1
+            if self._slow_writes >= SLOW_WRITES_TO_DEGRADE:
+                self._set_degraded(exc)
+            elif self._on_etcd_error is not None:
+                self._on_etcd_error()
+            return self._queue(op)
         except EtcdError as exc:  # whatever etcd's trouble, the request is answered from memory
             self._set_degraded(exc)
             return self._queue(op)
+        self._slow_writes = 0
+        return stored
 
-    def _queue(self, op: _Pending) -> Binding:
-        earlier = self._pending.get(op.binding.key)
-        if earlier is not None:
-            # Keep the first expectation: it is what etcd must still hold for the move to apply.
-            op = _Pending(op.binding, earlier.expected_revision)
-        self._pending[op.binding.key] = op
+    def _queue(self, op: PendingWrite) -> Binding:
+        self._pending.add(op)  # raises Unbound when full
         local = replace(op.binding, revision=0)
         self._index.put(local)
         self._flush_wanted.set()
         return local
 
-    async def _commit(self, op: _Pending, limit_s: float | None = None) -> Binding:
+    async def _commit(self, op: PendingWrite, limit_s: float | None = None) -> Binding:
         key = self._key(op.binding.key)
         value = op.binding.encode()
+        shard_key = session_key(op.binding.session)
         current: KeyValue | None = None
         for attempt in range(2):
+            lease = self.reattachment.lease.of(shard_key)
             try:
+                if not lease:
+                    raise EtcdLeaseNotFound("no lease for this epoch yet", operation="Txn")
                 if op.expected_revision == 0:
-                    _, current = await self._client.create(key, value, self._lease, limit_s)
+                    _, current = await self._client.create(key, value, lease, limit_s)
                 else:
                     _, current = await self._client.replace(
-                        key, value, op.expected_revision, self._lease, limit_s
+                        key, value, op.expected_revision, lease, limit_s
                     )
                 break
             except EtcdLeaseNotFound:
                 # The epoch lease expired while etcd was away: take a new one and retry once.
                 if attempt:
                     raise
-                self._lease = await self._client.grant_lease(self._lease_ttl)
+                await self._renew_lease()
+        self._writes += 1
         if current is None:  # the expected key vanished (expired): create it afresh
-            return await self._commit(_Pending(op.binding, 0))
+            return await self._commit(PendingWrite(op.binding, 0))
         stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
         self._bindings.put(stored, current.lease)
         return stored
 
+    async def _renew_lease(self) -> None:
+        await self.reattachment.renew()
+
     # -- mirror handler --------------------------------------------------------------------
 
+    def begin_listing(self) -> None:
+        self._bindings.begin_listing()
+
+    def listed(self, kvs: list[KeyValue]) -> None:
+        if self._pending:  # a queued local write stands until it is flushed
+            kvs = [kv for kv in kvs if self._bindings.key_of(kv.key) not in self._pending]
+        self._bindings.listed(kvs)
+
+    async def end_listing(self, revision: int) -> int:
+        return await self._bindings.end_listing(revision)
+
     def reset(self, kvs: list[KeyValue]) -> None:
-        self._bindings.reset(kvs)
-        for op in self._pending.values():
+        self._bindings.reset([kv for kv in kvs
+                              if self._bindings.key_of(kv.key) not in self._pending])
+        for op in self._pending:
             self._index.put(replace(op.binding, revision=0))
 
     def apply(self, event: WatchEvent) -> None:
-        key = self._bindings.key_of(event.kv.key)
-        if key is None or key in self._pending:
+        if self._pending and self._bindings.key_of(event.kv.key) in self._pending:
             return  # a queued local write stands until it is flushed
-        if self._bindings.apply(event) and event.deleted:
-            self._touched.discard(key)
+        self._bindings.apply(event)
 
-    # -- background ------------------------------------------------------------------------
+    # -- background: the degraded-mode flush -----------------------------------------------
 
     async def _flush_loop(self) -> None:
         while True:
             await self._flush_wanted.wait()
+            self._flush_wanted.clear()
             try:
                 await self._flush()
             except EtcdError as exc:
-                self._background_failed("bindings_flush_failed", exc)
+                self._failures.failed("bindings_flush_failed", exc)
+                self._flush_wanted.set()
                 await asyncio.sleep(self._flush_interval)
-                continue
-            self._flush_wanted.clear()
+            except BaseException:
+                self._flush_wanted.set()  # the restarted loop flushes what is left
+                raise
 
     async def _flush(self) -> None:
         if self._degraded:
             await self._client.get(self._prefix)  # raises while etcd is still away
+        if self._pending and self.reattachment.lease is NO_LEASES:
+            await self._renew_lease()  # etcd was away since the start
         while self._pending:
-            key, op = next(iter(self._pending.items()))
-            stored = await self._commit(op)
-            del self._pending[key]
-            if stored.endpoint != op.binding.endpoint:
-                log.info("binding_reconciled", binding=key, kept=stored.endpoint,
-                         dropped=op.binding.endpoint)
-            self._index.put(stored)
+            ops = self._pending.oldest(MAX_TXN_OPS * FLUSH_PARALLEL)
+            batches = [ops[i:i + MAX_TXN_OPS] for i in range(0, len(ops), MAX_TXN_OPS)]
+            results = await asyncio.gather(*(self._flush_batch(b) for b in batches),
+                                           return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
         if self._degraded:
             self._degraded = False
-            self._failures.pop("bindings_flush_failed", None)
+            self._slow_writes = 0
+            self._failures.forget("bindings_flush_failed")
             log.info("etcd_recovered", flushed=True)
+        self._failures.ok("bindings_flush_failed")
 
-    async def _refresh_loop(self) -> None:
-        """A new lease every epoch; the re-attach task then moves the sessions used onto it."""
-        while True:
-            await asyncio.sleep(self._epoch)
-            try:
-                lease = await self._client.grant_lease(self._lease_ttl)
-            except EtcdError as exc:
-                # The touched set keeps growing; the next epoch's lease catches up.
-                self._background_failed("bindings_lease_refresh_failed", exc)
+    async def _flush_batch(self, ops: list[PendingWrite]) -> None:
+        def puts() -> list[GuardedPut]:
+            return [GuardedPut(self._key(op.binding.key), op.binding.encode(),
+                               self.reattachment.lease.of(session_key(op.binding.session)),
+                               op.expected_revision) for op in ops]
+
+        try:
+            results, _ = await self._client.put_each(puts())
+        except EtcdLeaseNotFound:
+            await self._renew_lease()
+            results, _ = await self._client.put_each(puts())
+        for op, result in zip(ops, results, strict=True):
+            current = result.current
+            if current is None:  # replacing a binding that expired meanwhile: create it
+                self._pending.retry_as_create(op)
                 continue
-            self._background_ok("bindings_lease_refresh_failed")
-            self._previous_lease, self._lease = self._lease, lease
-            self._reattach_wanted.set()
-
-    async def _reattach_loop(self) -> None:
-        while True:
-            await self._reattach_wanted.wait()
-            self._reattach_wanted.clear()
-            lease, previous = self._lease, self._previous_lease
-            touched, self._touched = self._touched, set()
-            stale = [s for s in touched if self._bindings.leases.get(s) not in (lease, previous)]
-            try:
-                await self._reattach(stale, lease)
-            except BaseException:
-                self._touched.update(stale)  # not lost: the next epoch re-attaches them
-                raise
-
-    async def _reattach(self, keys: list[str], lease: int) -> None:
-        limit = asyncio.Semaphore(32)
-
-        async def one(key: str) -> None:
-            binding = self._index.get(key)
-            if binding is None or binding.revision == 0:
-                return
-            async with limit:
-                try:
-                    done, current = await self._client.replace(
-                        self._key(key), binding.encode(), binding.revision, lease
-                    )
-                except EtcdError as exc:
-                    self._touched.add(key)  # retried next epoch
-                    self._background_failed("bindings_reattach_failed", exc)
-                    return
-            if done and current is not None:
-                self._bindings.put(replace(binding, revision=current.mod_revision), lease)
-            self._background_ok("bindings_reattach_failed")
-
-        await asyncio.gather(*(one(key) for key in keys))
+            if result.done:  # etcd holds what was sent
+                self._writes += 1
+                stored = replace(op.binding, revision=current.mod_revision)
+            else:
+                stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
+            self._pending.written(op, current.mod_revision)
+            if op.binding.key not in self._pending:
+                self._bindings.put(stored, current.lease)
+            if stored.endpoint != op.binding.endpoint:
+                log.info("binding_reconciled", binding=op.binding.key, kept=stored.endpoint,
+                         dropped=op.binding.endpoint)
 
     # -- helpers ---------------------------------------------------------------------------
 
     def _key(self, binding_key: str) -> bytes:
         return self._prefix + binding_key.encode()
+
+    def _session_etcd_key(self, pool: str, key: SessionKey) -> bytes:
+        return self._key(binding_key(pool, session_of(key)))
 
     def _set_degraded(self, error: EtcdError) -> None:
         if not self._degraded:
@@ -287,15 +352,3 @@ class EtcdBindingStore:
         self._degraded = True
         if self._on_etcd_error is not None:
             self._on_etcd_error()
-
-    def _background_failed(self, event: str, error: EtcdError) -> None:
-        """Logs a background etcd failure once per change of kind, not once per retry."""
-        before = self._failures.get(event)
-        if before is None or before.kind != error.kind:
-            log.warning(event, kind=str(error.kind), error=str(error), pending=len(self._pending))
-        self._failures[event] = error
-
-    def _background_ok(self, event: str) -> None:
-        before = self._failures.pop(event, None)
-        if before is not None:
-            log.info("bindings_etcd_recovered", after=event, kind=str(before.kind))

@@ -26,6 +26,16 @@ class MemoryBindingStore:
     async def close(self) -> None:
         return None
 
+    @property
+    def synced(self) -> bool:
+        return True  # memory is the whole truth
+
+    async def fetch(self, pool: str, session: str) -> Binding | None:
+        return self.get(pool, session)
+
+    def count(self, pool: str) -> int:
+        return self._index.count(pool)
+
     def get(self, pool: str, session: str) -> Binding | None:
         key = binding_key(pool, session)
         binding = self._index.get(key)

@@ -8,23 +8,42 @@ from typing import Protocol
 from kvgate.bindings.model import Binding
 
 
+class Unbound(Exception):
+    """The session gets no binding now: it is routed on Envoy's ring (which needs none) and
+    placed again on its next request. `reason`: `pending_full` (etcd is away and the queue of
+    bindings waiting for it is full) or `max_bindings` (its pool holds session.max_bindings)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
 class BindingStore(Protocol):
     """Session → endpoint bindings, answered from memory on the hot path.
 
-    `get`, `touch` and `load` never do I/O. `create` and `move` are the only writes: `create`
-    keeps an existing binding (a concurrent replica's earlier one wins and is returned); `move`
-    replaces a binding only if it is still the one the caller saw.
+    `get`, `touch`, `load` and `count` never do I/O. `create` and `move` are the only writes:
+    `create` keeps an existing binding (a concurrent replica's earlier one wins and is returned);
+    `move` replaces a binding only if it is still the one the caller saw; either may raise
+    `Unbound`. While `synced` is False (still loading, or the watch is lost) a session missing
+    from memory may exist elsewhere: `fetch` asks the source (one read) before a new placement.
     """
 
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
 
+    @property
+    def synced(self) -> bool: ...
+
     def get(self, pool: str, session: str) -> Binding | None: ...
+
+    async def fetch(self, pool: str, session: str) -> Binding | None: ...
 
     def touch(self, binding: Binding) -> None: ...
 
     def load(self, pool: str) -> Mapping[str, int]: ...
+
+    def count(self, pool: str) -> int: ...
 
     def bindings(self, pool: str | None = None) -> Iterator[Binding]: ...
 

@@ -29,6 +29,7 @@ def to_dict(config: Config) -> dict[str, Any]:
             "metrics": str(config.ext_proc.metrics),
             "message_timeout": _seconds(config.ext_proc.message_timeout),
             "transport": config.ext_proc.transport,
+            "max_pending_bindings": config.ext_proc.max_pending_bindings,
         },
         "etcd": {"prefix": config.etcd.prefix},
         "session": {
@@ -37,6 +38,7 @@ def to_dict(config: Config) -> dict[str, Any]:
             "body_fields": list(config.session.body_fields),
             "implicit": "on" if config.session.implicit else "off",
             "body_limit": config.session.body_limit,
+            "max_bindings": config.session.max_bindings,
         },
         "placement": {"load_factor": config.placement.load_factor},
         "pools": [

@@ -168,7 +168,8 @@ def _control_plane(f: Fields, value: Any, path: Path) -> ControlPlane:
 
 
 def _ext_proc(f: Fields, value: Any, path: Path) -> ExtProc:
-    raw = f.mapping(value, path, ("address", "metrics", "message_timeout", "transport"))
+    raw = f.mapping(value, path, ("address", "metrics", "message_timeout", "transport",
+                                  "max_pending_bindings"))
     d = ExtProc()
     addresses = d.addresses
     if raw.get("address") is not None:
@@ -193,6 +194,10 @@ def _ext_proc(f: Fields, value: Any, path: Path) -> ExtProc:
         ),
         transport=f.optional(raw, "transport", path, lambda v, p: _transport(f, v, p),
                              d.transport),
+        max_pending_bindings=f.optional(
+            raw, "max_pending_bindings", path, lambda v, p: f.integer(v, p, 1, 10_000_000),
+            d.max_pending_bindings,
+        ),
     )
 
 
@@ -240,7 +245,8 @@ def _etcd(f: Fields, value: Any, path: Path, base: FilePath) -> Etcd:
 
 
 def _session(f: Fields, value: Any, path: Path) -> Session:
-    raw = f.mapping(value, path, ("headers", "idle_ttl", "body_fields", "implicit", "body_limit"))
+    raw = f.mapping(value, path, ("headers", "idle_ttl", "body_fields", "implicit", "body_limit",
+                                  "max_bindings"))
     d = Session()
     headers = d.headers
     if raw.get("headers") is not None:
@@ -267,6 +273,10 @@ def _session(f: Fields, value: Any, path: Path) -> Session:
         body_limit=f.optional(
             raw, "body_limit", path, lambda v, p: f.size(v, p, 1024, 64 * 1024 * 1024),
             d.body_limit,
+        ),
+        max_bindings=f.optional(
+            raw, "max_bindings", path, lambda v, p: f.integer(v, p, 0, 1_000_000_000),
+            d.max_bindings,
         ),
     )
 

@@ -126,6 +126,9 @@ class Session:
     implicit: bool = True
     # Bodies up to this size are read for the two above; larger ones pass through unread.
     body_limit: int = 4 * 1024 * 1024
+    # Per pool. Past it new sessions are routed on Envoy's ring without a binding; existing
+    # bindings are never evicted. 0: no cap. A million is ~200 MB per ext_proc replica.
+    max_bindings: int = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +146,8 @@ class ExtProc:
     # "http" (Envoy's http_service: JSON over HTTP/1.1, far cheaper per decision, but marked
     # work in progress and outside Envoy's threat model).
     transport: str = "grpc"
+    # Bindings waiting for etcd while it is away; past it new sessions route on Envoy's ring.
+    max_pending_bindings: int = 100_000
 
     @property
     def etcd_write_deadline(self) -> float:

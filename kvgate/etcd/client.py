@@ -24,6 +24,19 @@ from kvgate.etcd.errors import (
 )
 from kvgate.etcd.security import EtcdSecurity, open_channel
 
+# Every prefix read comes in pages of at most this many keys, so no reply grows with the
+# prefix (kvgate's values are < 200 B: a page of bindings is ~150 KB).
+DEFAULT_PAGE_SIZE = 1000
+# The largest message this client accepts, set deliberately: pages are ~150 KB; the largest
+# watch reply kvgate's own writes make is one shard lease expiring (~600 KB at a million
+# sessions), or, to a watcher that fell behind, etcd's batch of up to 1,000 revisions of batched
+# transactions (100 bindings each: ~16 MB). Anything beyond is met by relisting in pages rather
+# than by parsing more in the event loop. (gRPC's default, 4 MiB, is what a 28,000-key listing
+# used to hit.)
+DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
+# etcd refuses a transaction of more than --max-txn-ops (128 by default) operations.
+MAX_TXN_OPS = 100
+
 
 @dataclass(frozen=True, slots=True)
 class KeyValue:
@@ -45,6 +58,24 @@ class Guard:
 
     key: bytes
     mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class GuardedPut:
+    """One key of a batch (`EtcdClient.put_each`): put `value` with `lease` if the key still has
+    `mod_revision` (0: only if absent). `value` None keeps the stored value and changes only the
+    lease (etcd's ignore_value)."""
+
+    key: bytes
+    value: bytes | None
+    lease: int
+    mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    done: bool
+    current: KeyValue | None  # after the put when done; else what etcd holds (None: absent)
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +112,15 @@ class EtcdClient:
         self, endpoints: Sequence[str], timeout: float = 2.0,
         on_error: Callable[[EtcdError], None] | None = None,
         security: EtcdSecurity | None = None,
+        *, page_size: int = DEFAULT_PAGE_SIZE,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         if not endpoints:
             raise ValueError("at least one etcd endpoint is required")
+        if page_size < 1 or max_message_bytes < 4096:
+            raise ValueError("page_size must be >= 1 and max_message_bytes >= 4096")
+        self.page_size = page_size
+        self._max_message_bytes = max_message_bytes
         self._endpoints = list(endpoints)
         self._index = 0
         self._timeout = timeout
@@ -103,6 +140,8 @@ class EtcdClient:
                 ("grpc.keepalive_timeout_ms", 5_000),
                 ("grpc.initial_reconnect_backoff_ms", 200),
                 ("grpc.max_reconnect_backoff_ms", 2_000),
+                ("grpc.max_receive_message_length", self._max_message_bytes),
+                ("grpc.max_send_message_length", self._max_message_bytes),
             ],
             security=self.security,
         )
@@ -152,14 +191,58 @@ class EtcdClient:
             self.on_error(error)
 
     async def get_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
-        """Every key under `prefix`, and the store revision they were read at."""
-        reply = await self._call(
-            "Range", "_kv", rpc.RangeRequest(key=prefix, range_end=prefix_end(prefix))
-        )
-        return [_kv(kv) for kv in reply.kvs], reply.header.revision  # type: ignore[attr-defined]
+        """Every key under `prefix`, and the store revision they were read at (read in pages,
+        all at that revision). For small prefixes; large ones are read with `pages`."""
+        found: list[KeyValue] = []
+        revision = 0
+        async for page, at in self.pages(prefix):
+            found.extend(page)
+            revision = at
+        return found, revision
 
-    async def get(self, key: bytes) -> KeyValue | None:
-        reply = await self._call("Range", "_kv", rpc.RangeRequest(key=key))
+    async def pages(
+        self, prefix: bytes, *, start: bytes | None = None, page_size: int | None = None,
+        revision: int = 0,
+    ) -> AsyncIterator[tuple[list[KeyValue], int]]:
+        """The keys under `prefix` (from `start` on, when given) in pages of at most
+        `page_size`, in key order, each with the revision they were all read at (the first
+        page's, or `revision`). Raises EtcdCompacted when etcd compacted that revision away
+        between two pages: read again."""
+        end = prefix_end(prefix)
+        key = start if start is not None and start > prefix else prefix
+        while True:
+            kvs, more, revision = await self.range_page(key, end, page_size, revision)
+            yield kvs, revision
+            if not more or not kvs:
+                return
+            key = kvs[-1].key + b"\0"  # continue right after the last key read
+
+    async def range_page(
+        self, key: bytes, range_end: bytes, limit: int | None = None, revision: int = 0
+    ) -> tuple[list[KeyValue], bool, int]:
+        """One page of [key, range_end): (keys, whether more follow, the revision read at)."""
+        reply = await self._call("Range", "_kv", rpc.RangeRequest(
+            key=key, range_end=range_end, limit=limit or self.page_size, revision=revision,
+        ))
+        return ([_kv(kv) for kv in reply.kvs], reply.more,  # type: ignore[attr-defined]
+                reply.header.revision if not revision else revision)  # type: ignore[attr-defined]
+
+    async def count_prefix(self, prefix: bytes) -> int:
+        """How many keys are under `prefix` (etcd counts; nothing is transferred)."""
+        count, _ = await self.count_range(prefix, prefix_end(prefix))
+        return count
+
+    async def count_range(
+        self, key: bytes, range_end: bytes, revision: int = 0
+    ) -> tuple[int, int]:
+        """(keys in [key, range_end) at `revision` or now, the revision counted at)."""
+        reply = await self._call("Range", "_kv", rpc.RangeRequest(
+            key=key, range_end=range_end, count_only=True, revision=revision))
+        return (int(reply.count),  # type: ignore[attr-defined]
+                revision or reply.header.revision)  # type: ignore[attr-defined]
+
+    async def get(self, key: bytes, limit_s: float | None = None) -> KeyValue | None:
+        reply = await self._call("Range", "_kv", rpc.RangeRequest(key=key), limit_s)
         kvs = reply.kvs  # type: ignore[attr-defined]
         return _kv(kvs[0]) if kvs else None
 
@@ -240,6 +323,46 @@ class EtcdClient:
             return None
         return reply.header.revision  # type: ignore[attr-defined]
 
+    async def put_each(
+        self, puts: Sequence[GuardedPut], limit_s: float | None = None,
+        read_refused: bool = True,
+    ) -> tuple[list[PutResult], int]:
+        """Each put under its own guard, all in one transaction (one etcd write for the batch:
+        nested transactions, etcd >= 3.3): a guard that fails skips only its own key, whose
+        value now is read in the same transaction unless `read_refused` is False. At most
+        MAX_TXN_OPS puts. Returns each put's result, in order, and the revision after them."""
+        if len(puts) > MAX_TXN_OPS:
+            raise ValueError(f"at most {MAX_TXN_OPS} puts per transaction, got {len(puts)}")
+        ops = []
+        for p in puts:
+            compare = (
+                rpc.Compare(key=p.key, target=rpc.Compare.CREATE, result=rpc.Compare.EQUAL,
+                            create_revision=0) if p.mod_revision == 0
+                else rpc.Compare(key=p.key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL,
+                                 mod_revision=p.mod_revision)
+            )
+            put = (rpc.PutRequest(key=p.key, value=p.value, lease=p.lease) if p.value is not None
+                   else rpc.PutRequest(key=p.key, lease=p.lease, ignore_value=True))
+            ops.append(rpc.RequestOp(request_txn=rpc.TxnRequest(
+                compare=[compare], success=[rpc.RequestOp(request_put=put)],
+                failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=p.key))]
+                if read_refused else [],
+            )))
+        reply = await self._call("Txn", "_kv", rpc.TxnRequest(success=ops), limit_s)
+        revision = reply.header.revision  # type: ignore[attr-defined]
+        results = []
+        for p, response in zip(puts, reply.responses, strict=True):  # type: ignore[attr-defined]
+            nested = response.response_txn
+            if nested.succeeded:
+                # ignore_value keeps the stored value, which the caller did not send: unknown
+                results.append(PutResult(True, KeyValue(p.key, p.value or b"", revision, p.lease)))
+            elif not read_refused:
+                results.append(PutResult(False, None))
+            else:
+                kvs = nested.responses[0].response_range.kvs
+                results.append(PutResult(False, _kv(kvs[0]) if kvs else None))
+        return results, revision
+
     async def grant_lease(self, ttl: int) -> int:
         reply = await self._call("LeaseGrant", "_lease", rpc.LeaseGrantRequest(TTL=ttl))
         return reply.ID  # type: ignore[attr-defined]
@@ -265,7 +388,15 @@ class EtcdClient:
         self, prefix: bytes, start_revision: int
     ) -> AsyncIterator[tuple[list[WatchEvent], int]]:
         """Event batches from `start_revision` on; raises a classified EtcdError when the stream
-        ends (EtcdUnavailable when it was lost or compacted away: relist and watch again)."""
+        ends (EtcdUnavailable when it was lost or compacted away: relist and watch again;
+        EtcdTooLarge when one reply was more than this client accepts: relist in pages).
+
+        Each batch comes with the revision it completes (0 for a fragment that more of the same
+        revision follow, should a server send fragments). Fragmentation is not asked for: etcd
+        (3.5 and later) splits a reply in time quadratic in its events, 37 s for one 2 MiB
+        fragment of deletes measured here, against 0.05 s for the whole 2 MB reply; so a reply
+        too large for this client is better met by relisting in pages (seconds), and kvgate
+        keeps its own replies small instead (sharded leases, kvgate.bindings.leases)."""
         create = rpc.WatchRequest(
             create_request=rpc.WatchCreateRequest(
                 key=prefix, range_end=prefix_end(prefix), start_revision=start_revision,
@@ -291,7 +422,7 @@ class EtcdClient:
                     WatchEvent(event.type == kv_pb2.Event.DELETE, _kv(event.kv))
                     for event in reply.events
                 ]
-                yield events, reply.header.revision
+                yield events, 0 if reply.fragment else reply.header.revision
         except grpc.aio.AioRpcError as exc:
             raise await self._failed(exc, "Watch") from None
         finally:
@@ -330,6 +461,12 @@ class EtcdClient:
                          rpc.CompactionRequest(revision=revision, physical=True))
         return revision
 
+    async def db_size(self) -> tuple[int, int]:
+        """(bytes of the connected member's database file, of which in use): its quota
+        (--quota-backend-bytes) counts the file; defragmenting returns the rest."""
+        reply = await self._call("Status", "_maintenance", rpc.StatusRequest())
+        return int(reply.dbSize), int(reply.dbSizeInUse)  # type: ignore[attr-defined]
+
     async def defragment(self, limit_s: float = 60.0) -> None:
         """Returns the compacted space to the file system on the connected member
         (`etcdctl defrag`)."""
@@ -351,5 +488,5 @@ async def wait_until_ready(client: EtcdClient, deadline: float, key: bytes = b"/
             await asyncio.sleep(0.05)
 
 
-__all__ = ["EtcdClient", "EtcdError", "EtcdErrorKind", "EtcdUnavailable", "Guard", "KeyValue",
-           "WatchEvent", "Write", "prefix_end", "wait_until_ready"]
+__all__ = ["EtcdClient", "EtcdError", "EtcdErrorKind", "EtcdUnavailable", "Guard", "GuardedPut",
+           "KeyValue", "PutResult", "WatchEvent", "Write", "prefix_end", "wait_until_ready"]

@@ -65,6 +65,13 @@ class EtcdLeaseNotFound(EtcdError):
     kind = EtcdErrorKind.OTHER
 
 
+class EtcdCompacted(EtcdError):
+    """A read at a revision etcd has compacted away (a paged listing outlived the history it
+    started on): read again from now."""
+
+    kind = EtcdErrorKind.OTHER
+
+
 _BY_KIND: dict[EtcdErrorKind, type[EtcdError]] = {
     EtcdErrorKind.UNAVAILABLE: EtcdUnavailable,
     EtcdErrorKind.DEADLINE: EtcdDeadline,
@@ -109,6 +116,8 @@ def from_rpc_error(exc: grpc.aio.AioRpcError, operation: str, endpoint: str) -> 
     details = exc.details() or ""
     if exc.code() == grpc.StatusCode.NOT_FOUND and "lease not found" in details:
         return EtcdLeaseNotFound(details, operation=operation, endpoint=endpoint)
+    if "required revision has been compacted" in details:
+        return EtcdCompacted(details, operation=operation, endpoint=endpoint)
     kind = classify(exc.code(), details)
     if "user name is empty" in details:  # a call without a token to an etcd that wants one
         details += " (etcd has authentication enabled: configure etcd.auth)"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 
 import structlog
 
@@ -24,3 +26,31 @@ def configure_logging(level: str = "info") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+class Throttled:
+    """Logs an event at most once per `interval` seconds per key, saying how many occurrences
+    were not logged since: for events that can come thousands of times a second (floods)."""
+
+    def __init__(
+        self, logger: structlog.typing.FilteringBoundLogger, interval: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._log = logger
+        self._interval = interval
+        self._clock = clock
+        self._last: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+
+    def warning(self, event: str, key: str = "", **fields: object) -> bool:
+        """Logs unless this event and key were logged less than `interval` ago; True if
+        logged."""
+        name = f"{event}/{key}"
+        now = self._clock()
+        last = self._last.get(name)
+        if last is not None and now - last < self._interval:
+            self._suppressed[name] = self._suppressed.get(name, 0) + 1
+            return False
+        self._last[name] = now
+        self._log.warning(event, suppressed=self._suppressed.pop(name, 0), **fields)
+        return True

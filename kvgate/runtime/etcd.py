@@ -18,6 +18,13 @@ def etcd_binary() -> str:
         raise ChildFailed(str(exc)) from None
 
 
+# History older than this is compacted away (periodic mode); without it etcd's database grows by
+# every write until the quota (2 GiB by default) is full and etcd refuses all writes (NOSPACE).
+# docker-compose.yml and deploy/kubernetes/etcd.yaml say the same.
+AUTO_COMPACTION_RETENTION = "5m"
+QUOTA_BACKEND_BYTES = 2 * 1024 * 1024 * 1024
+
+
 def embedded_etcd(data_dir: Path, client_port: int, peer_port: int, log_path: Path) -> Child:
     client = f"http://127.0.0.1:{client_port}"
     peer = f"http://127.0.0.1:{peer_port}"
@@ -33,6 +40,9 @@ def embedded_etcd(data_dir: Path, client_port: int, peer_port: int, log_path: Pa
             "--initial-advertise-peer-urls", peer,
             "--initial-cluster", f"kvgate={peer}",
             "--log-level", "warn",
+            "--auto-compaction-mode", "periodic",
+            "--auto-compaction-retention", AUTO_COMPACTION_RETENTION,
+            "--quota-backend-bytes", str(QUOTA_BACKEND_BYTES),
         ],
         log_path,
     )

@@ -55,6 +55,8 @@ def _act(client: AdminClient, args: argparse.Namespace, deadline: float | None) 
             print(render.dumps([render.endpoint_status_dict(e) for e in listed.endpoints]))
         else:
             print(render.endpoints_table(listed.endpoints))
+            if listed.HasField("sessions_note"):
+                print(f"sessions: {listed.sessions_note}")
         return EXIT_OK
     pool = args.pool or None  # None leaves the optional field unset
     if args.action == "drain":

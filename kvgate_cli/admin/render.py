@@ -54,7 +54,19 @@ def status_dict(s: pb.StatusResponse) -> dict[str, Any]:
         "etcd_alarms": list(s.etcd_alarms),
         "membership_generation": s.membership_generation,
         "membership_warning": _opt(s, "membership_warning"),
+        "mirrors": [mirror_dict(m) for m in s.mirrors],
+        "ext_procs": [{"identity": e.identity, "reported_at": e.reported_at,
+                       "bindings": e.bindings, "pending": e.pending, "degraded": e.degraded,
+                       "unbound": e.unbound} for e in s.ext_procs],
+        "etcd_db_bytes": _opt(s, "etcd_db_bytes"),
+        "etcd_db_in_use_bytes": _opt(s, "etcd_db_in_use_bytes"),
+        "sessions_note": _opt(s, "sessions_note"),
     }
+
+
+def mirror_dict(m: pb.MirrorStatus) -> dict[str, Any]:
+    return {"replica": m.replica, "name": m.name, "state": m.state, "since": m.since,
+            "revision": m.revision, "relists": m.relists, "error": _opt(m, "error")}
 
 
 def dumps(value: Any) -> str:
@@ -135,6 +147,30 @@ def sessions_table(found: Sequence[pb.SessionBinding]) -> str:
     return table(["POOL", "SESSION", "ENDPOINT", "REVISION", "LEASE"], rows)
 
 
+def _mebibytes(value: int) -> str:
+    return f"{value / 1048576:.1f} MiB"
+
+
+def mirrors_table(s: pb.StatusResponse) -> str:
+    """Every etcd mirror of this control plane and of each reporting ext_proc replica."""
+    rows = []
+    for m in s.mirrors:
+        note = m.error if m.HasField("error") else ""
+        if m.relists:
+            note = f"relisted {m.relists}×" + (f"; {note}" if note else "")
+        rows.append([m.replica, m.name, m.state.upper() if m.state != "synced" else m.state,
+                     moment(m.since), str(m.revision), note])
+    return table(["MIRROR OF", "PREFIX", "STATE", "SINCE", "REVISION", "NOTE"], rows)
+
+
+def ext_procs_table(s: pb.StatusResponse) -> str:
+    if not s.ext_procs:
+        return "no ext_proc replica reporting (each reports every 5 s while it reaches etcd)"
+    rows = [[e.identity, moment(e.reported_at), str(e.bindings), str(e.pending),
+             "DEGRADED" if e.degraded else "-", str(e.unbound)] for e in s.ext_procs]
+    return table(["EXT_PROC", "REPORTED", "BINDINGS", "PENDING", "ETCD WRITES", "UNBOUND"], rows)
+
+
 def _trouble_lines(s: pb.StatusResponse) -> list[str]:
     """etcd alarms, etcd errors by kind and failing background tasks: nothing when all is well."""
     lines = [f"etcd alarm     {alarm}: etcd refuses writes until it is disarmed (README, "
@@ -158,7 +194,14 @@ def status_text(s: pb.StatusResponse) -> str:
     lines.append(f"membership     generation {s.membership_generation or '-'}")
     if s.HasField("membership_warning"):
         lines.append(f"               WARNING: {s.membership_warning}")
+    if s.HasField("etcd_db_bytes"):
+        lines.append(f"etcd database  {_mebibytes(s.etcd_db_bytes)} "
+                     f"({_mebibytes(s.etcd_db_in_use_bytes)} in use)")
     lines.extend(_trouble_lines(s))
+    lines.append("")
+    lines.append(mirrors_table(s))
+    lines.append("")
+    lines.append(ext_procs_table(s))
     lines.append("")
     if s.nodes:
         rows = []
@@ -176,4 +219,6 @@ def status_text(s: pb.StatusResponse) -> str:
         lines.append(f"endpoints: {s.endpoints_error}")
     else:
         lines.append(endpoints_table(s.endpoints))
+        if s.HasField("sessions_note"):
+            lines.append(f"sessions: {s.sessions_note}")
     return "\n".join(lines)

@@ -15,6 +15,7 @@ import yaml
 
 from kvgate.config import load_text
 from kvgate.config.model import Config
+from kvgate.runtime.etcd import AUTO_COMPACTION_RETENTION, QUOTA_BACKEND_BYTES
 from kvgate_cli.main import COMMANDS, build_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,6 +93,14 @@ def option(argv: list[str], name: str) -> str:
         if arg.startswith(name + "="):
             return arg.split("=", 1)[1]
     raise AssertionError(f"{name} missing from {argv}")
+
+
+def assert_etcd_compacts(argv: list[str]) -> None:
+    """etcd's history is compacted as under `kvgate up` (kvgate.runtime.etcd), and its quota set
+    deliberately: without compaction it fills the quota and refuses every write (NOSPACE)."""
+    assert option(argv, "--auto-compaction-mode") == "periodic"
+    assert option(argv, "--auto-compaction-retention") == AUTO_COMPACTION_RETENTION
+    assert int(option(argv, "--quota-backend-bytes")) == QUOTA_BACKEND_BYTES
 
 
 def xds_cluster(bootstrap: dict[str, Any]) -> tuple[str, int]:

@@ -19,10 +19,12 @@ import jsonschema
 import pytest
 
 from kvgate.config.model import Config
+from kvgate.runtime.etcd import embedded_etcd
 from tests.deploy.deploy_support import (
     CLIENT_FILES,
     ETCD_FILES,
     REPO,
+    assert_etcd_compacts,
     envoy_validate,
     host_port,
     load_mounted_config,
@@ -99,6 +101,7 @@ def test_compose_file_matches_the_compose_specification(compose: dict[str, Any])
 def test_the_stack_has_every_component(services: dict[str, dict[str, Any]]) -> None:
     assert services["envoy"]["image"].startswith("envoyproxy/envoy:v1.40")
     assert services["etcd"]["image"].startswith("quay.io/coreos/etcd:v3.5.")
+    assert_etcd_compacts(services["etcd"]["command"])
     ext_procs = [n for n, s in services.items() if s.get("command", [""])[1:2] == ["ext-proc"]]
     assert len(ext_procs) == 2
     one_shot = {n for n, s in services.items() if s.get("restart") == "no"}
@@ -110,6 +113,11 @@ def test_the_stack_has_every_component(services: dict[str, dict[str, Any]]) -> N
             assert dependency in services, f"{name} depends on unknown {dependency}"
             if dependency in one_shot:  # a one-shot is done, not healthy
                 assert condition == {"condition": "service_completed_successfully"}, name
+
+
+def test_kvgate_ups_embedded_etcd_compacts_like_the_deployments(tmp_path: Path) -> None:
+    child = embedded_etcd(tmp_path / "data", 2379, 2380, tmp_path / "etcd.log")
+    assert_etcd_compacts(child.argv)
 
 
 def test_every_kvgate_command_parses_with_kvgates_own_cli(

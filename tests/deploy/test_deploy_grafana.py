@@ -15,6 +15,10 @@ from emulator.engine_model import EngineConfig, EngineModel
 from emulator.metrics import make_registry
 from emulator.pool_service import PoolCollector
 from ext_proc.metrics import ExtProcMetrics
+from kvgate.config.model import Config
+from kvgate.endpoints import EndpointDirectory
+from kvgate.etcd import EtcdClient, PrefixMirror
+from kvgate.etcd.observed import MirrorMetrics
 from tests.deploy.deploy_support import REPO
 
 DASHBOARD = REPO / "deploy/grafana/kvgate-dashboard.json"
@@ -27,6 +31,7 @@ REQUIRED = {
     "kvgate_ext_proc_decisions_total", "kvgate_ext_proc_decision_seconds_bucket",
     "vllm:time_to_first_token_seconds_bucket", "kvgate_endpoint_state",
     "kvgate_ext_proc_etcd_errors_total", "kvgate_ext_proc_bindings",
+    "kvgate_etcd_mirror_synced", "kvgate_ext_proc_degraded", "kvgate_ext_proc_unbound_total",
 }
 
 
@@ -46,7 +51,11 @@ def control_plane_metric_names() -> set[str]:
 @pytest.fixture(scope="module")
 def exported() -> tuple[set[str], set[str]]:
     """(exact sample names from live registries, base names declared in source)."""
-    samples = sample_names(ExtProcMetrics().registry)
+    metrics = ExtProcMetrics()
+    mirrors = MirrorMetrics("ext_proc", metrics.registry)
+    mirrors.track(PrefixMirror(EtcdClient(["127.0.0.1:2379"]), b"/p/", EndpointDirectory(Config()),
+                               "endpoints"))  # never started: only its metric names are read
+    samples = sample_names(metrics.registry)
     model = EngineModel(EngineConfig(model="m", hbm_tokens=1024))
     samples |= sample_names(make_registry(model, lambda: 0.0))
     pool = CollectorRegistry(auto_describe=False)

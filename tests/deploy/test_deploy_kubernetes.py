@@ -17,6 +17,7 @@ from tests.deploy.deploy_support import (
     CLIENT_FILES,
     ETCD_FILES,
     REPO,
+    assert_etcd_compacts,
     envoy_validate,
     host_port,
     load_mounted_config,
@@ -277,6 +278,7 @@ def test_etcd_example_is_a_three_member_statefulset(docs: list[dict[str, Any]],
     cluster = option(container["command"], "--initial-cluster").split(",")
     service = sts["spec"]["serviceName"]
     assert cluster == [f"etcd-{i}=https://etcd-{i}.{service}:2380" for i in range(3)]
+    assert_etcd_compacts(container["command"])
     for endpoint in config.etcd.endpoints or ():
         client = find(docs, "Service", endpoint.host)
         assert endpoint.port in {p["port"] for p in client["spec"]["ports"]}

@@ -19,6 +19,7 @@ from kvgate.etcd import EtcdClient, EtcdNoSpace
 from kvgate.etcd.observed import EtcdErrorLog
 from kvgate.runtime.supervisor import Supervisor
 from tests.admin.admin_helpers import run_cli
+from tests.conftest import ETCD_SMALL_QUOTA
 from tests.failsafe.failsafe_helpers import (
     control_plane_config,
     running_control_plane,
@@ -74,10 +75,12 @@ async def test_nospace_is_named_survived_and_recovered_from(
                 await eventually(lambda: any(e["event"] == "endpoint_publish_failed"
                                              and e["kind"] == "no_space" for e in logs))
                 await eventually(lambda: "no_space" in {e.kind for e in ext_proc_errors.recent()})
+                await eventually(lambda: _alarm(plane.registry) == 1)
                 await eventually(lambda: any(e["event"] == "bindings_lease_refresh_failed"
                                              and e["kind"] == "no_space" for e in logs),
                                  within=15)
             assert any(e["event"] == "etcd_degraded" and e["kind"] == "no_space" for e in logs)
+            assert any(e["event"] == "etcd_alarm" and e["alarm"] == "NOSPACE" for e in logs)
             # Every background task is still running: nothing died, nothing restarted.
             assert supervisor.failing() == [] and plane.supervisor.failing() == []
             assert set(supervisor.running()) == {"bindings-mirror", "bindings-refresh",
@@ -90,6 +93,7 @@ async def test_nospace_is_named_survived_and_recovered_from(
             assert status["failing_tasks"] == []
             text = await run_cli("status", admin=str(config.control_plane.admin))
             assert "etcd alarm     NOSPACE" in text.out
+            assert status["etcd_db_bytes"] >= ETCD_SMALL_QUOTA * 0.9  # full, and shown
 
             # The operator's fix (README, Operations): free space, compact, defragment, disarm.
             lease_before = await _lease_of(operator, prefix, used)
@@ -113,12 +117,18 @@ async def test_nospace_is_named_survived_and_recovered_from(
                 return lease is not None and lease != lease_before
 
             await eventually(moved_to_a_new_lease, within=15)  # lease refresh is alive
+            await eventually(lambda: _alarm(plane.registry) == 0)  # seen as cleared
         finally:
             if toucher is not None:
                 toucher.cancel()
             await store.close()
             await store_client.close()
             await operator.close()
+
+
+def _alarm(registry: CollectorRegistry) -> float | None:
+    return registry.get_sample_value("kvgate_etcd_alarm",
+                                     {"service": "control_plane", "alarm": "NOSPACE"})
 
 
 async def _lease_of(client: EtcdClient, prefix: str, binding: Binding) -> int | None:

@@ -14,6 +14,7 @@ from structlog.testing import capture_logs
 from ext_proc.service import ExtProcOptions, ExtProcService
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.model import Binding
+from kvgate.bindings.reattach import Reattachment
 from kvgate.config.model import HostPort
 from kvgate.endpoints import EndpointRecords, sync_membership
 from kvgate.etcd import EtcdClient, EtcdUnavailable
@@ -29,6 +30,10 @@ class Replica:
     store: EtcdBindingStore
     client: EtcdClient
     registry: CollectorRegistry
+
+    @property
+    def reattachment(self) -> Reattachment:
+        return self.store.reattachment
 
     def restarts(self, task: str) -> float:
         return restarts(self.registry, "ext_proc", task)
@@ -70,7 +75,7 @@ async def test_bindings_mirror_recovers(replicas, monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.parametrize(("task", "target", "method"), [
     ("bindings-refresh", "client", "grant_lease"),
-    ("bindings-reattach", "store", "_reattach"),
+    ("bindings-reattach", "reattachment", "reattach_epoch"),
 ])
 async def test_a_used_binding_still_moves_to_the_newest_lease(
     task: str, target: str, method: str, replicas, prefix: str,

@@ -41,10 +41,10 @@ def test_a_listing_keeps_bindings_with_their_leases_and_skips_what_is_not_one() 
         KeyValue(b"/elsewhere/p/s4", json.dumps({"endpoint": "x:1"}).encode(), 9, 0),
     ])
     assert sorted(b.key for b in mirror.index.bindings()) == ["p/s1", "p/s2"]
-    assert mirror.leases == {"p/s1": 11, "p/s2": 7}
+    assert (mirror.lease_of("p/s1"), mirror.lease_of("p/s2")) == (11, 7)
     assert dict(mirror.index.load("p")) == {"10.0.0.1:1": 1, "10.0.0.2:1": 1}
     mirror.reset([kv("p/s2", "10.0.0.2:1", 6)])  # a relisting replaces everything
-    assert [b.key for b in mirror.index.bindings()] == ["p/s2"] and mirror.leases == {"p/s2": 7}
+    assert [b.key for b in mirror.index.bindings()] == ["p/s2"] and mirror.lease_of("p/s2") == 7
 
 
 def test_a_newer_put_replaces_an_older_one_is_ignored() -> None:
@@ -52,7 +52,7 @@ def test_a_newer_put_replaces_an_older_one_is_ignored() -> None:
     assert mirror.apply(put("p/s", "10.0.0.1:1", 10))
     assert mirror.apply(put("p/s", "10.0.0.2:1", 12, lease=3))
     assert not mirror.apply(put("p/s", "10.0.0.3:1", 11))
-    assert endpoint_of(mirror, "p/s") == "10.0.0.2:1" and mirror.leases["p/s"] == 3
+    assert endpoint_of(mirror, "p/s") == "10.0.0.2:1" and mirror.lease_of("p/s") == 3
     assert dict(mirror.index.load("p")) == {"10.0.0.2:1": 1}
 
 
@@ -60,7 +60,7 @@ def test_a_delete_removes_the_binding_it_is_newer_than() -> None:
     mirror = BindingMirror(PREFIX)
     mirror.apply(put("p/s", "10.0.0.1:1", 10))
     assert mirror.apply(delete("p/s", 15))
-    assert mirror.index.get("p/s") is None and "p/s" not in mirror.leases
+    assert mirror.index.get("p/s") is None and mirror.lease_of("p/s") == 0
     assert not mirror.apply(delete("p/s", 16))  # nothing left to delete
     assert not mirror.apply(delete("p/unknown", 17))
 
@@ -73,7 +73,7 @@ def test_a_stale_delete_keeps_the_write_that_overtook_it() -> None:
     assert mirror.put(Binding("s", "p", "10.0.0.2:1", revision=21), lease=9)
     assert not mirror.apply(delete("p/s", 20))
     assert not mirror.apply(put("p/s", "10.0.0.1:1", 19))
-    assert endpoint_of(mirror, "p/s") == "10.0.0.2:1" and mirror.leases["p/s"] == 9
+    assert endpoint_of(mirror, "p/s") == "10.0.0.2:1" and mirror.lease_of("p/s") == 9
     assert mirror.apply(put("p/s", "10.0.0.2:1", 21, lease=9))  # the watch catches up: same
     assert mirror.apply(delete("p/s", 30))
     assert mirror.index.get("p/s") is None

@@ -55,10 +55,12 @@ class ListEndpointsRequest(_message.Message):
     def __init__(self, pool: _Optional[str] = ...) -> None: ...
 
 class ListEndpointsResponse(_message.Message):
-    __slots__ = ("endpoints",)
+    __slots__ = ("endpoints", "sessions_note")
     ENDPOINTS_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_NOTE_FIELD_NUMBER: _ClassVar[int]
     endpoints: _containers.RepeatedCompositeFieldContainer[EndpointStatus]
-    def __init__(self, endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ...) -> None: ...
+    sessions_note: str
+    def __init__(self, endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ..., sessions_note: _Optional[str] = ...) -> None: ...
 
 class DrainEndpointRequest(_message.Message):
     __slots__ = ("address", "pool", "deadline_seconds")
@@ -119,20 +121,24 @@ class SessionBinding(_message.Message):
     def __init__(self, session: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., revision: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
-    __slots__ = ("pool", "endpoint", "limit")
+    __slots__ = ("pool", "endpoint", "limit", "after")
     POOL_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    AFTER_FIELD_NUMBER: _ClassVar[int]
     pool: str
     endpoint: str
     limit: int
-    def __init__(self, pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    after: str
+    def __init__(self, pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., limit: _Optional[int] = ..., after: _Optional[str] = ...) -> None: ...
 
 class ListSessionsResponse(_message.Message):
-    __slots__ = ("sessions",)
+    __slots__ = ("sessions", "next_after")
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_AFTER_FIELD_NUMBER: _ClassVar[int]
     sessions: _containers.RepeatedCompositeFieldContainer[SessionBinding]
-    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionBinding, _Mapping]]] = ...) -> None: ...
+    next_after: str
+    def __init__(self, sessions: _Optional[_Iterable[_Union[SessionBinding, _Mapping]]] = ..., next_after: _Optional[str] = ...) -> None: ...
 
 class ShowSessionRequest(_message.Message):
     __slots__ = ("session",)
@@ -192,7 +198,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., connected_at: _Optional[float] = ..., acked: _Optional[_Mapping[str, str]] = ..., nacks: _Optional[int] = ..., last_nack: _Optional[str] = ..., last_nack_version: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("identity", "leader", "config_version", "config_source", "nodes", "last_reload_error", "endpoints", "endpoints_error", "failing_tasks", "etcd_errors", "etcd_alarms", "membership_generation", "membership_warning")
+    __slots__ = ("identity", "leader", "config_version", "config_source", "nodes", "last_reload_error", "endpoints", "endpoints_error", "failing_tasks", "etcd_errors", "etcd_alarms", "membership_generation", "membership_warning", "mirrors", "ext_procs", "etcd_db_bytes", "etcd_db_in_use_bytes", "sessions_note")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -206,6 +212,11 @@ class StatusResponse(_message.Message):
     ETCD_ALARMS_FIELD_NUMBER: _ClassVar[int]
     MEMBERSHIP_GENERATION_FIELD_NUMBER: _ClassVar[int]
     MEMBERSHIP_WARNING_FIELD_NUMBER: _ClassVar[int]
+    MIRRORS_FIELD_NUMBER: _ClassVar[int]
+    EXT_PROCS_FIELD_NUMBER: _ClassVar[int]
+    ETCD_DB_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ETCD_DB_IN_USE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SESSIONS_NOTE_FIELD_NUMBER: _ClassVar[int]
     identity: str
     leader: str
     config_version: str
@@ -219,7 +230,46 @@ class StatusResponse(_message.Message):
     etcd_alarms: _containers.RepeatedScalarFieldContainer[str]
     membership_generation: int
     membership_warning: str
-    def __init__(self, identity: _Optional[str] = ..., leader: _Optional[str] = ..., config_version: _Optional[str] = ..., config_source: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., last_reload_error: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ..., endpoints_error: _Optional[str] = ..., failing_tasks: _Optional[_Iterable[_Union[TaskFailure, _Mapping]]] = ..., etcd_errors: _Optional[_Iterable[_Union[EtcdErrorSeen, _Mapping]]] = ..., etcd_alarms: _Optional[_Iterable[str]] = ..., membership_generation: _Optional[int] = ..., membership_warning: _Optional[str] = ...) -> None: ...
+    mirrors: _containers.RepeatedCompositeFieldContainer[MirrorStatus]
+    ext_procs: _containers.RepeatedCompositeFieldContainer[ExtProcStatus]
+    etcd_db_bytes: int
+    etcd_db_in_use_bytes: int
+    sessions_note: str
+    def __init__(self, identity: _Optional[str] = ..., leader: _Optional[str] = ..., config_version: _Optional[str] = ..., config_source: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., last_reload_error: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ..., endpoints_error: _Optional[str] = ..., failing_tasks: _Optional[_Iterable[_Union[TaskFailure, _Mapping]]] = ..., etcd_errors: _Optional[_Iterable[_Union[EtcdErrorSeen, _Mapping]]] = ..., etcd_alarms: _Optional[_Iterable[str]] = ..., membership_generation: _Optional[int] = ..., membership_warning: _Optional[str] = ..., mirrors: _Optional[_Iterable[_Union[MirrorStatus, _Mapping]]] = ..., ext_procs: _Optional[_Iterable[_Union[ExtProcStatus, _Mapping]]] = ..., etcd_db_bytes: _Optional[int] = ..., etcd_db_in_use_bytes: _Optional[int] = ..., sessions_note: _Optional[str] = ...) -> None: ...
+
+class MirrorStatus(_message.Message):
+    __slots__ = ("replica", "name", "state", "since", "revision", "relists", "error")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    SINCE_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    RELISTS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    replica: str
+    name: str
+    state: str
+    since: float
+    revision: int
+    relists: int
+    error: str
+    def __init__(self, replica: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., since: _Optional[float] = ..., revision: _Optional[int] = ..., relists: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ExtProcStatus(_message.Message):
+    __slots__ = ("identity", "reported_at", "bindings", "pending", "degraded", "unbound")
+    IDENTITY_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
+    BINDINGS_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    DEGRADED_FIELD_NUMBER: _ClassVar[int]
+    UNBOUND_FIELD_NUMBER: _ClassVar[int]
+    identity: str
+    reported_at: float
+    bindings: int
+    pending: int
+    degraded: bool
+    unbound: int
+    def __init__(self, identity: _Optional[str] = ..., reported_at: _Optional[float] = ..., bindings: _Optional[int] = ..., pending: _Optional[int] = ..., degraded: _Optional[bool] = ..., unbound: _Optional[int] = ...) -> None: ...
 
 class TaskFailure(_message.Message):
     __slots__ = ("task", "restarts", "error", "failed_at")
