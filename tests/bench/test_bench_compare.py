@@ -110,7 +110,8 @@ def test_bad_port_range_is_refused_before_anything_starts(
     err = capsys.readouterr().err
     assert code == 2
     assert message in err and "Traceback" not in err
-    assert "workload" not in err  # refused before the workload was built
+    # refused before the workload was built (it would say "workload NAME: ...")
+    assert "\nworkload " not in err and not err.startswith("workload ")
 
 
 def test_a_range_without_enough_free_ports_says_so(tmp_path: Path,

@@ -156,7 +156,8 @@ async def test_debug_logs_of_a_working_ext_proc_never_hold_the_password(
         async with httpx.AsyncClient() as http:
             async def synced() -> bool:
                 text = (await http.get(f"http://127.0.0.1:{metrics}/metrics")).text
-                return "kvgate_ext_proc_etcd_connected 1.0" in text
+                return ('kvgate_etcd_mirror_synced{mirror="bindings",service="ext_proc"} 1.0'
+                        in text)
 
             await eventually(synced, 15)
         process.send_signal(signal.SIGTERM)
