@@ -18,7 +18,7 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
-from workload.bank import start_time
+from workload.bank import generated, lognormal, start_time
 from workload.model import Request, Segment, Workload
 
 HARNESS_KEY = 2  # the one system + tool-schema prefix every agent session shares
@@ -72,16 +72,12 @@ class AgenticCodingOptions:
         return [f"--{flag} must be {rule}" for ok, flag, rule in checks if not ok]
 
 
-def _lognormal(rng: random.Random, median: float, sigma: float, low: float, high: float) -> float:
-    return min(high, max(low, rng.lognormvariate(math.log(median), sigma)))
-
-
 def _session(o: AgenticCodingOptions, index: int) -> list[Request]:
     rng = random.Random(f"agentic-coding:{o.seed}:{index}")
     t = start_time(rng.random(), o.duration_s, o.ramp_s, o.ramp_start)
     session = f"agent-{o.seed}-{index:07d}"
     target = math.exp(rng.uniform(math.log(o.target_min_tokens), math.log(o.target_max_tokens)))
-    task = round(_lognormal(rng, o.task_median_tokens, o.task_sigma, 200, 20000))
+    task = round(lognormal(rng, o.task_median_tokens, o.task_sigma, 200, 20000))
     chain: list[Segment] = [Segment(HARNESS_KEY, o.prefix_tokens),
                             Segment(rng.getrandbits(62) | 1 << 62, task)]
     size = o.prefix_tokens + task
@@ -90,24 +86,20 @@ def _session(o: AgenticCodingOptions, index: int) -> list[Request]:
     for _ in range(o.turns_max):
         if t >= o.duration_s or size >= target:
             break
-        answer = round(_lognormal(rng, o.answer_median_tokens, o.answer_sigma, 16,
+        answer = round(lognormal(rng, o.answer_median_tokens, o.answer_sigma, 16,
                                   o.answer_max_tokens))
         requests.append(Request(t, session, chain, len(chain), answer, tool_s))
-        output = round(_lognormal(rng, o.tool_output_median_tokens, o.tool_output_sigma, 16,
+        output = round(lognormal(rng, o.tool_output_median_tokens, o.tool_output_sigma, 16,
                                   o.tool_output_max_tokens))
         chain.append(Segment(rng.getrandbits(62) | 1 << 62, answer))  # the tool call, resent
         chain.append(Segment(rng.getrandbits(62) | 1 << 62, output))  # what the tool printed
         size += answer + output
-        tool_s = _lognormal(rng, o.tool_median_s, o.tool_sigma, 0.2, 300.0)
+        tool_s = lognormal(rng, o.tool_median_s, o.tool_sigma, 0.2, 300.0)
         t += answer * o.decode_s_per_token + tool_s
     return requests
 
 
 def agentic_coding(options: AgenticCodingOptions) -> Workload:
     """The workload, sorted by arrival (ties by session)."""
-    problems = options.problems()
-    if problems:
-        raise ValueError("; ".join(problems))
-    requests = [r for i in range(options.sessions) for r in _session(options, i)]
-    requests.sort(key=lambda r: (r.arrival, r.session))
-    return Workload("agentic-coding", requests, {"name": "agentic-coding", **asdict(options)})
+    return generated("agentic-coding", options.problems(), options.sessions,
+                     lambda i: _session(options, i), asdict(options))

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from workload.model import Request, Segment, Workload
 
@@ -72,7 +74,7 @@ class BankCodingOptions:
         return [f"--{flag} must be {rule}" for ok, flag, rule in checks if not ok]
 
 
-def _lognormal(rng: random.Random, median: float, sigma: float, low: float, high: float) -> float:
+def lognormal(rng: random.Random, median: float, sigma: float, low: float, high: float) -> float:
     return min(high, max(low, rng.lognormvariate(math.log(median), sigma)))
 
 
@@ -95,7 +97,7 @@ def _session(o: BankCodingOptions, index: int) -> list[Request]:
     rng = random.Random(f"bank-coding:{o.seed}:{index}")
     start = start_time(rng.random(), o.duration_s, o.ramp_s, o.ramp_start)
     session = f"bank-{o.seed}-{index:07d}"
-    context = round(_lognormal(rng, o.context_median_tokens, o.context_sigma,
+    context = round(lognormal(rng, o.context_median_tokens, o.context_sigma,
                                o.context_min_tokens, o.context_max_tokens))
     turns = 1
     p_stop = 1.0 / max(1.0, o.turns_mean)
@@ -109,22 +111,29 @@ def _session(o: BankCodingOptions, index: int) -> list[Request]:
     for _ in range(turns):
         if t >= o.duration_s:
             break
-        question = round(_lognormal(rng, o.question_median_tokens, o.question_sigma, 8, 8000))
-        answer = round(_lognormal(rng, o.answer_median_tokens, o.answer_sigma, 16,
+        question = round(lognormal(rng, o.question_median_tokens, o.question_sigma, 8, 8000))
+        answer = round(lognormal(rng, o.answer_median_tokens, o.answer_sigma, 16,
                                   o.answer_max_tokens))
         chain.append(Segment(rng.getrandbits(62) | 1 << 62, question))
         requests.append(Request(t, session, chain, len(chain), answer, think))
         chain.append(Segment(rng.getrandbits(62) | 1 << 62, answer))  # the reply, resent later
-        think = _lognormal(rng, o.think_median_s, o.think_sigma, 5.0, 1800.0)
+        think = lognormal(rng, o.think_median_s, o.think_sigma, 5.0, 1800.0)
         t += answer * o.decode_s_per_token + think
     return requests
 
 
 def bank_coding(options: BankCodingOptions) -> Workload:
     """The workload, sorted by arrival (ties by session)."""
-    problems = options.problems()
+    return generated("bank-coding", options.problems(), options.sessions,
+                     lambda i: _session(options, i), asdict(options))
+
+
+def generated(name: str, problems: list[str], sessions: int,
+              session: Callable[[int], list[Request]], describe: dict[str, Any]) -> Workload:
+    """A generator's workload: each session's requests, sorted by arrival (ties by session);
+    ValueError naming every problem of the options first."""
     if problems:
         raise ValueError("; ".join(problems))
-    requests = [r for i in range(options.sessions) for r in _session(options, i)]
+    requests = [r for i in range(sessions) for r in session(i)]
     requests.sort(key=lambda r: (r.arrival, r.session))
-    return Workload("bank-coding", requests, {"name": "bank-coding", **asdict(options)})
+    return Workload(name, requests, {"name": name, **describe})
