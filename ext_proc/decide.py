@@ -7,15 +7,19 @@ the binding store, whose answer (possibly a concurrent replica's earlier binding
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from ext_proc.recent import RecentSessions
 from kvgate.bindings.model import Binding, binding_key
 from kvgate.bindings.store import BindingStore, Unbound
-from kvgate.contract.states import EndpointState
+from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement import fallback_for, place, session_hash
+from kvgate.placement.gate import LoadGate, PromptSize
+from kvgate.placement.view import PoolView
 from kvgate.session import SessionIds
 
 # A binding to an endpoint in these states stays; a failed or removed one's is re-placed.
@@ -48,6 +52,7 @@ class Decision:
     outcome: Outcome
     endpoints: tuple[str, ...] = ()  # primary first, then the retry fallback
     session: str | None = None
+    reason: MoveReason | None = None  # why a REBIND moved the session
 
 
 SESSIONLESS = Decision(Outcome.SESSIONLESS)
@@ -58,6 +63,8 @@ class Decider:
         self, store: BindingStore, directory: EndpointDirectory, load_factor: float,
         *, max_bindings: int = 0,
         on_unbound: Callable[[str, str, Unbound], None] = lambda pool, session, why: None,
+        gate: LoadGate | None = None, clock: Callable[[], float] = time.monotonic,
+        recent: RecentSessions | None = None,
     ) -> None:
         self._store = store
         self._directory = directory
@@ -66,8 +73,15 @@ class Decider:
         self._on_unbound = on_unbound
         self._inflight: dict[str, asyncio.Future[Binding]] = {}  # placements being written
         self._sessions = SessionIds()
+        # The load gate (None: static stickiness), on the clock its load board is kept on.
+        self.gate = gate
+        self._clock = clock
+        self.recent = recent if recent is not None else RecentSessions()
 
-    async def decide(self, pool: str, raw_session: bytes | None) -> Decision:
+    async def decide(self, pool: str, raw_session: bytes | None,
+                     prompt_tokens: int = 0) -> Decision:
+        """`prompt_tokens`: an estimate of the request's prompt size (0: unknown), which the
+        load gate prices the request with."""
         session = self._sessions.normalize(raw_session) if raw_session is not None else None
         if session is None:
             return SESSIONLESS
@@ -79,37 +93,84 @@ class Decider:
         if binding is None and not self._store.synced:
             # Still loading (or the watch is lost): another replica may have bound it.
             binding = await self._store.fetch(pool, session)
+        now = self._clock()
+        seen = self.recent.get(pool, session)
+        size = PromptSize(prompt_tokens, 0 if seen is None else seen.tokens)
         state = None if binding is None else view.state(binding.endpoint)
+        reason: MoveReason | None = None
+        target: str | None = None
         if binding is not None and state in _KEEPS_SESSIONS:
-            self._store.touch(binding)
-            outcome = Outcome.STICKY
+            if self.gate is not None and state is EndpointState.ACTIVE:
+                move = self.gate.reconsider(
+                    view, binding.endpoint, hash_value, self._store.load(pool),
+                    self._load_factor, now, size, None if seen is None else seen.moved_at)
+                if move is not None:
+                    target, reason = move.endpoint, MoveReason.LOAD
+            if target is None:
+                self._store.touch(binding)
+                self._routed(view, pool, session, binding.endpoint, now, size, binding.endpoint)
+                return self._decision(Outcome.STICKY, view, hash_value, binding.endpoint,
+                                      session)
+        if binding is not None and reason is None:
+            reason = MoveReason.FAILED if state is EndpointState.FAILED else MoveReason.DRAINED
+        outcome = Outcome.NEW if binding is None else Outcome.REBIND
+        try:
+            if binding is None and 0 < self._max_bindings <= self._store.count(pool):
+                # Existing bindings are never evicted for newcomers (session.max_bindings).
+                raise Unbound("max_bindings", f"pool {pool!r} holds "
+                              f"{self._store.count(pool)} bindings (session.max_bindings: "
+                              f"{self._max_bindings})")
+            previous = None if binding is None else binding.endpoint
+            binding = await self._commit(pool, session, hash_value, binding, size, target)
+        except Unbound as why:
+            self._on_unbound(pool, session, why)
+            return Decision(Outcome.UNBOUND, (), session)
+        if previous is not None and binding.endpoint == previous:
+            outcome, reason = Outcome.STICKY, None  # a concurrent decision kept it there
+        self._routed(view, pool, session, binding.endpoint, now, size, previous,
+                     moved=reason is not None)
+        return self._decision(outcome, view, hash_value, binding.endpoint, session, reason)
+
+    @staticmethod
+    def _decision(outcome: Outcome, view: PoolView, hash_value: int, endpoint: str,
+                  session: str, reason: MoveReason | None = None) -> Decision:
+        fallback = fallback_for(view, hash_value, endpoint)
+        endpoints = (endpoint,) if fallback is None else (endpoint, fallback)
+        return Decision(outcome, endpoints, session, reason)
+
+    def _routed(self, view: PoolView, pool: str, session: str, endpoint: str, now: float,
+                size: PromptSize, previous: str | None, *, moved: bool = False) -> None:
+        """Book the request on the load board (the work it adds to its engine) and remember
+        the session's size for its next turn."""
+        gate = self.gate
+        if gate is None:
+            return
+        cost = gate.cost
+        context = size.context_tokens
+        if previous == endpoint:  # its context is in this engine's HBM
+            gate.board.routed(endpoint, now, cost.prefill_s(size.prompt_tokens - context))
+        elif previous is not None and view.kv_pool_of(previous) == view.kv_pool_of(endpoint):
+            # Moved within its DDR pool: the context is read from DDR first.
+            gate.board.routed(endpoint, now, cost.prefill_s(size.prompt_tokens - context),
+                              ready_at=now + cost.transfer_s(context))
         else:
-            outcome = Outcome.NEW if binding is None else Outcome.REBIND
-            try:
-                if binding is None and 0 < self._max_bindings <= self._store.count(pool):
-                    # Existing bindings are never evicted for newcomers (session.max_bindings).
-                    raise Unbound("max_bindings", f"pool {pool!r} holds "
-                                  f"{self._store.count(pool)} bindings (session.max_bindings: "
-                                  f"{self._max_bindings})")
-                binding = await self._commit(pool, session, hash_value, binding)
-            except Unbound as why:
-                self._on_unbound(pool, session, why)
-                return Decision(Outcome.UNBOUND, (), session)
-        fallback = fallback_for(view, hash_value, binding.endpoint)
-        endpoints = (binding.endpoint,) if fallback is None else (binding.endpoint, fallback)
-        return Decision(outcome, endpoints, session)
+            gate.board.routed(endpoint, now, cost.prefill_s(size.prompt_tokens))
+        self.recent.remember(pool, session, max(size.prompt_tokens, context),
+                             now if moved else None)
 
     async def _commit(
-        self, pool: str, session: str, hash_value: int, current: Binding | None
+        self, pool: str, session: str, hash_value: int, current: Binding | None,
+        size: PromptSize, target: str | None = None,
     ) -> Binding:
         """One placement per session at a time: the same session's first requests arrive
         together, and all of them wait for the one write. The write runs as its own task so a
-        request Envoy gives up on does not abandon it halfway."""
+        request Envoy gives up on does not abandon it halfway. `target`: where the load gate
+        moves it (else placement chooses)."""
         key = binding_key(pool, session)
         task = self._inflight.get(key)
         if task is None:
             task = asyncio.ensure_future(
-                self._place_and_store(pool, session, hash_value, current)
+                self._place_and_store(pool, session, hash_value, current, size, target)
             )
             self._inflight[key] = task
             task.add_done_callback(lambda done: self._settle(key, done))
@@ -121,16 +182,21 @@ class Decider:
             task.exception()  # retrieved: a failure nobody awaited any more is not logged as lost
 
     async def _place_and_store(
-        self, pool: str, session: str, hash_value: int, current: Binding | None
+        self, pool: str, session: str, hash_value: int, current: Binding | None,
+        size: PromptSize, target: str | None,
     ) -> Binding:
-        view = self._directory.view(pool)
-        loads = self._store.load(pool)
-        previous_kv = None if current is None else view.kv_pool_of(current.endpoint)
-        target = place(
-            view, hash_value, loads, self._load_factor,
-            prefer_kv_pool=previous_kv,
-            exclude=None if current is None else current.endpoint,
-        )
+        if target is None:
+            view = self._directory.view(pool)
+            loads = self._store.load(pool)
+            previous_kv = None if current is None else view.kv_pool_of(current.endpoint)
+            exclude = None if current is None else current.endpoint
+            if self.gate is not None:
+                target = self.gate.place(view, hash_value, loads, self._load_factor,
+                                         self._clock(), size, prefer_kv_pool=previous_kv,
+                                         exclude=exclude)
+            else:
+                target = place(view, hash_value, loads, self._load_factor,
+                               prefer_kv_pool=previous_kv, exclude=exclude)
         if target is None:
             raise NoActiveEndpoint(f"pool {pool!r} has no active endpoint")
         if current is None:

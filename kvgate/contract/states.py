@@ -10,3 +10,13 @@ class EndpointState(StrEnum):
     ACTIVE = "active"  # takes new sessions
     DRAINING = "draining"  # keeps its sessions (until a deadline), takes no new ones
     FAILED = "failed"  # its sessions move now; Envoy is told it is unhealthy
+
+
+class MoveReason(StrEnum):
+    """Why a bound session moved to another endpoint (`kvgate_ext_proc_rebinds_total{reason}`,
+    `kvgate sessions show`)."""
+
+    FAILED = "failed"  # its endpoint failed
+    DRAINED = "drained"  # its endpoint was drained past its deadline, or left the pool
+    LOAD = "load"  # a sibling in its DDR pool would answer sooner (the load gate)
+    MANUAL = "manual"  # an operator's `kvgate sessions move`

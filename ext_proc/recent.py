@@ -1,0 +1,41 @@
+"""What the load gate remembers of a session between its turns: its size and its last move."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Seen(NamedTuple):
+    tokens: int  # its last prompt's estimated size: what its engine holds of the next one
+    moved_at: float | None  # when the load gate last moved it (hysteresis)
+
+
+class RecentSessions:
+    """A bounded memory, two generations like `SessionIds`: when the current one is full it
+    becomes the old one, and a session found there moves back. Per replica, never stored: a
+    session it has not seen is priced as if nothing of it were cached."""
+
+    def __init__(self, capacity: int = 262_144) -> None:
+        self._current: dict[str, Seen] = {}
+        self._old: dict[str, Seen] = {}
+        self._capacity = capacity
+
+    def get(self, pool: str, session: str) -> Seen | None:
+        key = f"{pool}/{session}"
+        seen = self._current.get(key)
+        if seen is None:
+            seen = self._old.get(key)
+        return seen
+
+    def remember(self, pool: str, session: str, tokens: int, moved_at: float | None) -> None:
+        key = f"{pool}/{session}"
+        if moved_at is None:
+            before = self._current.get(key) or self._old.get(key)
+            moved_at = None if before is None else before.moved_at
+        if key not in self._current and len(self._current) >= self._capacity:
+            self._old = self._current
+            self._current = {}
+        self._current[key] = Seen(tokens, moved_at)
+
+    def __len__(self) -> int:
+        return len(self._current) + len(self._old)

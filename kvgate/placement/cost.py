@@ -1,0 +1,53 @@
+"""What a request costs an engine, in seconds: the prices the load gate compares.
+
+An engine prefills one request at a time (a saturated chunked-prefill budget): a request's time to
+first token is the prefill work queued ahead of it, then its own prefill (a fixed cost plus its
+uncached tokens at the prefill rate). Context read from the DDR pool travels while the request
+waits (vLLM's asynchronous KV connectors), so it costs only what the queue does not hide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCost:
+    """An engine's speed and its link from the DDR pool. The defaults are the emulator's engine
+    (a 32B-class model on one device, docs/benchmarks.md) and its pool links."""
+
+    prefill_tokens_per_s: float = 5000.0
+    prefill_overhead_s: float = 0.02  # c0: scheduling, sampling, the first step's launch
+    kv_bytes_per_token: int = 256 * 1024
+    ddr_gbps: float = 20.0  # one device's link from the pool
+    transfer_fixed_s: float = 0.003  # pool lookup, RDMA set-up, scatter into the paged cache
+
+    def problems(self) -> list[str]:
+        """What is wrong, each naming its field; empty when usable."""
+        checks = (
+            (self.prefill_tokens_per_s > 0, "prefill_tokens_per_s must be > 0"),
+            (self.prefill_overhead_s >= 0, "prefill_overhead_s must be >= 0"),
+            (self.kv_bytes_per_token > 0, "kv_bytes_per_token must be > 0"),
+            (self.ddr_gbps > 0, "ddr_gbps must be > 0"),
+            (self.transfer_fixed_s >= 0, "transfer_fixed_s must be >= 0"),
+        )
+        return [text for ok, text in checks if not ok]
+
+    def prefill_s(self, uncached_tokens: int) -> float:
+        """One request's own prefill: c0 + its uncached tokens at the prefill rate."""
+        return self.prefill_overhead_s + max(0, uncached_tokens) / self.prefill_tokens_per_s
+
+    def transfer_s(self, tokens: int) -> float:
+        """Reading `tokens` of context from the DDR pool into HBM, the link to itself."""
+        if tokens <= 0:
+            return 0.0
+        return self.transfer_fixed_s + tokens * self.kv_bytes_per_token / (self.ddr_gbps * GB)
+
+    def ttft_s(self, backlog_s: float, prompt_tokens: int, hbm_tokens: int = 0,
+               ddr_tokens: int = 0) -> float:
+        """Estimated TTFT on an engine with `backlog_s` of prefill queued: the DDR read overlaps
+        the wait, then the prompt's tokens found in neither tier are prefilled."""
+        wait = max(backlog_s, self.transfer_s(ddr_tokens))
+        return wait + self.prefill_s(prompt_tokens - hbm_tokens - ddr_tokens)
