@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from kvgate.contract.modes import RoutingMode
 
-ALL_MODES: tuple[RoutingMode, ...] = tuple(RoutingMode)
+# What `--modes all` runs on a real stack; the simulator adds the peers' policies.
+ALL_MODES: tuple[RoutingMode, ...] = tuple(m for m in RoutingMode if not m.simulated_only)
 
 
 def parse_modes(text: str) -> tuple[RoutingMode, ...]:

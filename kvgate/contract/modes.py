@@ -13,12 +13,17 @@ class RoutingMode(StrEnum):
     RING_HASH = "ring_hash"  # plain Envoy ring_hash on the session header
     AFFINITY = "affinity"  # kvgate (ext_proc + bindings, ring_hash fallback), no DDR pool
     ROUND_ROBIN_DDR = "round_robin+ddr"  # Envoy round robin, engines sharing a DDR KV pool
-    AFFINITY_DDR = "affinity+ddr"  # kvgate, engines sharing a DDR KV pool
+    AFFINITY_DDR = "affinity+ddr"  # kvgate (load-aware), engines sharing a DDR KV pool
+    STICKY_DDR = "sticky+ddr"  # kvgate with the load gate off: static stickiness, the old default
+    # The peers' policies, on the same fleet with the same DDR pool (simulated only):
+    PREFIX_SCORE = "prefix-score"  # llm-d-style prefix, queue and KV-usage scoring
+    KV_COST = "kv-cost"  # Dynamo-style: prefill blocks to compute + active blocks
+    BOUNDED_HASH = "bounded-hash"  # bounded-load consistent hashing on the session id
 
     @property
     def ddr_pool(self) -> bool:
         """The engines share a DDR KV pool: a property of the fleet, not of Envoy's config."""
-        return self in (RoutingMode.AFFINITY_DDR, RoutingMode.ROUND_ROBIN_DDR)
+        return self not in (RoutingMode.ROUND_ROBIN, RoutingMode.RING_HASH, RoutingMode.AFFINITY)
 
     @property
     def round_robin(self) -> bool:
@@ -28,4 +33,15 @@ class RoutingMode(StrEnum):
     @property
     def uses_ext_proc(self) -> bool:
         """ext_proc picks the engine (with etcd and the control plane); else Envoy alone."""
+        return self in (RoutingMode.AFFINITY, RoutingMode.AFFINITY_DDR, RoutingMode.STICKY_DDR)
+
+    @property
+    def load_aware(self) -> bool:
+        """kvgate's load gate is on (`placement.load_gate.enabled`)."""
         return self in (RoutingMode.AFFINITY, RoutingMode.AFFINITY_DDR)
+
+    @property
+    def simulated_only(self) -> bool:
+        """The peers' policies: they score prompts' blocks, which kvgate keeps out of ext_proc,
+        so they run in `kvgate simulate` and `kvgate plan` only."""
+        return self in (RoutingMode.PREFIX_SCORE, RoutingMode.KV_COST, RoutingMode.BOUNDED_HASH)

@@ -57,7 +57,8 @@ def test_a_bench_run_knows_only_the_mean_ddr_read_from_the_engines_counters() ->
 
 
 def test_modes_parse() -> None:
-    assert parse_modes("all") == tuple(RoutingMode)
+    assert parse_modes("all") == tuple(m for m in RoutingMode if not m.simulated_only)
+    assert RoutingMode.STICKY_DDR in parse_modes("all")
     assert parse_modes("affinity+ddr,round_robin") == (RoutingMode.AFFINITY_DDR,
                                                        RoutingMode.ROUND_ROBIN)
     with pytest.raises(ValueError, match="unknown mode"):
