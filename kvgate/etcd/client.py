@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 
 import grpc
 from aetcd.rpc import kv_pb2
@@ -21,6 +20,16 @@ from kvgate.etcd.errors import (
     EtcdUnavailable,
     from_message,
     from_rpc_error,
+)
+from kvgate.etcd.records import (
+    Guard,
+    GuardedPut,
+    KeyValue,
+    PutResult,
+    WatchEvent,
+    Write,
+    key_value,
+    prefix_end,
 )
 from kvgate.etcd.security import EtcdSecurity, open_channel
 
@@ -36,68 +45,6 @@ DEFAULT_PAGE_SIZE = 1000
 DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 # etcd refuses a transaction of more than --max-txn-ops (128 by default) operations.
 MAX_TXN_OPS = 100
-
-
-@dataclass(frozen=True, slots=True)
-class KeyValue:
-    key: bytes
-    value: bytes
-    mod_revision: int
-    lease: int
-
-
-@dataclass(frozen=True, slots=True)
-class WatchEvent:
-    deleted: bool
-    kv: KeyValue
-
-
-@dataclass(frozen=True, slots=True)
-class Guard:
-    """A transaction's condition: `key` still has `mod_revision` (0: the key does not exist)."""
-
-    key: bytes
-    mod_revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class GuardedPut:
-    """One key of a batch (`EtcdClient.put_each`): put `value` with `lease` if the key still has
-    `mod_revision` (0: only if absent). `value` None keeps the stored value and changes only the
-    lease (etcd's ignore_value)."""
-
-    key: bytes
-    value: bytes | None
-    lease: int
-    mod_revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class PutResult:
-    done: bool
-    current: KeyValue | None  # after the put when done; else what etcd holds (None: absent)
-
-
-@dataclass(frozen=True, slots=True)
-class Write:
-    """A transaction's operation: put `value` at `key`, or delete `key` when value is None."""
-
-    key: bytes
-    value: bytes | None
-
-
-def prefix_end(prefix: bytes) -> bytes:
-    """The exclusive range end covering every key that starts with `prefix`."""
-    end = bytearray(prefix)
-    for i in reversed(range(len(end))):
-        if end[i] < 0xFF:
-            end[i] += 1
-            return bytes(end[: i + 1])
-    return b"\0"
-
-
-def _kv(kv: object) -> KeyValue:
-    return KeyValue(kv.key, kv.value, kv.mod_revision, kv.lease)  # type: ignore[attr-defined]
 
 
 class EtcdClient:
@@ -224,7 +171,7 @@ class EtcdClient:
         reply = await self._call("Range", "_kv", rpc.RangeRequest(
             key=key, range_end=range_end, limit=limit or self.page_size, revision=revision,
         ))
-        return ([_kv(kv) for kv in reply.kvs], reply.more,  # type: ignore[attr-defined]
+        return ([key_value(kv) for kv in reply.kvs], reply.more,  # type: ignore[attr-defined]
                 reply.header.revision if not revision else revision)  # type: ignore[attr-defined]
 
     async def count_prefix(self, prefix: bytes) -> int:
@@ -244,7 +191,7 @@ class EtcdClient:
     async def get(self, key: bytes, limit_s: float | None = None) -> KeyValue | None:
         reply = await self._call("Range", "_kv", rpc.RangeRequest(key=key), limit_s)
         kvs = reply.kvs  # type: ignore[attr-defined]
-        return _kv(kvs[0]) if kvs else None
+        return key_value(kvs[0]) if kvs else None
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
         reply = await self._call("Put", "_kv", rpc.PutRequest(key=key, value=value, lease=lease))
@@ -300,7 +247,7 @@ class EtcdClient:
             revision = reply.header.revision  # type: ignore[attr-defined]
             return True, KeyValue(key, value, revision, lease)
         kvs = reply.responses[0].response_range.kvs  # type: ignore[attr-defined]
-        return False, _kv(kvs[0]) if kvs else None  # type: ignore[return-value]
+        return False, key_value(kvs[0]) if kvs else None  # type: ignore[return-value]
 
     async def commit(self, guards: Sequence[Guard], writes: Sequence[Write]) -> int | None:
         """Applies every write in one transaction if every guard holds; returns the store's
@@ -360,7 +307,7 @@ class EtcdClient:
                 results.append(PutResult(False, None))
             else:
                 kvs = nested.responses[0].response_range.kvs
-                results.append(PutResult(False, _kv(kvs[0]) if kvs else None))
+                results.append(PutResult(False, key_value(kvs[0]) if kvs else None))
         return results, revision
 
     async def grant_lease(self, ttl: int) -> int:
@@ -419,7 +366,7 @@ class EtcdClient:
                     self._report(error)
                     raise error
                 events = [
-                    WatchEvent(event.type == kv_pb2.Event.DELETE, _kv(event.kv))
+                    WatchEvent(event.type == kv_pb2.Event.DELETE, key_value(event.kv))
                     for event in reply.events
                 ]
                 yield events, 0 if reply.fragment else reply.header.revision
