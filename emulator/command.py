@@ -140,6 +140,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(%(default)s)",
     )
     a("--seed", type=int, default=d.seed, help="seed for generated text (%(default)s)")
+    a("--max-model-len", type=int, default=d.max_model_len,
+      help="context length /tokenize reports, as vLLM's max_model_len; prompts are not cut "
+      "(%(default)s)")
     a("--pool-url", default=None, help="join an existing DDR pool service instead of hosting one")
     a("--no-ddr-pool", action="store_true", help="run without a DDR pool")
     a("--pool-port", type=int, default=d.pool_port, help="DDR pool port; 0 = free port")
@@ -189,6 +192,7 @@ def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
         no_ddr_pool=args.no_ddr_pool,
         pool_port=args.pool_port,
         engine_id=args.engine_id,
+        max_model_len=args.max_model_len,
     )
 
 

@@ -94,6 +94,7 @@ class Fleet:
                 engine_id_template=opts.engine_id,
                 index=i,
                 seed=opts.seed + i,
+                max_model_len=opts.max_model_len,
             )
             self.servers.append(server)
             await server.start()
