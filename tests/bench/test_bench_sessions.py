@@ -58,12 +58,19 @@ async def test_the_session_goes_where_session_in_says() -> None:
         assert "x-session-id" not in headers and "prompt_cache_key" not in body
 
 
-@pytest.mark.parametrize("bad", ["no-colon", ":value", "two words:v"])
-def test_a_bad_header_flag_is_named(bad: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(("bad", "says"), [
+    ("Authorization Bearer sk-secret", "found no ':'"),
+    (":sk-secret", "the NAME before ':' is empty"),
+    ("two words:sk-secret", "'two words' is not a valid header name"),
+])
+def test_a_bad_header_flag_is_named_without_its_value(
+        bad: str, says: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "--gateway", "http://127.0.0.1:1", "--header", bad])
     assert exit_.value.code == 2
-    assert f"--header: must be NAME:VALUE, got {bad!r}" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert says in err and "--header" in err
+    assert "sk-secret" not in err  # a malformed flag may still be someone's API key
 
 
 def test_session_in_choices_are_checked(capsys: pytest.CaptureFixture[str]) -> None:
