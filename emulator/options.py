@@ -50,6 +50,8 @@ class EmulatorOptions:
     pool_port: int = 0
     engine_id: str = "{host}:{port}"  # x-engine-id template: {host}, {port}, {index}
     max_model_len: int = DEFAULT_MAX_MODEL_LEN  # what /tokenize reports (prompts are not cut)
+    processes: int = 1  # processes serving the instances (emulator.processes)
+    first_index: int = 0  # index of this process's first instance in the whole fleet
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad option."""
@@ -80,6 +82,9 @@ class EmulatorOptions:
             (self.max_num_seqs >= 1, "max_num_seqs must be >= 1"),
             (self.time_scale >= 0, "time_scale must be >= 0"),
             (self.max_model_len >= 1, "max_model_len must be >= 1"),
+            (1 <= self.processes <= self.instances,
+             f"processes must be between 1 and the instances ({self.instances})"),
+            (self.first_index >= 0, "first_index must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:
