@@ -8,6 +8,7 @@ import asyncio
 import sys
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -22,6 +23,7 @@ from bench.client import (
 from bench.compare import CompareOptions, compare, ports_needed
 from bench.extra_headers import check_headers, header_names, parse_header, read_header_file
 from emulator.command import time_scale
+from emulator.options import EmulatorOptions
 from experiment.fleet_options import add_fleet_arguments
 from experiment.inputs import InputError, engines_and_workload
 from experiment.modes import parse_modes
@@ -65,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--modes", type=parse_modes, default=parse_modes("all"),
       help="--compare: comma-separated modes (all)")
     a("--workdir", type=Path, help="--compare: logs and configs (default: a temporary dir)")
+    a("--emulator-processes", type=int, default=1, metavar="N",
+      help="--compare: spread each mode's emulated engines over N processes, so the emulator's "
+      "own CPU does not add to TTFT (%(default)s)")
     a("--port-range", type=_port_range, metavar="LOW-HIGH",
       help="--compare: take every port the run listens on from LOW-HIGH, e.g. on a shared host "
       "(default: free ports from the OS)")
@@ -81,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
             [*args.headers, *(read_header_file(args.header_file) if args.header_file else [])],
             args.session_header if args.session_in == "header" else None)
         engine, workload = engines_and_workload(args, args.time_scale)
+        engine = _with_processes(args, engine)
         _check_port_range(args, engine.instances)
     except (InputError, ValueError) as exc:
         print(f"kvgate bench: {exc}", file=sys.stderr)
@@ -125,6 +131,7 @@ def run(args: argparse.Namespace) -> int:
     describe = {**workload.describe, "engines": fleet_size, "block_size": block,
                 "time_scale": args.time_scale, "session_in": args.session_in,
                 "extra_headers": header_names(headers),  # names only: a value may be a secret
+                **({"emulator_processes": engine.processes} if args.compare else {}),
                 "tool": "kvgate bench"
                 + (" --compare" if args.compare else f" --gateway {redact_url(args.gateway)}")}
     endpoints = next((r.endpoints for r in results.values() if r.endpoints), None)
@@ -159,6 +166,17 @@ def _check_port_range(args: argparse.Namespace, engines: int) -> None:
     if high - low + 1 < ports_needed(engines):
         raise ValueError(f"--port-range {low}-{high} holds {high - low + 1} ports; --compare "
                          f"with {engines} engines listens on {ports_needed(engines)}")
+
+
+def _with_processes(args: argparse.Namespace, engine: EmulatorOptions) -> EmulatorOptions:
+    if args.emulator_processes == 1:
+        return engine
+    if not args.compare:
+        raise ValueError("--emulator-processes applies to --compare only (the engines it starts)")
+    if not 1 <= args.emulator_processes <= engine.instances:
+        raise ValueError(f"--emulator-processes must be between 1 and --engines "
+                         f"({engine.instances}), got {args.emulator_processes}")
+    return replace(engine, processes=args.emulator_processes)
 
 
 def _engines_seen(args: argparse.Namespace, results: Mapping[str, DriveResult]) -> int | None:
