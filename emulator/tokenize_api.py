@@ -35,7 +35,8 @@ def _check_model(body: Mapping[str, Any], served_model: str) -> None:
     """vLLM answers 404 for a model it does not serve; no model means the served one."""
     model = body.get("model")
     if model is not None and model != served_model:
-        raise ApiError(f"The model `{model}` does not exist.", status=404, param="model")
+        raise ApiError(f"The model `{model}` does not exist. Valid aliases: {served_model}.",
+                       status=404, param="model")
 
 
 def _flag(body: Mapping[str, Any], name: str, default: bool) -> bool:

@@ -111,6 +111,53 @@ async def test_a_body_prompt_cache_key_sticks_as_a_header_does(
     assert again[0][2] == (prompts[0] - 1) // BLOCK_SIZE * BLOCK_SIZE > 0, (turns, again)
 
 
+def _shape(value: object) -> object:
+    """A JSON value's shape: keys and types, not contents."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items() if k != "message"}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return type(value).__name__
+
+
+async def test_the_emulators_tokenize_and_detokenize_answer_as_vllm_does(
+        engines: RealFleet) -> None:
+    """The same requests to a real engine and to an emulated one: the same status and the same
+    response shape (vLLM's fields and their types), errors included."""
+    from emulator.fleet import Fleet
+    from emulator.options import EmulatorOptions
+
+    rng = random.Random(9)
+    text = words(rng, 40)
+    messages = [{"role": "system", "content": words(rng, 20)},
+                {"role": "user", "content": words(rng, 20)}]
+    async with Fleet(EmulatorOptions(time_scale=0, no_ddr_pool=True,
+                                     model=SERVED_MODEL)) as fleet, \
+            httpx.AsyncClient(timeout=30) as http:
+        async def both(path: str, body: dict[str, object]) -> tuple[object, object]:
+            real = await http.post(f"{engines.urls[0]}{path}", json=body)
+            emulated = await http.post(f"http://{fleet.engines[0]}{path}", json=body)
+            assert real.status_code == emulated.status_code, (path, body, real.text,
+                                                              emulated.text)
+            if real.status_code != 200:
+                for key in ("type", "param", "code", "message"):
+                    assert real.json()["error"][key] == emulated.json()["error"][key], key
+            return real.json(), emulated.json()
+
+        for body in ({"model": SERVED_MODEL, "prompt": text},
+                     {"prompt": text, "add_special_tokens": False, "return_token_strs": True},
+                     {"model": SERVED_MODEL, "messages": messages},
+                     {"messages": messages, "add_generation_prompt": False},
+                     {"model": "no-such-model", "prompt": text}):
+            real, emulated = await both("/tokenize", body)
+            assert _shape(real) == _shape(emulated), (body, real, emulated)
+        real_ids = (await both("/tokenize", {"prompt": text}))[0]
+        for body in ({"model": SERVED_MODEL, "tokens": real_ids["tokens"][:5]},  # type: ignore[index]
+                     {"tokens": []}, {"model": "no-such-model", "tokens": [1]}):
+            real, emulated = await both("/detokenize", body)
+            assert _shape(real) == _shape(emulated), (body, real, emulated)
+
+
 def two_turn_sessions(sessions: int = 40) -> Workload:
     """Sessions of two turns, no prefix shared between sessions: the second turn resends the
     first (1,100 words), its answer and a new question. Placed without a session id, a second
