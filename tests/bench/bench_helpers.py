@@ -75,3 +75,14 @@ async def gateway_answering(
         yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
+
+
+async def streamed_answer(request: web.Request) -> web.StreamResponse:
+    """A one-token streamed completion with usage, as the bench expects."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
+    for chunk in ({"choices": [{"index": 0, "text": "x"}]}, {"choices": [], "usage": usage}):
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    return response

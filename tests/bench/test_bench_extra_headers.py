@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from bench_helpers import gateway_answering
+from bench_helpers import gateway_answering, streamed_answer
 
 from bench.client import redact_url
 from kvgate_cli.main import main
@@ -18,16 +18,6 @@ from kvgate_cli.main import main
 SCALE = 0.01
 KEY = "sk-live-7f3a9c1e55"  # the secret that must never be printed or written
 TENANT = "team-secret-42"
-
-
-async def _answer(request: web.Request) -> web.StreamResponse:
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-    await response.prepare(request)
-    usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
-    for chunk in ({"choices": [{"index": 0, "text": "x"}]}, {"choices": [], "usage": usage}):
-        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-    await response.write(b"data: [DONE]\n\n")
-    return response
 
 
 def _bench(url: str, out: Path, *extra: str) -> list[str]:
@@ -41,7 +31,7 @@ async def test_a_gateway_key_reaches_every_request_and_only_names_are_recorded(
 
     async def complete(request: web.Request) -> web.StreamResponse:
         tenants.append(request.headers.get("x-tenant"))
-        return await _answer(request)
+        return await streamed_answer(request)
 
     header_file = tmp_path / "headers"
     header_file.write_text(f"# the tenant\nX-Tenant: {TENANT}\n\n")
@@ -62,7 +52,7 @@ async def test_a_gateway_key_reaches_every_request_and_only_names_are_recorded(
 
 async def test_without_the_key_the_gateway_is_refused_before_the_run(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    async with gateway_answering(_answer, api_key=KEY) as url:
+    async with gateway_answering(streamed_answer, api_key=KEY) as url:
         assert await asyncio.to_thread(main, _bench(url, tmp_path)) == 1
         assert "/v1/models answered HTTP 401" in capfd.readouterr().err
         wrong = _bench(url, tmp_path, "--header", "Authorization:Bearer wrong-key")

@@ -63,11 +63,11 @@ async def converse(client: openai.AsyncOpenAI, session: str, turns: int, seed: i
     return out
 
 
-async def test_a_session_sticks_across_turns_and_its_cached_tokens_grow(
-        gateway: Stack, engines: RealFleet) -> None:
-    client = client_of(gateway)
-    turns = await converse(client, "real-dev-1", turns=5, seed=1)
-    await client.close()
+async def stuck_and_growing(gateway: Stack, engines: RealFleet, session: str,
+                            turns: list[tuple[str, int, int]]) -> set[str]:
+    """Checks that every turn went to one engine, that its cached tokens grew as vLLM's
+    prefix-cache rule says, and that the session is bound to that engine under its id; returns
+    the engine (a set of one)."""
     served = {engine for engine, _, _ in turns}
     assert len(served) == 1 and served <= set(engines.addresses), turns
     prompts = [p for _, p, _ in turns]
@@ -78,10 +78,18 @@ async def test_a_session_sticks_across_turns_and_its_cached_tokens_grow(
         # the last token: vLLM's prefix-cache rule.
         assert (prompts[t - 1] // BLOCK_SIZE) * BLOCK_SIZE <= cached[t] <= prompts[t] - 1
         assert cached[t] % BLOCK_SIZE == 0 and cached[t] > cached[t - 1], turns
-    code, out = await kvgate("sessions", "show", "real-dev-1", "--json", "--admin",
-                             admin(gateway))
+    code, out = await kvgate("sessions", "show", session, "--json", "--admin", admin(gateway))
     assert code == 0, out
     assert [b["endpoint"] for b in json.loads(out)] == list(served)
+    return served
+
+
+async def test_a_session_sticks_across_turns_and_its_cached_tokens_grow(
+        gateway: Stack, engines: RealFleet) -> None:
+    client = client_of(gateway)
+    turns = await converse(client, "real-dev-1", turns=5, seed=1)
+    await client.close()
+    await stuck_and_growing(gateway, engines, "real-dev-1", turns)
 
 
 async def test_a_body_prompt_cache_key_sticks_as_a_header_does(
@@ -91,18 +99,8 @@ async def test_a_body_prompt_cache_key_sticks_as_a_header_does(
     the body was read); the same id later sent as a header is the same session."""
     client = client_of(gateway)
     turns = await converse(client, "real-body-1", turns=4, seed=3, session_in="body")
-    served = {engine for engine, _, _ in turns}
-    assert len(served) == 1 and served <= set(engines.addresses), turns
+    served = await stuck_and_growing(gateway, engines, "real-body-1", turns)
     prompts = [p for _, p, _ in turns]
-    cached = [c for _, _, c in turns]
-    assert cached[0] == 0
-    for t in range(1, len(turns)):
-        assert (prompts[t - 1] // BLOCK_SIZE) * BLOCK_SIZE <= cached[t] <= prompts[t] - 1
-        assert cached[t] > cached[t - 1], turns
-    code, out = await kvgate("sessions", "show", "real-body-1", "--json", "--admin",
-                             admin(gateway))
-    assert code == 0, out
-    assert [b["endpoint"] for b in json.loads(out)] == list(served)
     # The conversation again, the id now in the header: the same session, so the same engine,
     # whose cache still holds the first turn's prompt (sampled answers differ from then on).
     again = await converse(client, "real-body-1", turns=2, seed=3, session_in="header")
