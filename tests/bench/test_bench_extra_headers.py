@@ -72,11 +72,19 @@ def test_conflicting_headers_are_refused(flags: list[str], says: str,
     assert says in capsys.readouterr().err
 
 
-def test_the_session_header_may_be_extra_when_the_bench_does_not_set_it(tmp_path: Path) -> None:
+async def test_the_session_header_may_be_extra_when_the_bench_does_not_set_it(
+        tmp_path: Path) -> None:
     # --session-in body: x-session-id is free, e.g. for a gateway that wants a fixed one.
-    with pytest.raises(SystemExit):  # stops at argparse's --help, after the header checks
-        main(["bench", "--gateway", "http://127.0.0.1:1", "--session-in", "body", "--header",
-              "x-session-id:fixed", "--help"])
+    seen: list[str | None] = []
+
+    async def complete(request: web.Request) -> web.StreamResponse:
+        seen.append(request.headers.get("x-session-id"))
+        return await streamed_answer(request)
+
+    async with gateway_answering(complete) as url:
+        args = _bench(url, tmp_path, "--session-in", "body", "--header", "x-session-id:fixed")
+        assert await asyncio.to_thread(main, args) == 0
+    assert seen and set(seen) == {"fixed"}
 
 
 @pytest.mark.parametrize(("content", "says"), [
