@@ -21,6 +21,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
@@ -93,18 +94,35 @@ class GatewayUnreachable(Exception):
     """The gateway did not answer ``GET /v1/models`` before the run: nothing was sent."""
 
 
-async def _first_model(http: aiohttp.ClientSession, url: str) -> str:
-    """The gateway's first model; also proves the gateway answers before any timing starts."""
+def redact_url(url: str) -> str:
+    """``url`` without the password of its user part (``http://user:***@host``), for messages and
+    records."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
+
+
+async def _first_model(http: aiohttp.ClientSession, o: DriveOptions) -> str:
+    """The gateway's first model; also proves the gateway answers (with the extra headers, which
+    may be its API key) before any timing starts."""
+    shown = redact_url(o.url)
     try:
-        async with http.get(f"{url}/v1/models", timeout=aiohttp.ClientTimeout(total=30)) as r:
+        async with http.get(f"{o.url}/v1/models", headers=dict(o.extra_headers),
+                            timeout=aiohttp.ClientTimeout(total=30)) as r:
             r.raise_for_status()
             return str((await r.json())["data"][0]["id"])
     except aiohttp.ClientResponseError as exc:
-        raise GatewayUnreachable(f"{url}/v1/models answered HTTP {exc.status}") from None
+        raise GatewayUnreachable(f"{shown}/v1/models answered HTTP {exc.status}") from None
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise GatewayUnreachable(f"{url}/v1/models: {exc or type(exc).__name__}") from None
+        reason = str(exc) or type(exc).__name__
+        password = urlsplit(o.url).password
+        if password:  # the exception's text may hold the URL
+            reason = reason.replace(password, "***")
+        raise GatewayUnreachable(f"{shown}/v1/models: {reason}") from None
     except (KeyError, IndexError, TypeError, ValueError):
-        raise GatewayUnreachable(f"{url}/v1/models did not list a model") from None
+        raise GatewayUnreachable(f"{shown}/v1/models did not list a model") from None
 
 
 async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request: Request,
@@ -187,7 +205,7 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
 
         bar = tqdm(total=len(requests), desc=o.label, unit="req", mininterval=0.5, leave=False)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
-        found = await _first_model(http, o.url)
+        found = await _first_model(http, o)
         model = o.model or found
         # Per-engine counters over the whole run: attribution when no header names engines.
         at_start = await scrape_each(http, o.engines) if o.engines else None

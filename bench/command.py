@@ -8,12 +8,22 @@ import asyncio
 import sys
 import tempfile
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.client import SESSION_IN, DriveOptions, DriveResult, GatewayUnreachable, drive
+from bench.client import (
+    SESSION_IN,
+    DriveOptions,
+    DriveResult,
+    GatewayUnreachable,
+    drive,
+    redact_url,
+)
 from bench.compare import CompareOptions, compare, ports_needed
+from bench.extra_headers import check_headers, header_names, parse_header, read_header_file
 from emulator.command import time_scale
+from emulator.options import EmulatorOptions
 from experiment.fleet_options import add_fleet_arguments
 from experiment.inputs import InputError, engines_and_workload
 from experiment.modes import parse_modes
@@ -43,8 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "prompt_cache_key, or none (the gateway's implicit sessions) (%(default)s)")
     a("--session-header", default="x-session-id", metavar="NAME",
       help="the session header, for --session-in header (%(default)s)")
-    a("--header", action="append", type=_header, default=[], metavar="NAME:VALUE",
-      dest="headers", help="an extra header sent with every request (repeatable)")
+    a("--header", action="append", type=parse_header, default=[], metavar="NAME:VALUE",
+      dest="headers", help="an extra header sent with every request to the gateway, e.g. its "
+      "API key (repeatable; only the names are recorded)")
+    a("--header-file", type=Path, metavar="PATH",
+      help="more extra headers, one 'NAME: VALUE' a line: keeps a secret off the command line")
     a("--model", help="model name (default: the first from /v1/models)")
     a("--engine-urls", help="--gateway: comma-separated engine URLs whose /metrics to read "
       "(cache hits split HBM/DDR, and requests per engine when no header names the engine)")
@@ -54,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--modes", type=parse_modes, default=parse_modes("all"),
       help="--compare: comma-separated modes (all)")
     a("--workdir", type=Path, help="--compare: logs and configs (default: a temporary dir)")
+    a("--emulator-processes", type=int, default=1, metavar="N",
+      help="--compare: spread each mode's emulated engines over N processes, so the emulator's "
+      "own CPU does not add to TTFT (%(default)s)")
     a("--port-range", type=_port_range, metavar="LOW-HIGH",
       help="--compare: take every port the run listens on from LOW-HIGH, e.g. on a shared host "
       "(default: free ports from the OS)")
@@ -66,7 +82,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.gateway is not None:
             _check_url(args.gateway)
+        headers = check_headers(
+            [*args.headers, *(read_header_file(args.header_file) if args.header_file else [])],
+            args.session_header if args.session_in == "header" else None)
         engine, workload = engines_and_workload(args, args.time_scale)
+        engine = _with_processes(args, engine)
         _check_port_range(args, engine.instances)
     except (InputError, ValueError) as exc:
         print(f"kvgate bench: {exc}", file=sys.stderr)
@@ -79,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
         options = CompareOptions(engine, workdir, progress, header=args.session_header,
                                  port_range=args.port_range, session_in=args.session_in,
-                                 extra_headers=tuple(args.headers))
+                                 extra_headers=headers)
         try:
             compared = asyncio.run(compare(workload, args.modes, options, say))
         except (NoFreePorts, ChildFailed) as exc:
@@ -92,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
         drive_options = DriveOptions(args.gateway.rstrip("/"), args.time_scale,
                                      args.session_header, args.model, engines, progress=progress,
                                      session_in=args.session_in,
-                                     extra_headers=tuple(args.headers),
+                                     extra_headers=headers,
                                      engine_headers=(args.upstream_header.lower(),
                                                      "x-engine-id"))
         try:
@@ -110,8 +130,10 @@ def run(args: argparse.Namespace) -> int:
     oracle = oracle_hit_rate(workload.requests, block or DEFAULT_BLOCK_FOR_ORACLE, measured)
     describe = {**workload.describe, "engines": fleet_size, "block_size": block,
                 "time_scale": args.time_scale, "session_in": args.session_in,
+                "extra_headers": header_names(headers),  # names only: a value may be a secret
+                **({"emulator_processes": engine.processes} if args.compare else {}),
                 "tool": "kvgate bench"
-                + (" --compare" if args.compare else f" --gateway {args.gateway}")}
+                + (" --compare" if args.compare else f" --gateway {redact_url(args.gateway)}")}
     endpoints = next((r.endpoints for r in results.values() if r.endpoints), None)
     if endpoints:
         describe["endpoints"] = endpoints  # `kvgate simulate --addresses` reproduces placements
@@ -146,14 +168,15 @@ def _check_port_range(args: argparse.Namespace, engines: int) -> None:
                          f"with {engines} engines listens on {ports_needed(engines)}")
 
 
-def _header(text: str) -> tuple[str, str]:
-    """``NAME:VALUE`` (the value may contain colons)."""
-    name, sep, value = text.partition(":")
-    name = name.strip()
-    if not sep or not name or any(c in name for c in " \t\r\n") or any(
-            c in value for c in "\r\n"):
-        raise argparse.ArgumentTypeError(f"must be NAME:VALUE, got {text!r}")
-    return name, value.strip()
+def _with_processes(args: argparse.Namespace, engine: EmulatorOptions) -> EmulatorOptions:
+    if args.emulator_processes == 1:
+        return engine
+    if not args.compare:
+        raise ValueError("--emulator-processes applies to --compare only (the engines it starts)")
+    if not 1 <= args.emulator_processes <= engine.instances:
+        raise ValueError(f"--emulator-processes must be between 1 and --engines "
+                         f"({engine.instances}), got {args.emulator_processes}")
+    return replace(engine, processes=args.emulator_processes)
 
 
 def _engines_seen(args: argparse.Namespace, results: Mapping[str, DriveResult]) -> int | None:
@@ -170,4 +193,4 @@ def _check_url(url: str) -> None:
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"--gateway must be an http(s) URL such as http://127.0.0.1:8080, "
-                         f"got {url!r}")
+                         f"got {redact_url(url)!r}")

@@ -76,6 +76,8 @@ def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> St
             *emulator_flags(engine))
     if not mode.ddr_pool:
         args = (*args, "--no-ddr-pool")
+    if engine.processes > 1:
+        args = (*args, "--processes", str(engine.processes))
     # One Envoy worker: its round robin is then one rotation over the engines, as in the
     # simulator; with two, each worker keeps its own and the kernel picks which connection
     # lands on which, so round robin's chance hits would differ from run to run.

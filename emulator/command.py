@@ -16,6 +16,8 @@ import structlog
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
 from emulator.pool_faults import pool_window
+from emulator.processes import Workers, share_options, shares
+from kvgate.runtime.child import ChildFailed
 from kvgate.runtime.loop import run as run_loop
 
 log = structlog.get_logger("emulator.command")
@@ -47,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     d = EmulatorOptions()
     a = parser.add_argument
     a("--instances", type=int, default=d.instances, help="number of engine instances (%(default)s)")
+    a("--processes", type=int, default=d.processes,
+      help="processes serving the instances, so the emulator's own CPU spreads over cores; the "
+      "first also hosts the DDR pool (%(default)s)")
     a("--host", default=d.host, help="address to listen on (%(default)s)")
     a(
         "--port",
@@ -140,6 +145,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(%(default)s)",
     )
     a("--seed", type=int, default=d.seed, help="seed for generated text (%(default)s)")
+    a("--max-model-len", type=int, default=d.max_model_len,
+      help="context length /tokenize reports, as vLLM's max_model_len; prompts are not cut "
+      "(%(default)s)")
     a("--pool-url", default=None, help="join an existing DDR pool service instead of hosting one")
     a("--no-ddr-pool", action="store_true", help="run without a DDR pool")
     a("--pool-port", type=int, default=d.pool_port, help="DDR pool port; 0 = free port")
@@ -189,6 +197,8 @@ def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
         no_ddr_pool=args.no_ddr_pool,
         pool_port=args.pool_port,
         engine_id=args.engine_id,
+        max_model_len=args.max_model_len,
+        processes=args.processes,
     )
 
 
@@ -207,37 +217,56 @@ def configure_logging(level: str) -> None:
     )
 
 
-def write_ready_file(path: Path, fleet: Fleet) -> None:
+def write_ready_file(path: Path, engines: list[str], pool_url: str | None) -> None:
     """Atomically write the ready file (temp file + rename, so readers never see half of it)."""
-    payload = {"engines": fleet.engines, "pool_url": fleet.pool_url, "pid": os.getpid()}
+    payload = {"engines": engines, "pool_url": pool_url, "pid": os.getpid()}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(payload) + "\n")
     os.replace(tmp, path)
 
 
-async def serve(options: EmulatorOptions, ready_file: Path | None) -> int:
-    """Run the fleet until SIGINT/SIGTERM."""
+async def serve(options: EmulatorOptions, ready_file: Path | None,
+                log_level: str = "info") -> int:
+    """Run the fleet until SIGINT/SIGTERM (or, with several processes, until a worker dies:
+    exit code 1)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    fleet = Fleet(options)
+    first = options
+    if options.processes > 1:
+        first = share_options(options, shares(options.instances, options.processes)[0], None)
+    fleet = Fleet(first)
+    workers = Workers(options, log_level)
+    code = 0
     try:
         await fleet.start()
+        engines = fleet.engines
+        if options.processes > 1:
+            engines = engines + await workers.start(fleet.pool_url)
         if fleet.pool_url:
             print(f"ddr pool   {fleet.pool_url}", flush=True)
-        for i, engine in enumerate(fleet.engines):
-            print(f"engine {i:<3} http://{engine}", flush=True)
+        for i, engine in enumerate(engines):
+            print(f"engine {options.first_index + i:<3} http://{engine}", flush=True)
         if ready_file is not None:
-            write_ready_file(ready_file, fleet)
-        log.info("fleet_ready", engines=fleet.engines, pool_url=fleet.pool_url)
-        await stop.wait()
+            write_ready_file(ready_file, engines, fleet.pool_url)
+        log.info("fleet_ready", engines=engines, pool_url=fleet.pool_url,
+                 processes=options.processes)
+        stopped = asyncio.ensure_future(stop.wait())
+        died = asyncio.ensure_future(workers.exited())
+        await asyncio.wait({stopped, died}, return_when=asyncio.FIRST_COMPLETED)
+        for future in (stopped, died):
+            future.cancel()
+        if died.done() and not died.cancelled():
+            log.error("worker_exited", reason=died.result())
+            code = 1
         log.info("fleet_stopping")
     finally:
+        await workers.stop()
         await fleet.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
-    return 0
+    return code
 
 
 def run(args: argparse.Namespace) -> int:
@@ -250,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvgate emulate: {exc}", file=sys.stderr)
         return 2
     try:
-        return run_loop(serve(options, args.ready_file))
-    except OSError as exc:
+        return run_loop(serve(options, args.ready_file, args.log_level))
+    except (OSError, ChildFailed) as exc:
         log.error("startup_failed", error=str(exc))
         return 1

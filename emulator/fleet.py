@@ -85,6 +85,7 @@ class Fleet:
         opts = self.options
         config = opts.engine_config()
         for i in range(opts.instances):
+            index = opts.first_index + i  # its place in the whole fleet (emulator.processes)
             server = EngineServer(
                 EngineModel(config),
                 self.clock,
@@ -92,8 +93,9 @@ class Fleet:
                 host=opts.host,
                 port=opts.ports[i] if opts.ports else (opts.port + i if opts.port else 0),
                 engine_id_template=opts.engine_id,
-                index=i,
-                seed=opts.seed + i,
+                index=index,
+                seed=opts.seed + index,
+                max_model_len=opts.max_model_len,
             )
             self.servers.append(server)
             await server.start()

@@ -12,6 +12,7 @@ from emulator.transfer import TransferParams
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-32B-Instruct"
 DEFAULT_HBM_TOKENS = 550_000
+DEFAULT_MAX_MODEL_LEN = 32_768  # Qwen2.5-32B-Instruct's context as vLLM serves it by default
 DDR_POOL_FLEET_MULTIPLE = 8  # default pool = 8 x the fleet's HBM (DESIGN.md: 5-10x)
 
 
@@ -48,6 +49,9 @@ class EmulatorOptions:
     no_ddr_pool: bool = False
     pool_port: int = 0
     engine_id: str = "{host}:{port}"  # x-engine-id template: {host}, {port}, {index}
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN  # what /tokenize reports (prompts are not cut)
+    processes: int = 1  # processes serving the instances (emulator.processes)
+    first_index: int = 0  # index of this process's first instance in the whole fleet
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad option."""
@@ -77,6 +81,10 @@ class EmulatorOptions:
              "pool_low_watermark and pool_high_watermark must satisfy 0 < low <= high <= 1"),
             (self.max_num_seqs >= 1, "max_num_seqs must be >= 1"),
             (self.time_scale >= 0, "time_scale must be >= 0"),
+            (self.max_model_len >= 1, "max_model_len must be >= 1"),
+            (1 <= self.processes <= self.instances,
+             f"processes must be between 1 and the instances ({self.instances})"),
+            (self.first_index >= 0, "first_index must be >= 0"),
         ]
         for ok, message in checks:
             if not ok:

@@ -1,8 +1,9 @@
 """One emulated engine instance: vLLM's HTTP surface over an :class:`EngineModel`.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE or not), ``GET /v1/models``,
-``GET /health``, ``GET /metrics``; admin: ``POST|GET /admin/fault``,
-``GET /admin/last-request-headers``, ``GET /admin/stats``. Every response carries ``x-engine-id``.
+``POST /tokenize``, ``POST /detokenize``, ``GET /health``, ``GET /metrics``; admin:
+``POST|GET /admin/fault``, ``GET /admin/last-request-headers``, ``GET /admin/stats``. Every
+response carries ``x-engine-id``.
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from emulator.openai_api import (
     parse_request,
     usage,
 )
+from emulator.options import DEFAULT_MAX_MODEL_LEN
 from emulator.pool_service import PoolClient
 from emulator.tokenize import Tokenizer
+from emulator.tokenize_api import detokenize, tokenize
 
 FAULT_MODES = ("none", "unhealthy", "error503", "refuse")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -75,6 +78,7 @@ class EngineServer:
         index: int = 0,
         seed: int = 0,
         tokenizer: Tokenizer | None = None,
+        max_model_len: int = DEFAULT_MAX_MODEL_LEN,
     ) -> None:
         self.model = model
         self.clock = clock
@@ -86,6 +90,7 @@ class EngineServer:
         self.engine_id = ""
         self._template = engine_id_template
         self.tokenizer = tokenizer or Tokenizer()
+        self.max_model_len = max_model_len
         self.fault = "none"
         self._fault_timer: asyncio.TimerHandle | None = None
         self._runner: web.AppRunner | None = None
@@ -111,6 +116,8 @@ class EngineServer:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completion)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_post("/detokenize", self._detokenize)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/admin/fault", self._set_fault)
@@ -228,6 +235,25 @@ class EngineServer:
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(models_body(self.model.config.model, self._created))
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        return await self._tokenizer_call(request, lambda body: tokenize(
+            body, self.model.config.model, self.tokenizer, self.max_model_len))
+
+    async def _detokenize(self, request: web.Request) -> web.Response:
+        return await self._tokenizer_call(request, lambda body: detokenize(
+            body, self.model.config.model, self.tokenizer))
+
+    async def _tokenizer_call(self, request: web.Request,
+                              answer: Callable[[Any], dict[str, Any]]) -> web.Response:
+        try:
+            body: Any = json.loads(await request.read())
+        except ValueError:
+            return _json_error("request body is not valid JSON", 400)
+        try:
+            return web.json_response(answer(body))
+        except ApiError as exc:
+            return _json_error(exc.message, exc.status, exc.param)
 
     async def _health(self, request: web.Request) -> web.Response:
         if self.fault == "unhealthy":

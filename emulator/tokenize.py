@@ -25,17 +25,24 @@ _ROLE_CLOSE = "<|im_end|>\n"
 
 
 class Tokenizer:
-    """Maps text to token ids deterministically; the same text always yields the same ids."""
+    """Maps text to token ids deterministically; the same text always yields the same ids.
+
+    Ids are hashes of pieces, so they cannot be inverted: :meth:`decode` knows the piece of every
+    id this tokenizer has produced (the first piece seen, should two pieces share an id), which
+    is what a caller that detokenizes ids it got from this engine needs."""
 
     def __init__(self, vocab_size: int = DEFAULT_VOCAB_SIZE, memo_limit: int = 200_000) -> None:
         self.vocab_size = vocab_size
         # Pieces repeat a lot (words, indentation); memoising their ids skips most hashing.
         self._memo: dict[str, int] = {}
         self._memo_limit = memo_limit
+        # id -> piece, bounded by the vocabulary size (one entry per id at most).
+        self._pieces: dict[int, str] = {}
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``."""
         memo = self._memo
+        pieces = self._pieces
         vocab = self.vocab_size
         out: list[int] = []
         append = out.append
@@ -45,8 +52,22 @@ class Tokenizer:
                 tid = xxhash.xxh32_intdigest(piece.encode()) % vocab
                 if len(memo) < self._memo_limit:
                     memo[piece] = tid
+                pieces.setdefault(tid, piece)
             append(tid)
         return out
+
+    def piece(self, token_id: int) -> str:
+        """The text of one id: its piece if this tokenizer produced it, else ``<|id|>``.
+
+        Raises ValueError for an id outside the vocabulary."""
+        if not 0 <= token_id < self.vocab_size:
+            raise ValueError(f"token id {token_id} is out of vocabulary (size {self.vocab_size})")
+        return self._pieces.get(token_id, f"<|{token_id}|>")
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of ``ids`` (see :meth:`piece`); encoding it gives ``ids`` back when they are
+        this tokenizer's encoding of a text."""
+        return "".join(self.piece(t) for t in ids)
 
 
 def _content_text(content: Any) -> str:
@@ -66,11 +87,14 @@ def _content_text(content: Any) -> str:
     raise ValueError("message content must be a string or a list of text parts")
 
 
-def render_chat(messages: Iterable[Mapping[str, Any]]) -> str:
+def render_chat(messages: Iterable[Mapping[str, Any]], *, add_generation_prompt: bool = True,
+                continue_final_message: bool = False) -> str:
     """Render chat messages with a fixed template, ending with the assistant's opening marker.
 
     Appending a turn to a conversation leaves the rendered text of the earlier turns unchanged, so
     the next request's prompt extends the previous one, exactly what prefix caching relies on.
+    As with vLLM's chat template options: without ``add_generation_prompt`` no opening marker is
+    added; with ``continue_final_message`` the last message is left open (no closing marker).
     """
     chunks: list[str] = []
     for message in messages:
@@ -78,5 +102,8 @@ def render_chat(messages: Iterable[Mapping[str, Any]]) -> str:
         if not isinstance(role, str) or not role:
             raise ValueError("every message needs a string 'role'")
         chunks.append(f"{_ROLE_OPEN}{role}\n{_content_text(message.get('content'))}{_ROLE_CLOSE}")
-    chunks.append(f"{_ROLE_OPEN}assistant\n")
+    if continue_final_message and chunks:
+        chunks[-1] = chunks[-1][: -len(_ROLE_CLOSE)]
+    elif add_generation_prompt:
+        chunks.append(f"{_ROLE_OPEN}assistant\n")
     return "".join(chunks)

@@ -38,6 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default %(default)s)",
     )
     parser.add_argument(
+        "--emulator-processes", type=int, default=1, metavar="N",
+        help="emulated engines only: spread them over N processes, so the emulator's own CPU "
+        "does not queue requests on one core (default %(default)s)",
+    )
+    parser.add_argument(
         "--time-scale", default="1",
         help="emulated engines only: wall seconds per emulated second, e.g. 1/60 (default 1)",
     )
@@ -100,6 +105,10 @@ def run(args: argparse.Namespace) -> int:
         print("kvgate up: no engines: configure pools, pass --engines, or --emulated N",
               file=sys.stderr)
         return 1
+    if not config.pools and not 1 <= args.emulator_processes <= args.emulated:
+        print(f"kvgate up: --emulator-processes must be between 1 and --emulated "
+              f"({args.emulated}), got {args.emulator_processes}", file=sys.stderr)
+        return 1
     return asyncio.run(_up(config, args))
 
 
@@ -125,7 +134,8 @@ async def _up(config: Config, args: argparse.Namespace) -> int:
     stack = Stack(
         config, workdir.path, report=_say,
         emulated_engines=0 if config.pools else args.emulated,
-        emulator_args=("--time-scale", args.time_scale),
+        emulator_args=("--time-scale", args.time_scale,
+                       "--processes", str(args.emulator_processes)),
     )
     try:
         return await _run(stack, stop)

@@ -49,13 +49,22 @@ def write_trace(path: Path, conversations: int = 8, turns: int = 3, seed: int = 
 @asynccontextmanager
 async def gateway_answering(
     complete: Callable[[web.Request], Awaitable[web.StreamResponse]],
+    api_key: str | None = None,
 ) -> AsyncIterator[str]:
-    """A stand-in gateway listing model "m" and answering completions with ``complete``."""
+    """A stand-in gateway listing model "m" and answering completions with ``complete``; with
+    ``api_key``, every path answers 401 to a request without ``Authorization: Bearer <key>``."""
 
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "m"}]})
 
-    app = web.Application()
+    @web.middleware
+    async def key_check(request: web.Request, handler: Callable[[web.Request], Awaitable[
+            web.StreamResponse]]) -> web.StreamResponse:
+        if request.headers.get("authorization") != f"Bearer {api_key}":
+            return web.json_response({"error": {"message": "invalid API key"}}, status=401)
+        return await handler(request)
+
+    app = web.Application(middlewares=[key_check] if api_key is not None else [])
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", complete)
     runner = web.AppRunner(app)
@@ -66,3 +75,14 @@ async def gateway_answering(
         yield f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
+
+
+async def streamed_answer(request: web.Request) -> web.StreamResponse:
+    """A one-token streamed completion with usage, as the bench expects."""
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
+    for chunk in ({"choices": [{"index": 0, "text": "x"}]}, {"choices": [], "usage": usage}):
+        await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+    await response.write(b"data: [DONE]\n\n")
+    return response

