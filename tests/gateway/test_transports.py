@@ -2,9 +2,11 @@
 
 Each test here leaves the stack as it found it (its own session names, counters read as
 deltas), so a transport's tests share one real stack (etcd, control plane, ext_proc, Envoy):
-two pools, so the pool header has something to forge; a load factor generous enough that every
-first placement is exactly Envoy's ring pick, so whatever falls back to Envoy's ring (a slow or
-stalled ext_proc) still lands at home; a message timeout short enough to test in a second.
+two pools, so the pool header has something to forge; two ext_proc replicas, each on its own
+port in Envoy's ext_proc cluster (how replicas per host share the cores); a load factor
+generous enough that every first placement is exactly Envoy's ring pick, so whatever falls
+back to Envoy's ring (a slow or stalled ext_proc) still lands at home; a message timeout short
+enough to test in a second.
 """
 
 from __future__ import annotations
@@ -53,9 +55,18 @@ class Gateway:
     def url(self) -> str:
         return f"http://{self.config.listener}"
 
-    @property
-    def ext_proc_metrics(self) -> str:
-        return f"http://{self.stack.ext_proc_metrics[0]}/metrics"
+    async def decisions_per_replica(self, http: httpx.AsyncClient) -> list[dict[str, float]]:
+        """Each replica's decisions so far, by outcome (from its own metrics port)."""
+        return [_decisions((await http.get(f"http://{metrics}/metrics")).text)
+                for metrics in self.stack.ext_proc_metrics]
+
+    async def decisions(self, http: httpx.AsyncClient) -> dict[str, float]:
+        """Every replica's decisions so far, by outcome."""
+        total: dict[str, float] = {}
+        for replica in await self.decisions_per_replica(http):
+            for outcome, count in replica.items():
+                total[outcome] = total.get(outcome, 0.0) + count
+        return total
 
     async def bindings(self) -> dict[str, str]:
         """pool/session → endpoint, as stored in etcd."""
@@ -79,7 +90,7 @@ async def gateway(
             await upstream.start()
         prefix = f"/kvgate/test-{uuid.uuid4().hex[:8]}/"
         data = to_dict(gateway_config([u.address for u in coder], prefix=prefix,
-                                      load_factor=10.0, transport=transport,
+                                      load_factor=10.0, transport=transport, ext_procs=2,
                                       message_timeout=f"{MESSAGE_TIMEOUT_S:g}s"))
         data["pools"].append({**data["pools"][0], "name": "chat",
                               "endpoints": [u.address for u in chat]})
@@ -156,13 +167,10 @@ async def test_odd_session_ids_and_the_decision_metrics(gateway: Gateway) -> Non
             assert reply.status_code == 200, reply.text
             return reply.json()["upstream"]
 
-        async def decisions() -> dict[str, float]:
-            return _decisions((await http.get(gateway.ext_proc_metrics)).text)
-
-        before = await decisions()
+        before = await gateway.decisions(http)
         for value in (b"", None):  # (a blank value cannot be sent: h11 refuses it)
             await route(value)
-        after_sessionless = await decisions()
+        after_sessionless = await gateway.decisions(http)
         assert after_sessionless["sessionless"] - before["sessionless"] == 2
         assert after_sessionless["error"] == before["error"]
 
@@ -176,11 +184,27 @@ async def test_odd_session_ids_and_the_decision_metrics(gateway: Gateway) -> Non
         assert await route(lower) == home
         assert await route(b"{" + lower + b"}") == home
 
-        final = await decisions()
+        final = await gateway.decisions(http)
     # big, non-UTF-8 and the UUID were new; the UUID's other spellings were sticky.
     assert final["new"] - before["new"] == 3
     assert final["sticky"] - before["sticky"] == 2 * 5 + 2
     assert final["error"] == before["error"]
+
+
+async def test_two_replicas_each_decide_a_fair_share(gateway: Gateway) -> None:
+    """Envoy spreads decisions per request over the replicas' ports (round robin), not per
+    connection: with a few long-lived connections, SO_REUSEPORT could send all to one."""
+    sessions = [f"share-{i}" for i in range(20)]
+    async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
+        await homes_of(http, sessions)  # placed: what follows is the hot path
+        before = await gateway.decisions_per_replica(http)
+        for _ in range(5):
+            await homes_of(http, sessions)
+        after = await gateway.decisions_per_replica(http)
+    decided = [sum(a.values()) - sum(b.values()) for a, b in zip(after, before, strict=True)]
+    assert sum(decided) == 5 * len(sessions)
+    # Round robin alternates exactly; 40 % leaves room for a health check's reshuffle.
+    assert min(decided) >= 0.4 * sum(decided), decided
 
 
 async def test_the_admin_view_shows_what_the_gateway_routed(gateway: Gateway) -> None:
@@ -196,17 +220,22 @@ async def test_the_admin_view_shows_what_the_gateway_routed(gateway: Gateway) ->
         assert found.code == 0, found.err
         return json.loads(found.out)
 
-    shown = await eventually(status, until=lambda s: len(s["ext_procs"]) == 1
-                             and s["ext_procs"][0]["bindings"] >= len(stored),
-                             what="the ext_proc replica reporting every binding")
-    assert shown["ext_procs"][0]["degraded"] is False
+    shown = await eventually(status, every=0.5, until=lambda s: len(s["ext_procs"]) == 2
+                             and all(e["bindings"] >= len(stored) for e in s["ext_procs"]),
+                             what="both ext_proc replicas reporting every binding")
+    assert [e["degraded"] for e in shown["ext_procs"]] == [False, False]
     per_endpoint = {e["address"]: e["sessions"] for e in shown["endpoints"] if e["pool"] == "coder"}
     in_etcd = [endpoint for key, endpoint in stored.items() if key.startswith("coder/")]
     assert per_endpoint == {u.address: in_etcd.count(u.address) for u in gateway.coder}
-    for session, home in homes.items():
-        found = await run_cli("sessions", "show", session, "--json", admin=admin)
-        assert found.code == 0, found.err
-        assert [(b["pool"], b["endpoint"]) for b in json.loads(found.out)] == [("coder", home)]
+    listed = await run_cli("sessions", "list", "--json", admin=admin)
+    assert listed.code == 0, listed.err
+    ours = {normalize_session(s.encode()): home for s, home in homes.items()}
+    assert {b["session"]: b["endpoint"] for b in json.loads(listed.out)
+            if b["session"] in ours} == ours
+    session, home = next(iter(homes.items()))  # found by the name the client sent
+    found = await run_cli("sessions", "show", session, "--json", admin=admin)
+    assert found.code == 0, found.err
+    assert [(b["pool"], b["endpoint"]) for b in json.loads(found.out)] == [("coder", home)]
 
 
 def _envoy_counter(stats: str, name: str) -> int:
@@ -220,7 +249,7 @@ def _envoy_counter(stats: str, name: str) -> int:
 async def test_a_stalled_ext_proc_times_out_onto_the_same_ring_and_recovers(
     gateway: Gateway,
 ) -> None:
-    """Last on purpose: it freezes the stack's ext_proc (and waits until it decides again)."""
+    """Last on purpose: it freezes the stack's ext_procs (and waits until it decides again)."""
     ring = EnvoyRing([(u.address, 1) for u in gateway.coder])
     known = [f"stall-known-{i}" for i in range(6)]
     fresh = [f"stall-fresh-{i}" for i in range(6)]
@@ -229,20 +258,23 @@ async def test_a_stalled_ext_proc_times_out_onto_the_same_ring_and_recovers(
     # message_timeouts too; over HTTP the http_service's own timeout, the same value, may fire
     # first and count as a 504 instead).
     gave_up = "http.kvgate.ext_proc.kvgate.failure_mode_allowed"
-    process = gateway.stack.ext_procs[0].process
-    assert process is not None
+    pids = [child.pid for child in gateway.stack.ext_procs]
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
         homes = await homes_of(http, known)
         assert all(homes[s] == ring.pick(session_hash(s.encode())) for s in known)
         gave_up_before = _envoy_counter((await http.get(stats_url)).text, gave_up)
-        decided_before = _decisions((await http.get(gateway.ext_proc_metrics)).text)
-        os.kill(process.pid, signal.SIGSTOP)  # alive, connections open, answering nothing
+        decided_before = await gateway.decisions(http)
+        for pid in pids:  # alive, connections open, answering nothing
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
         try:
             stalled = await asyncio.gather(*(
                 http.get("/v1/chat", headers={"x-session-id": s}) for s in known + fresh))
             stats = (await http.get(stats_url)).text
         finally:
-            os.kill(process.pid, signal.SIGCONT)
+            for pid in pids:
+                assert pid is not None
+                os.kill(pid, signal.SIGCONT)
         assert all(r.status_code == 200 for r in stalled), [r.text for r in stalled]
         landed = dict(zip(known + fresh, (r.json()["upstream"] for r in stalled), strict=True))
         # Known sessions stayed home and new ones went where Envoy's ring puts them, which is
@@ -255,14 +287,14 @@ async def test_a_stalled_ext_proc_times_out_onto_the_same_ring_and_recovers(
 
         async def decided_round() -> tuple[dict[str, str], float]:
             """Where the fresh sessions land now, and how many decisions that took."""
-            before = sum(_decisions((await http.get(gateway.ext_proc_metrics)).text).values())
+            before = sum((await gateway.decisions(http)).values())
             found = await homes_of(http, fresh)
-            after = sum(_decisions((await http.get(gateway.ext_proc_metrics)).text).values())
+            after = sum((await gateway.decisions(http)).values())
             return found, after - before
 
         # Thawed, ext_proc decides every request again (its health check and any ejection
         # recover on their own), and the fresh sessions stay where the ring put them.
         await eventually(decided_round, until=lambda r: r[0] == {s: landed[s] for s in fresh}
                          and r[1] >= len(fresh), what="ext_proc deciding again after the stall")
-        final = _decisions((await http.get(gateway.ext_proc_metrics)).text)
+        final = await gateway.decisions(http)
     assert final["error"] == decided_before["error"]
