@@ -2,11 +2,14 @@
 ring_hash alone, in one run, on this machine. Prints latency and max rate, and their ratios.
 
     python bench/gateway_bench.py [--duration 8] [--sessions 1000] [--replicas 1,2]
-                                  [--transports grpc,http]
+                                  [--transports grpc,http] [--rounds 3]
 
 Needs `wrk` (Debian: apt-get install wrk). Upstreams are a separate Envoy answering with a
 direct response, so the engines never limit the measurement. Figures are for known sessions
-(a warm-up binds every session first), which is the hot path kvgate is built for.
+(a warm-up binds every session first), which is the hot path kvgate is built for. Every mode's
+stack runs for the whole benchmark and the rounds go through the modes in turn, so a machine
+shared with other work loads each mode alike; each figure is the median over the rounds, each
+ratio the median of the rounds' own ratios to ring_hash.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -124,12 +128,16 @@ async def decisions(stack: Stack) -> list[float]:
     return counts
 
 
-async def measure(stack: Stack, script: Path, args: argparse.Namespace) -> dict[str, float]:
-    url = f"http://{stack.config.listener}"
-    async with httpx.AsyncClient(base_url=url) as http:  # warm-up: bind every session
-        for n in range(args.sessions):
+async def warm_up(stack: Stack, sessions: int) -> None:
+    """Binds every session: what the rounds measure is the hot path."""
+    async with httpx.AsyncClient(base_url=f"http://{stack.config.listener}") as http:
+        for n in range(sessions):
             reply = await http.get("/v1/bench", headers={"x-session-id": f"bench-{n}"})
             assert reply.status_code == 200, reply.text
+
+
+async def measure(stack: Stack, script: Path, args: argparse.Namespace) -> dict[str, float]:
+    url = f"http://{stack.config.listener}"
     low = await asyncio.to_thread(wrk, url, script, 1, args.duration / 2)
     pids = [c.pid for c in stack.ext_procs if c.pid]
     cpu_before = sum(cpu_seconds(p) for p in pids)
@@ -163,7 +171,8 @@ async def main(args: argparse.Namespace) -> None:
                                     "--log-level", "error"], work / "upstreams.log")
     await upstream.start()
     await upstream.wait_ready(lambda: envoy_ready(HostPort("127.0.0.1", upstream_admin)), 30)
-    results: dict[str, dict[str, float]] = {}
+    rounds: dict[str, list[dict[str, float]]] = {}
+    stacks: list[Stack] = []
     try:
         runs = [("ring_hash (Envoy alone)", RoutingMode.RING_HASH, 1, "grpc")]
         runs += [(f"kvgate {t}, {n} ext_proc", RoutingMode.AFFINITY, n, t)
@@ -171,29 +180,49 @@ async def main(args: argparse.Namespace) -> None:
         for name, mode, replicas, transport in runs:
             config = gateway_config(ports, replicas, transport)
             stack = Stack(config, work / name.replace(" ", "_"), mode=mode)
+            stacks.append(stack)
             await stack.start()
-            try:
-                results[name] = await measure(stack, script, args)
-            finally:
-                await stack.stop()
-            print(f"measured {name}", file=sys.stderr)
+            await warm_up(stack, args.sessions)
+            rounds[name] = []
+        for round_ in range(args.rounds):
+            for (name, *_), stack in zip(runs, stacks, strict=True):
+                rounds[name].append(await measure(stack, script, args))
+                print(f"round {round_ + 1}/{args.rounds}: measured {name}", file=sys.stderr)
     finally:
+        for stack in reversed(stacks):
+            await stack.stop()
         await upstream.stop()
-    report(results)
+    report(rounds)
 
 
-def report(results: dict[str, dict[str, float]]) -> None:
-    base = results["ring_hash (Envoy alone)"]
+def report(rounds: dict[str, list[dict[str, float]]]) -> None:
+    """Medians over the rounds; ratios and added latency against ring_hash in the same round."""
+    base = rounds["ring_hash (Envoy alone)"]
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values)
+
+    count = len(base)
+    print(f"median of {count} round{'s' if count > 1 else ''}")
     print(f"{'mode':<27}{'p50 ms':>9}{'p99 ms':>9}{'max req/s':>11}{'x base':>8}"
           f"{'added p50':>11}{'decisions/ext_proc CPU-s':>26}{'busiest replica':>17}")
-    for name, r in results.items():
-        per_cpu = r.get("decisions_per_cpu_s")
-        busiest = r.get("busiest_replica_share")
-        print(f"{name:<27}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}{r['rps']:>11.0f}"
-              f"{r['rps'] / base['rps']:>8.2f}{(r['p50'] - base['p50']) * 1e3:>9.3f}ms"
-              f"{'' if per_cpu is None else f'{per_cpu:,.0f}':>26}"
-              f"{'' if busiest is None else f'{busiest:.0%}':>17}")
-    errors = sum(r["errors"] for r in results.values())
+    for name, runs in rounds.items():
+        per_cpu = [r["decisions_per_cpu_s"] for r in runs if "decisions_per_cpu_s" in r]
+        busiest = [r["busiest_replica_share"] for r in runs if "busiest_replica_share" in r]
+        ratio = median([r["rps"] / b["rps"] for r, b in zip(runs, base, strict=True)])
+        added = median([r["p50"] - b["p50"] for r, b in zip(runs, base, strict=True)])
+        print(f"{name:<27}{median([r['p50'] for r in runs]) * 1e3:>9.3f}"
+              f"{median([r['p99'] for r in runs]) * 1e3:>9.3f}"
+              f"{median([r['rps'] for r in runs]):>11.0f}{ratio:>8.2f}{added * 1e3:>9.3f}ms"
+              f"{f'{median(per_cpu):,.0f}' if per_cpu else '':>26}"
+              f"{f'{max(busiest):.0%}' if busiest else '':>17}")
+    if count > 1:
+        for name, runs in rounds.items():
+            per_cpu = [r["decisions_per_cpu_s"] for r in runs if "decisions_per_cpu_s" in r]
+            if per_cpu:
+                print(f"  {name}: decisions per CPU-second by round: "
+                      + ", ".join(f"{v:,.0f}" for v in per_cpu))
+    errors = sum(r["errors"] for runs in rounds.values() for r in runs)
     print(f"non-2xx responses: {errors:.0f}")
 
 
@@ -206,5 +235,7 @@ if __name__ == "__main__":
                         default=[1, 2])
     parser.add_argument("--transports", type=lambda s: s.split(","), default=["grpc", "http"],
                         help="ext_proc transports to measure, comma separated (grpc, http)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="measure every mode this many times, in turn; report the medians")
     asyncio.run(main(parser.parse_args()))
 

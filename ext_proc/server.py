@@ -1,13 +1,16 @@
-"""The ext_proc gRPC transport: one stream per HTTP request, answered and closed.
+"""The ext_proc gRPC transport: one call per HTTP request, answered and ended in one batch.
 
 Thin on purpose: the decision is `handling.RequestHandler`'s; answers are pre-serialized
-(`answers`), and the stream ends right after the request-headers answer, since nothing else is
-asked for (the filter sends request headers only), so Envoy never waits on an idle stream.
+(`answers`). Envoy opens a bidirectional `Process` stream per request, but the filter asks for
+request headers only, so each stream carries one request and one answer. gRPC's wire protocol
+does not say which side streams, so `Process` is served by a unary handler: it reads the one
+message and sends the answer, the initial metadata and the OK status as a single batch. Envoy
+sees exactly a stream closed right after its answer, and the server does one completion-queue
+round trip less per request than a streaming handler (measured: ~20 % fewer system calls and
+~14 % more decisions per CPU-second; README, "Performance").
 """
 
 from __future__ import annotations
-
-from collections.abc import AsyncIterator
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
@@ -26,9 +29,10 @@ class ExternalProcessor:
         self._answers = Answers(protobuf_answer)
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
-        """The service, registered with no response serializer: answers are already bytes."""
+        """The service, registered with no response serializer: answers are already bytes.
+        Unary on purpose (see the module's docstring); Envoy's streaming client is served."""
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {
-            "Process": grpc.stream_stream_rpc_method_handler(
+            "Process": grpc.unary_unary_rpc_method_handler(
                 self.Process,
                 request_deserializer=pb.ProcessingRequest.FromString,
                 response_serializer=None,
@@ -36,16 +40,13 @@ class ExternalProcessor:
         })
 
     async def Process(
-        self,
-        request_iterator: AsyncIterator[pb.ProcessingRequest],
-        context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[bytes]:
-        async for request in request_iterator:
-            if request.HasField("request_headers"):
-                yield await self._on_request_headers(request, _pool(context))
-                return  # the only phase asked for: close the stream now
-            # Not asked for; answer "continue" in kind should Envoy send it anyway.
-            yield _continue_for(request).SerializeToString()
+        self, request: pb.ProcessingRequest, context: grpc.aio.ServicerContext
+    ) -> bytes:
+        """The stream's first message answered; the call ends with the answer."""
+        if request.HasField("request_headers"):
+            return await self._on_request_headers(request, _pool(context))
+        # Not asked for; answer "continue" in kind should Envoy send it anyway.
+        return _continue_for(request).SerializeToString()
 
     async def _on_request_headers(self, request: pb.ProcessingRequest, pool: str | None) -> bytes:
         headers: dict[str, bytes] = {}

@@ -92,14 +92,15 @@ async def test_ext_proc_killed_mid_traffic_fails_nothing_and_moves_nobody(
     assert after == homes
 
 
+@pytest.mark.parametrize("transport", ["grpc", "http"])
 async def test_dead_upstream_retried_elsewhere_and_session_rebound(
-    tmp_path: Path, upstreams, prefix: str
+    tmp_path: Path, upstreams, prefix: str, transport: str
 ) -> None:
     ups = await upstreams(4)
     # Room for every session anywhere, so the rebind always keeps the retry's choice (with the
     # default bound, where the random ports put the ring decides whether a sibling is full).
     config = gateway_config([u.address for u in ups], prefix=prefix, load_factor=3.0,
-                            health=FAST_HEALTH)
+                            health=FAST_HEALTH, transport=transport)
     sessions = [f"user-{i}" for i in range(24)]
     async with running_stack(config, tmp_path) as stack:
         async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
