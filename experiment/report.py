@@ -109,9 +109,16 @@ def percentile(values: Sequence[float], pct: float) -> float:
 
 
 def result_document(workload: Mapping[str, Any], modes: Mapping[str, ModeStats],
-                    oracle: float) -> dict[str, Any]:
-    return {"workload": dict(workload), "modes": {m: s.figures() for m, s in modes.items()},
-            "oracle_hit_rate": oracle}
+                    oracle: float, no_queue: Sequence[float] | None = None) -> dict[str, Any]:
+    """``no_queue``: each measured request's TTFT on an idle engine holding everything the
+    oracle's cache would (the workload's bound; None: not computed)."""
+    document: dict[str, Any] = {
+        "workload": dict(workload), "modes": {m: s.figures() for m, s in modes.items()},
+        "oracle_hit_rate": oracle}
+    for pct in (50, 90, 99):
+        document[f"no_queue_ttft_p{pct}_s"] = (None if not no_queue
+                                               else percentile(no_queue, pct))
+    return document
 
 
 def _pct(value: float | None) -> str:
@@ -130,6 +137,11 @@ def markdown_table(document: Mapping[str, Any]) -> str:
         )
     rows.append(f"\noracle hit rate (infinite cache, perfect routing): "
                 f"{_pct(document['oracle_hit_rate'])}")
+    if document.get("no_queue_ttft_p99_s") is not None:
+        rows.append(f"\nno-queue bound (each request alone on an engine holding what the oracle "
+                    f"would): TTFT p50 {document['no_queue_ttft_p50_s']:.2f} s, p90 "
+                    f"{document['no_queue_ttft_p90_s']:.2f} s, p99 "
+                    f"{document['no_queue_ttft_p99_s']:.2f} s")
     return "\n".join(rows) + "\n" + cost_table(document)
 
 
@@ -167,22 +179,25 @@ CDF_POINTS = 4000  # per mode in the TTFT chart
 
 
 def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], path: Path,
-          title: str) -> None:
-    """TTFT distribution (CDF, log scale) and hit rate per mode, side by side."""
+          title: str, no_queue: Sequence[float] = ()) -> None:
+    """TTFT distribution (CDF, log scale; the no-queue bound dashed) and hit rate per mode,
+    side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (left, right, costs) = plt.subplots(1, 3, figsize=(18, 4.8))
-    for mode, values in ttfts.items():
+    curves = [*((mode, values, {}) for mode, values in ttfts.items()),
+              ("no-queue bound", no_queue, {"color": "k", "linestyle": "--"})]
+    for mode, values, style in curves:
         ordered = sorted(v for v in values if v > 0)
         if ordered:
             # A few thousand points draw the same curve as half a million, in a fraction of the
             # time: every step-th rank, and the last.
             ranks = [*range(0, len(ordered), max(1, len(ordered) // CDF_POINTS)), len(ordered) - 1]
             left.plot([ordered[i] for i in ranks], [(i + 1) / len(ordered) for i in ranks],
-                      label=mode)
+                      label=mode, **style)
     left.set_xscale("log")
     left.set_xlabel("TTFT (emulated seconds, log scale)")
     left.set_ylabel("share of requests")
@@ -241,11 +256,12 @@ def check_out_dir(out: Path) -> None:
 
 
 def write_outputs(out: Path, stem: str, document: Mapping[str, Any],
-                  ttfts: Mapping[str, Sequence[float]], title: str) -> list[Path]:
+                  ttfts: Mapping[str, Sequence[float]], title: str,
+                  no_queue: Sequence[float] = ()) -> list[Path]:
     """``<stem>.json``, ``<stem>.md``, ``<stem>.png`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
     paths[0].write_text(json.dumps(document, indent=2) + "\n")
     paths[1].write_text(f"# {title}\n\n{markdown_table(document)}")
-    chart(document, ttfts, paths[2], title)
+    chart(document, ttfts, paths[2], title, no_queue)
     return paths
