@@ -30,7 +30,7 @@ from kvgate.contract.states import EndpointState
 from kvgate.placement import EnvoyRing, session_hash
 from simulator.observe import Scrape
 from simulator.prefix_index import PrefixIndex
-from simulator.routing import Ask, Router, RouterSetup
+from simulator.routing import Ask, Metrics, Router, RouterSetup
 
 
 class _InFlight:
@@ -65,12 +65,13 @@ class _InFlight:
 class _Peer:
     """What every peer has: the active engines, the last scrapes, the streams in flight."""
 
-    def __init__(self, addresses: Sequence[str], setup: RouterSetup, seed: int = 0) -> None:
+    def __init__(self, addresses: Sequence[str], setup: RouterSetup, metrics: Metrics,
+                 seed: int = 0) -> None:
         self._all = list(addresses)
         self._active = list(addresses)
         self._states: dict[str, EndpointState] = {}
         self.setup = setup
-        self.scrapes: dict[str, Scrape] = {}
+        self.metrics = metrics
         self.inflight = _InFlight()
         self.rng = random.Random(seed)
         # id of an Ask -> (the Ask, what it adds to its engine's in-flight amount)
@@ -82,13 +83,9 @@ class _Peer:
                         if self._states.get(a, EndpointState.ACTIVE) is EndpointState.ACTIVE]
         if state is EndpointState.FAILED:
             self.inflight.forget(address)
-            self.scrapes.pop(address, None)
-
-    def observe(self, address: str, scrape: Scrape) -> None:
-        self.scrapes[address] = scrape
 
     def _fresh(self, address: str, now: float) -> Scrape | None:
-        scrape = self.scrapes.get(address)
+        scrape = self.metrics.scrape(address, now)
         return None if scrape is None or now - scrape.at > self.setup.max_age_s else scrape
 
     def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
@@ -113,8 +110,8 @@ class PrefixScoreRouter(_Peer):
     EXPLORATION = 0.01
     MAX_TTFT_PENALTY_S = 5.0
 
-    def __init__(self, addresses: Sequence[str], setup: RouterSetup) -> None:
-        super().__init__(addresses, setup)
+    def __init__(self, addresses: Sequence[str], setup: RouterSetup, metrics: Metrics) -> None:
+        super().__init__(addresses, setup, metrics)
         self.index = PrefixIndex(setup.index_blocks)
 
     async def route(self, ask: Ask, now: float) -> str | None:
@@ -177,8 +174,8 @@ class KvCostRouter(_Peer):
 
     OVERLAP_SCORE_WEIGHT = 1.0
 
-    def __init__(self, addresses: Sequence[str], setup: RouterSetup) -> None:
-        super().__init__(addresses, setup)
+    def __init__(self, addresses: Sequence[str], setup: RouterSetup, metrics: Metrics) -> None:
+        super().__init__(addresses, setup, metrics)
         self.index = PrefixIndex(setup.index_blocks)
 
     async def route(self, ask: Ask, now: float) -> str | None:
@@ -207,8 +204,9 @@ class KvCostRouter(_Peer):
 class BoundedHashRouter(_Peer):
     """Consistent hashing with bounded loads on the session id (see the module's docstring)."""
 
-    def __init__(self, addresses: Sequence[str], setup: RouterSetup, c: float = 1.25) -> None:
-        super().__init__(addresses, setup)
+    def __init__(self, addresses: Sequence[str], setup: RouterSetup, metrics: Metrics,
+                 c: float = 1.25) -> None:
+        super().__init__(addresses, setup, metrics)
         self.c = c
         self._ring = EnvoyRing([(a, 1) for a in self._active])
 
@@ -229,11 +227,11 @@ class BoundedHashRouter(_Peer):
 
 
 def make_peer(mode: RoutingMode, addresses: Sequence[str], setup: RouterSetup,
-              load_factor: float) -> Router:
+              load_factor: float, metrics: Metrics) -> Router:
     if mode is RoutingMode.PREFIX_SCORE:
-        return PrefixScoreRouter(addresses, setup)
+        return PrefixScoreRouter(addresses, setup, metrics)
     if mode is RoutingMode.KV_COST:
-        return KvCostRouter(addresses, setup)
+        return KvCostRouter(addresses, setup, metrics)
     if mode is RoutingMode.BOUNDED_HASH:
-        return BoundedHashRouter(addresses, setup, c=load_factor)
+        return BoundedHashRouter(addresses, setup, metrics, c=load_factor)
     raise ValueError(f"{mode} is not a peer's policy")

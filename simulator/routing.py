@@ -44,13 +44,16 @@ class RouterSetup:
     index_blocks: int = 550_000 // 16  # a peer's prefix index per engine, in blocks
 
 
+class Metrics(Protocol):
+    """The engines' metrics as last scraped (see ``simulator.observe.Scraper``)."""
+
+    def scrape(self, address: str, now: float) -> Scrape | None: ...
+
+
 class Router(Protocol):
     async def route(self, ask: Ask, now: float) -> str | None: ...
 
     def set_state(self, address: str, state: EndpointState) -> None: ...
-
-    def observe(self, address: str, scrape: Scrape) -> None:
-        """An engine's metrics, scraped at ``scrape.at``."""
 
     def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
         """The request's stream: its first token and its end, as the router will see them
@@ -58,10 +61,7 @@ class Router(Protocol):
 
 
 class _Blind:
-    """A router that uses neither scrapes nor the streams' timing."""
-
-    def observe(self, address: str, scrape: Scrape) -> None:
-        pass
+    """A router that does not follow the streams it serves."""
 
     def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
         pass
@@ -163,33 +163,22 @@ class AffinityRouter:
         if self.gate is not None and state is EndpointState.FAILED:
             self.gate.board.forget(address)
 
-    def observe(self, address: str, scrape: Scrape) -> None:
-        """vLLM's gauges give no seconds of work: the waiting requests are priced at the mean
-        prefill this router has booked (its own estimate), the running ones at nothing (their
-        prefill is under way or done)."""
-        gate = self.gate
-        if gate is None:
-            return
-        backlog = scrape.waiting * self._mean_prefill_s(gate)
-        gate.board.observe(address, EndpointLoad(scrape.at, backlog, scrape.running,
-                                                  scrape.waiting, scrape.kv_usage))
-
     def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
         pass
 
-    def _mean_prefill_s(self, gate: LoadGate) -> float:
-        board = gate.board
-        if isinstance(board, BookingBoard) and board.booked:
-            return board.booked_s / board.booked
-        return gate.cost.prefill_overhead_s
 
+class ScrapedBoard(LoadBoard):
+    """The load gate's :class:`LoadBoard`, its observations taken from the engines' scrapes
+    when the gate looks at an engine (the scrape as of the last refresh tick, aged by the
+    board as any observation). vLLM's gauges give no seconds of work: the waiting requests
+    are priced at the mean prefill this router has booked (its own estimate), the running ones
+    at nothing (their prefill is under way or done)."""
 
-class BookingBoard(LoadBoard):
-    """A :class:`LoadBoard` that also sums what it booked, to price a scrape's waiting
-    requests at the mean booked prefill."""
-
-    def __init__(self, max_age_s: float = 2.0) -> None:
+    def __init__(self, metrics: Metrics, max_age_s: float = 2.0,
+                 default_prefill_s: float = 0.02) -> None:
         super().__init__(max_age_s)
+        self._metrics = metrics
+        self._default_prefill_s = default_prefill_s
         self.booked = 0
         self.booked_s = 0.0
 
@@ -199,11 +188,25 @@ class BookingBoard(LoadBoard):
         self.booked += 1
         self.booked_s += prefill_s
 
+    def observed(self, address: str, now: float) -> EndpointLoad | None:
+        scrape = self._metrics.scrape(address, now)
+        if scrape is not None:
+            mean = self.booked_s / self.booked if self.booked else self._default_prefill_s
+            self.observe(address, EndpointLoad(scrape.at, scrape.waiting * mean, scrape.running,
+                                               scrape.waiting, scrape.kv_usage))
+        return super().observed(address, now)
+
+
+class _NoMetrics:
+    def scrape(self, address: str, now: float) -> Scrape | None:
+        return None
+
 
 def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[], float],
                 load_factor: float, idle_ttl: float, setup: RouterSetup | None = None,
-                ) -> Router:
+                metrics: Metrics | None = None) -> Router:
     setup = setup or RouterSetup()
+    metrics = metrics or _NoMetrics()
     if mode.round_robin:
         return RoundRobinRouter(addresses)
     if mode is RoutingMode.RING_HASH:
@@ -211,10 +214,10 @@ def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[],
     if mode.simulated_only:
         from simulator.peers import make_peer
 
-        return make_peer(mode, addresses, setup, load_factor)
+        return make_peer(mode, addresses, setup, load_factor, metrics)
     # As `kvgate up` describes an emulated fleet: one shared DDR pool, or one HBM each.
     kv_pools = (["ddr-pool"] * len(addresses) if mode.ddr_pool
                 else [f"hbm-{i}" for i in range(len(addresses))])
-    gate = (LoadGate(setup.cost, setup.gate, BookingBoard(setup.max_age_s)) if mode.load_aware
-            else None)
+    board = ScrapedBoard(metrics, setup.max_age_s, setup.cost.prefill_overhead_s)
+    gate = LoadGate(setup.cost, setup.gate, board) if mode.load_aware else None
     return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, gate)

@@ -35,7 +35,7 @@ from kvgate.placement.gate import GateConfig
 from kvgate.runtime.collector import collector_paused
 from kvgate.runtime.loop import run as run_loop
 from simulator.estimate import PromptEstimate
-from simulator.observe import EngineGauges, Scrape, Scraper
+from simulator.observe import EngineGauges, Scraper
 from simulator.routing import Ask, RouterSetup, make_router
 from simulator.sending import NEVER, SendOrder
 from workload.hashing import PromptBlocks
@@ -136,16 +136,12 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
     loading: dict[int, tuple[int, int, Probe, int, int, float, Ask]] = {}
     pool_up = [True]
     clock = [0.0]
-    router = make_router(mode, addresses, lambda: clock[0], config.load_factor, config.idle_ttl,
-                         router_setup(options, config))
-    estimate = PromptEstimate(config.prompt_error)
     gauges = [EngineGauges() for _ in range(n)]
-
-    def deliver(e: int, scrape: Scrape) -> None:
-        router.observe(addresses[e], scrape)
-
-    scraper = Scraper(gauges, lambda e, at: fleet.engines[e].usage(at), config.load_refresh_s,
-                      deliver)
+    scraper = Scraper(addresses, gauges, lambda e, at: fleet.engines[e].usage(at),
+                      config.load_refresh_s)
+    router = make_router(mode, addresses, lambda: clock[0], config.load_factor, config.idle_ttl,
+                         router_setup(options, config), scraper)
+    estimate = PromptEstimate(config.prompt_error)
     requests = workload.requests
     measured = [workload.measured(r) for r in requests]
     stats = ModeStats(kv_bytes_per_token=options.kv_bytes_per_token,
@@ -263,7 +259,6 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
         request = requests[i]
         done += 1
         clock[0] = now
-        scraper.before_routing(now)
         hashes = blocks.hashes(i)
         tokens = blocks.tokens[i]
         ask = Ask(request.session, estimate.tokens(request.session, tokens), tokens, hashes)
