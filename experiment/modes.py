@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
+
 from kvgate.contract.modes import RoutingMode
 
 # What `--modes all` runs on a real stack; the simulator adds the peers' policies.
 ALL_MODES: tuple[RoutingMode, ...] = tuple(m for m in RoutingMode if not m.simulated_only)
 SIMULATED_MODES: tuple[RoutingMode, ...] = tuple(RoutingMode)
+
+
+class ModeError(ValueError, argparse.ArgumentTypeError):
+    """A mode name that is not one (argparse shows its message as it is)."""
 
 
 def parse_modes(text: str, every: tuple[RoutingMode, ...] = ALL_MODES,
@@ -19,11 +25,12 @@ def parse_modes(text: str, every: tuple[RoutingMode, ...] = ALL_MODES,
         try:
             mode = RoutingMode(name.strip())
         except ValueError:
-            raise ValueError(
+            raise ModeError(
                 f"unknown mode {name.strip()!r} (choose from {', '.join(every)})"
             ) from None
         if mode not in every:
-            raise ValueError(f"mode {mode} is simulated only (choose from {', '.join(every)})")
+            raise ModeError(f"mode {mode} runs in kvgate simulate and plan only (choose from "
+                            f"{', '.join(every)})")
         modes.append(mode)
     return tuple(modes)
 

@@ -187,7 +187,9 @@ def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right, costs) = plt.subplots(1, 3, figsize=(18, 4.8))
+    # Nine modes' labels need more room than five.
+    wide = max(0, len(document["modes"]) - 5)
+    fig, (left, right, costs) = plt.subplots(1, 3, figsize=(18 + 1.5 * wide, 4.8 + 0.3 * wide))
     curves = [*((mode, values, {}) for mode, values in ttfts.items()),
               ("no-queue bound", no_queue, {"color": "k", "linestyle": "--"})]
     for mode, values, style in curves:
@@ -211,13 +213,13 @@ def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], pat
     right.bar(modes, hbm, label="HBM")
     right.bar(modes, ddr, bottom=hbm, label="DDR pool")
     for i, value in enumerate(total):
-        right.text(i, value + 1, f"{value:.1f} %", ha="center")
+        right.text(i, value + 1, f"{value:.1f} %", ha="center", fontsize=7 if wide else 10)
     right.axhline(100 * document["oracle_hit_rate"], color="k", linestyle="--", label="oracle")
     right.set_ylim(0, 105)
     right.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
     right.set_title("hit rate")
     right.legend()
-    right.tick_params(axis="x", labelrotation=20)
+    right.tick_params(axis="x", labelrotation=30 if wide else 20)
     _cost_panel(costs, document)
     fig.suptitle(title)
     fig.tight_layout()
@@ -240,12 +242,12 @@ def _cost_panel(ax: Any, document: Mapping[str, Any]) -> None:
         ax.text(i, p99[i] + 0.03 * top,
                 f"{f['pool_read_gbps_mean']:.1f} GB/s mean\n{f['pool_read_gbps_peak']:.0f} peak\n"
                 f"links p99 {100 * (f['node_link_utilisation_p99'] or 0):.0f} %",
-                ha="center", fontsize=7)
+                ha="center", fontsize=6 if len(modes) > 5 else 7)
     ax.set_ylim(0, top * 1.35)
     ax.set_ylabel("DDR pool reads per request (GB)")
     ax.set_title("what the pool costs")
     ax.legend(loc="upper left")
-    ax.tick_params(axis="x", labelrotation=20)
+    ax.tick_params(axis="x", labelrotation=30 if len(modes) > 5 else 20)
 
 
 def check_out_dir(out: Path) -> None:

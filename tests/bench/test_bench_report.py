@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from experiment.modes import parse_modes
+from experiment.modes import parse_modes, parse_simulated_modes
 from experiment.report import (
     ModeStats,
     markdown_table,
@@ -77,3 +77,11 @@ def test_modes_parse() -> None:
                                                        RoutingMode.ROUND_ROBIN)
     with pytest.raises(ValueError, match="unknown mode"):
         parse_modes("random")
+
+
+def test_the_peers_modes_are_the_simulators_only() -> None:
+    assert parse_simulated_modes("all") == tuple(RoutingMode)
+    assert parse_simulated_modes("kv-cost,affinity+ddr") == (RoutingMode.KV_COST,
+                                                              RoutingMode.AFFINITY_DDR)
+    with pytest.raises(ValueError, match="kvgate simulate and plan only"):
+        parse_modes("kv-cost")  # a real stack cannot run it
