@@ -28,7 +28,7 @@ class GateConfig:
     """`placement.load_gate` in the YAML."""
 
     enabled: bool = True
-    min_saving_s: float = 0.5
+    min_saving_s: float = 1.5  # more than a user notices; see docs/benchmarks.md
     min_saving_ratio: float = 0.3
     cooldown_s: float = 30.0
     candidates: int = 8  # endpoints scored per decision (ring order); 1: static ring placement

@@ -101,10 +101,12 @@ def test_a_bound_session_moves_to_a_ddr_sibling_past_both_thresholds() -> None:
 
 
 @pytest.mark.parametrize(("current_s", "sibling_s", "config", "moves"), [
-    (6.0, 5.7, GateConfig(), False),  # saves 0.3 s < min_saving_s 0.5
-    (6.0, 4.5, GateConfig(min_saving_ratio=0.3), False),  # saves 1.5 s < 30 % of 6.2 s
-    (6.0, 4.0, GateConfig(min_saving_ratio=0.3), True),  # saves 2.0 s ≥ both
+    (6.0, 5.7, GateConfig(min_saving_s=0.5), False),  # saves 0.3 s < min_saving_s
+    (6.0, 4.5, GateConfig(min_saving_s=0.5, min_saving_ratio=0.3), False),  # 1.5 < 30 % of 6.2
+    (6.0, 4.0, GateConfig(min_saving_s=0.5, min_saving_ratio=0.3), True),  # saves 2.0 s ≥ both
     (6.0, 4.0, GateConfig(min_saving_s=2.5), False),
+    (6.0, 4.7, GateConfig(), False),  # the defaults: 1.3 s saved is not worth a move
+    (6.0, 4.0, GateConfig(), True),
 ])
 def test_a_move_needs_both_the_saving_and_the_ratio(current_s: float, sibling_s: float,
                                                      config: GateConfig, moves: bool) -> None:
