@@ -101,12 +101,12 @@ def test_a_bound_session_moves_to_a_ddr_sibling_past_both_thresholds() -> None:
 
 
 @pytest.mark.parametrize(("current_s", "sibling_s", "config", "moves"), [
-    (6.0, 5.7, GateConfig(min_saving_s=0.5), False),  # saves 0.3 s < min_saving_s
-    (6.0, 4.5, GateConfig(min_saving_s=0.5, min_saving_ratio=0.3), False),  # 1.5 < 30 % of 6.2
-    (6.0, 4.0, GateConfig(min_saving_s=0.5, min_saving_ratio=0.3), True),  # saves 2.0 s ≥ both
-    (6.0, 4.0, GateConfig(min_saving_s=2.5), False),
-    (6.0, 4.7, GateConfig(), False),  # the defaults: 1.3 s saved is not worth a move
-    (6.0, 4.0, GateConfig(), True),
+    (6.0, 5.7, GateConfig(min_saving_s=0.5, miss_safe=False), False),  # 0.3 s < min_saving_s
+    (6.0, 4.5, GateConfig(min_saving_s=0.5, miss_safe=False), False),  # 1.5 < 30 % of 6.2
+    (6.0, 4.0, GateConfig(min_saving_s=0.5, miss_safe=False), True),  # saves 2.0 s ≥ both
+    (6.0, 4.0, GateConfig(min_saving_s=2.5, miss_safe=False), False),
+    (6.0, 4.7, GateConfig(miss_safe=False), False),  # the default 1.5 s: 1.3 s is not enough
+    (6.0, 4.0, GateConfig(miss_safe=False), True),
 ])
 def test_a_move_needs_both_the_saving_and_the_ratio(current_s: float, sibling_s: float,
                                                      config: GateConfig, moves: bool) -> None:
@@ -121,6 +121,25 @@ def test_a_move_needs_both_the_saving_and_the_ratio(current_s: float, sibling_s:
     assert (move is not None) is moves
 
 
+def test_a_move_must_not_lose_even_if_the_pool_lost_the_context() -> None:
+    view = _view()
+    board = LoadBoard()
+    current, siblings = _bound_to(view)
+    _queue(board, current, 6.0)
+    for address in siblings:
+        _queue(board, address, 4.0)
+    size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
+    # With its context read from the pool the sibling saves 2 s; without it, the sibling would
+    # prefill 20,000 tokens (4 s) after 4 s of queue: slower than staying (6.2 s). No move.
+    assert _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0,
+                                         size) is None
+    reckless = _gate(GateConfig(miss_safe=False), board)
+    assert reckless.reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size) is not None
+    _queue(board, current, 3.0)  # a longer queue here: now even a full prefill there is sooner
+    move = _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size)
+    assert move is not None and move.stay_s == pytest.approx(9.22)
+
+
 def test_a_moved_session_stays_put_for_the_cooldown() -> None:
     view = _view()
     board = LoadBoard()
@@ -128,9 +147,10 @@ def test_a_moved_session_stays_put_for_the_cooldown() -> None:
     _queue(board, current, 60.0)
     size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
     gate = _gate(GateConfig(cooldown_s=30.0), board)
-    assert gate.reconsider(view, current, HASH, {current: 1}, 1.25, 10.0, size, moved_at=0.0) is None
-    assert gate.reconsider(view, current, HASH, {current: 1}, 1.25, 29.9, size, moved_at=0.0) is None
-    assert gate.reconsider(view, current, HASH, {current: 1}, 1.25, 30.0, size, moved_at=0.0) is not None
+    loads = {current: 1}
+    assert gate.reconsider(view, current, HASH, loads, 1.25, 10.0, size, moved_at=0.0) is None
+    assert gate.reconsider(view, current, HASH, loads, 1.25, 29.9, size, moved_at=0.0) is None
+    assert gate.reconsider(view, current, HASH, loads, 1.25, 30.0, size, moved_at=0.0) is not None
 
 
 def test_no_sibling_in_its_ddr_pool_means_no_move() -> None:
@@ -154,8 +174,8 @@ def test_a_move_honours_the_load_bound() -> None:
     loads = {siblings[0]: 3, current: 2, siblings[1]: 2, siblings[2]: 1}
     move = _gate(board=board).reconsider(view, current, HASH, loads, 1.25, 0.0, size)
     assert move is not None and move.endpoint in siblings[1:]
-    assert _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size).endpoint == (
-        siblings[0])
+    free = _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size)
+    assert free is not None and free.endpoint == siblings[0]
 
 
 class _CountingBoard(LoadBoard):
