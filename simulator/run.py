@@ -13,6 +13,8 @@ windows (``PoolFaults``): down, every lookup misses and nothing is stored, and i
 A failed engine loses its HBM and every request it has not finished (they count as errors, and
 their sessions ask again after the think time, as a user who saw the error would); a draining
 engine keeps its sessions but gets no new ones (kvgate) or leaves the load balancer (Envoy modes).
+A router knows the engines only through their scraped metrics (``simulator.observe``), what it
+sent and the streams it serves, and a prompt's size as it can estimate it (``simulator.estimate``).
 """
 
 from __future__ import annotations
