@@ -179,6 +179,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
       help="a moved session stays put S seconds (%(default)s)")
     a("--gate-candidates", type=int, default=gate.candidates, metavar="N",
       help="endpoints the gate scores per decision (%(default)s)")
+    a("--gate-miss-safe", choices=["on", "off"], default="on" if gate.miss_safe else "off",
+      help="move only if no slower should the pool have lost the context (%(default)s)")
 
 
 def router_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -187,7 +189,8 @@ def router_settings(args: argparse.Namespace) -> dict[str, Any]:
             "gate": GateConfig(min_saving_s=args.gate_min_saving_s,
                                min_saving_ratio=args.gate_min_saving_ratio,
                                cooldown_s=args.gate_cooldown_s,
-                               candidates=args.gate_candidates)}
+                               candidates=args.gate_candidates,
+                               miss_safe=args.gate_miss_safe == "on")}
 
 
 def router_description(config: SimConfig) -> dict[str, Any]:
@@ -197,7 +200,8 @@ def router_description(config: SimConfig) -> dict[str, Any]:
             "prompt_estimate_error": config.prompt_error,
             "load_gate": {"min_saving_s": gate.min_saving_s,
                           "min_saving_ratio": gate.min_saving_ratio,
-                          "cooldown_s": gate.cooldown_s, "candidates": gate.candidates}}
+                          "cooldown_s": gate.cooldown_s, "candidates": gate.candidates,
+                          "miss_safe": gate.miss_safe}}
 
 
 def no_queue_ttfts(workload: Workload, options: EmulatorOptions, blocks: PromptBlocks,
