@@ -109,9 +109,16 @@ def percentile(values: Sequence[float], pct: float) -> float:
 
 
 def result_document(workload: Mapping[str, Any], modes: Mapping[str, ModeStats],
-                    oracle: float) -> dict[str, Any]:
-    return {"workload": dict(workload), "modes": {m: s.figures() for m, s in modes.items()},
-            "oracle_hit_rate": oracle}
+                    oracle: float, no_queue: Sequence[float] | None = None) -> dict[str, Any]:
+    """``no_queue``: each measured request's TTFT on an idle engine holding everything the
+    oracle's cache would (the workload's bound; None: not computed)."""
+    document: dict[str, Any] = {
+        "workload": dict(workload), "modes": {m: s.figures() for m, s in modes.items()},
+        "oracle_hit_rate": oracle}
+    for pct in (50, 90, 99):
+        document[f"no_queue_ttft_p{pct}_s"] = (None if not no_queue
+                                               else percentile(no_queue, pct))
+    return document
 
 
 def _pct(value: float | None) -> str:
@@ -130,6 +137,11 @@ def markdown_table(document: Mapping[str, Any]) -> str:
         )
     rows.append(f"\noracle hit rate (infinite cache, perfect routing): "
                 f"{_pct(document['oracle_hit_rate'])}")
+    if document.get("no_queue_ttft_p99_s") is not None:
+        rows.append(f"\nno-queue bound (each request alone on an engine holding what the oracle "
+                    f"would): TTFT p50 {document['no_queue_ttft_p50_s']:.2f} s, p90 "
+                    f"{document['no_queue_ttft_p90_s']:.2f} s, p99 "
+                    f"{document['no_queue_ttft_p99_s']:.2f} s")
     return "\n".join(rows) + "\n" + cost_table(document)
 
 
@@ -167,22 +179,27 @@ CDF_POINTS = 4000  # per mode in the TTFT chart
 
 
 def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], path: Path,
-          title: str) -> None:
-    """TTFT distribution (CDF, log scale) and hit rate per mode, side by side."""
+          title: str, no_queue: Sequence[float] = ()) -> None:
+    """TTFT distribution (CDF, log scale; the no-queue bound dashed) and hit rate per mode,
+    side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right, costs) = plt.subplots(1, 3, figsize=(18, 4.8))
-    for mode, values in ttfts.items():
+    # Nine modes' labels need more room than five.
+    wide = max(0, len(document["modes"]) - 5)
+    fig, (left, right, costs) = plt.subplots(1, 3, figsize=(18 + 1.5 * wide, 4.8 + 0.3 * wide))
+    curves = [*((mode, values, {}) for mode, values in ttfts.items()),
+              ("no-queue bound", no_queue, {"color": "k", "linestyle": "--"})]
+    for mode, values, style in curves:
         ordered = sorted(v for v in values if v > 0)
         if ordered:
             # A few thousand points draw the same curve as half a million, in a fraction of the
             # time: every step-th rank, and the last.
             ranks = [*range(0, len(ordered), max(1, len(ordered) // CDF_POINTS)), len(ordered) - 1]
             left.plot([ordered[i] for i in ranks], [(i + 1) / len(ordered) for i in ranks],
-                      label=mode)
+                      label=mode, **style)
     left.set_xscale("log")
     left.set_xlabel("TTFT (emulated seconds, log scale)")
     left.set_ylabel("share of requests")
@@ -196,13 +213,13 @@ def chart(document: Mapping[str, Any], ttfts: Mapping[str, Sequence[float]], pat
     right.bar(modes, hbm, label="HBM")
     right.bar(modes, ddr, bottom=hbm, label="DDR pool")
     for i, value in enumerate(total):
-        right.text(i, value + 1, f"{value:.1f} %", ha="center")
+        right.text(i, value + 1, f"{value:.1f} %", ha="center", fontsize=7 if wide else 10)
     right.axhline(100 * document["oracle_hit_rate"], color="k", linestyle="--", label="oracle")
     right.set_ylim(0, 105)
     right.set_ylabel("prefix-cache hit rate (% of prompt tokens)")
     right.set_title("hit rate")
     right.legend()
-    right.tick_params(axis="x", labelrotation=20)
+    right.tick_params(axis="x", labelrotation=30 if wide else 20)
     _cost_panel(costs, document)
     fig.suptitle(title)
     fig.tight_layout()
@@ -225,12 +242,12 @@ def _cost_panel(ax: Any, document: Mapping[str, Any]) -> None:
         ax.text(i, p99[i] + 0.03 * top,
                 f"{f['pool_read_gbps_mean']:.1f} GB/s mean\n{f['pool_read_gbps_peak']:.0f} peak\n"
                 f"links p99 {100 * (f['node_link_utilisation_p99'] or 0):.0f} %",
-                ha="center", fontsize=7)
+                ha="center", fontsize=6 if len(modes) > 5 else 7)
     ax.set_ylim(0, top * 1.35)
     ax.set_ylabel("DDR pool reads per request (GB)")
     ax.set_title("what the pool costs")
     ax.legend(loc="upper left")
-    ax.tick_params(axis="x", labelrotation=20)
+    ax.tick_params(axis="x", labelrotation=30 if len(modes) > 5 else 20)
 
 
 def check_out_dir(out: Path) -> None:
@@ -241,11 +258,12 @@ def check_out_dir(out: Path) -> None:
 
 
 def write_outputs(out: Path, stem: str, document: Mapping[str, Any],
-                  ttfts: Mapping[str, Sequence[float]], title: str) -> list[Path]:
+                  ttfts: Mapping[str, Sequence[float]], title: str,
+                  no_queue: Sequence[float] = ()) -> list[Path]:
     """``<stem>.json``, ``<stem>.md``, ``<stem>.png`` in ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / f"{stem}.json", out / f"{stem}.md", out / f"{stem}.png"]
     paths[0].write_text(json.dumps(document, indent=2) + "\n")
     paths[1].write_text(f"# {title}\n\n{markdown_table(document)}")
-    chart(document, ttfts, paths[2], title)
+    chart(document, ttfts, paths[2], title, no_queue)
     return paths

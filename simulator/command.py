@@ -8,22 +8,24 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from emulator.options import EmulatorOptions
 from experiment.fleet_options import add_fleet_arguments
 from experiment.inputs import InputError, engines_and_workload
-from experiment.modes import parse_modes
+from experiment.modes import parse_simulated_modes
 from experiment.report import (
     ModeStats,
     markdown_table,
     result_document,
     write_outputs,
 )
+from kvgate.placement.gate import GateConfig
 from kvgate.runtime.collector import collector_paused
 from simulator.parallel import simulate_modes
-from simulator.run import FleetEvent, SimConfig
+from simulator.run import LOAD_REFRESH_S, PROMPT_ERROR, FleetEvent, SimConfig
 from workload.cli import add_workload_arguments
-from workload.hashing import PromptBlocks, oracle_hit_rate
+from workload.hashing import PromptBlocks, oracle_hits
 from workload.model import Workload
 from workload.profile import peak_working_set
 
@@ -48,8 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
     add_fleet_arguments(parser, DEFAULT_ENGINES)
     a = parser.add_argument
-    a("--modes", type=parse_modes, default=parse_modes("all"),
-      help="comma-separated: round_robin,ring_hash,affinity,round_robin+ddr,affinity+ddr (all)")
+    a("--modes", type=parse_simulated_modes, default=parse_simulated_modes("all"),
+      help="comma-separated: round_robin,ring_hash,affinity,round_robin+ddr,affinity+ddr,"
+      "sticky+ddr,prefix-score,kv-cost,bounded-hash (all)")
     a("--fail", type=fleet_event("fail"), action="append", default=[], metavar="ENGINE@T",
       help="engine index ENGINE fails at emulated second T (repeatable)")
     a("--drain", type=fleet_event("drain"), action="append", default=[], metavar="ENGINE@T",
@@ -57,6 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--addresses", help="comma-separated engine host:port (default 10.x.y.z:8000); a real "
       "fleet's addresses reproduce its placements, e.g. a bench --compare run's endpoints")
     a("--load-factor", type=float, default=1.25, help="kvgate bounded load (%(default)s)")
+    add_router_arguments(parser)
     a("--out", type=Path, help="write <name>.json, .md and .png here")
     a("--name", help="output file stem (default simulate-<workload>)")
     a("--no-oracle", action="store_true", help="skip the oracle hit rate (saves a pass)")
@@ -83,16 +87,20 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
                        progress=not args.quiet and sys.stderr.isatty() and args.jobs <= 1,
-                       addresses=addresses)
+                       addresses=addresses, **router_settings(args))
     blocks = hashed(workload, options.block_size, args.jobs)
     print(f"prompts hashed into {options.block_size}-token blocks "
           f"({time.perf_counter() - built:.1f} s)", file=sys.stderr)
     oracle = [0.0]
+    no_queue: list[float] = []
 
     def compute_oracle() -> None:
         if not args.no_oracle:
             measured = [workload.measured(r) for r in workload.requests]
-            oracle[0] = oracle_hit_rate(workload.requests, options.block_size, measured, blocks)
+            hits = oracle_hits(workload.requests, options.block_size, blocks)
+            total = sum(t for t, m in zip(blocks.tokens, measured, strict=True) if m)
+            oracle[0] = sum(h for h, m in zip(hits, measured, strict=True) if m) / (total or 1)
+            no_queue.extend(no_queue_ttfts(workload, options, blocks, hits))
 
     def done(mode: str, seconds: float) -> None:
         finished.append(mode)
@@ -112,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
                 **pool_description(options),
                 "fail": [vars_of(e) for e in args.fail],
                 "drain": [vars_of(e) for e in args.drain], "tool": "kvgate simulate"}
-    document = result_document(describe, stats, oracle[0])
+    describe.update(router_description(config))
+    document = result_document(describe, stats, oracle[0], no_queue)
     print(markdown_table(document))
     print(f"simulated in {time.perf_counter() - started:.1f} s wall", file=sys.stderr)
     if args.out is not None:
@@ -120,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
                  f"{len(workload.requests)} requests")
         name = args.name or f"simulate-{workload.name}"
         for path in write_outputs(args.out, name, document,
-                                  {m: s.ttfts for m, s in stats.items()}, title):
+                                  {m: s.ttfts for m, s in stats.items()}, title, no_queue):
             print(f"wrote {path}", file=sys.stderr)
     return 0
 
@@ -138,11 +147,73 @@ def _check(args: argparse.Namespace, engines: int) -> None:
 
 
 def check_run_flags(args: argparse.Namespace) -> None:
-    """``--load-factor`` and ``--jobs``, shared with `kvgate plan`."""
+    """``--load-factor``, ``--jobs`` and the routers' flags, shared with `kvgate plan`."""
     if args.load_factor < 1:
         raise ValueError(f"--load-factor must be >= 1, got {args.load_factor:g}")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
+    if not args.load_refresh_s > 0:
+        raise ValueError(f"--load-refresh-s must be > 0, got {args.load_refresh_s:g}")
+    if not args.prompt_estimate_error >= 0:
+        raise ValueError(f"--prompt-estimate-error must be >= 0, got "
+                         f"{args.prompt_estimate_error:g}")
+    problems = router_settings(args)["gate"].problems()
+    if problems:
+        raise ValueError(f"--gate-*: {'; '.join(problems)}")
+
+
+def add_router_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the load-aware routers see and how kvgate's load gate decides (simulate, plan)."""
+    a = parser.add_argument
+    gate = GateConfig()
+    a("--load-refresh-s", type=float, default=LOAD_REFRESH_S, metavar="S",
+      help="the routers scrape the engines' metrics every S emulated seconds (%(default)s)")
+    a("--prompt-estimate-error", type=float, default=PROMPT_ERROR, metavar="SIGMA",
+      help="error of the prompt size a router estimates from content-length: lognormal "
+      "sigma per session (0: exact token counts; %(default)s)")
+    a("--gate-min-saving-s", type=float, default=gate.min_saving_s, metavar="S",
+      help="kvgate moves a session when that saves at least S seconds (%(default)s)")
+    a("--gate-min-saving-ratio", type=float, default=gate.min_saving_ratio, metavar="F",
+      help="... and at least F of its engine's estimated TTFT (%(default)s)")
+    a("--gate-cooldown-s", type=float, default=gate.cooldown_s, metavar="S",
+      help="a moved session stays put S seconds (%(default)s)")
+    a("--gate-candidates", type=int, default=gate.candidates, metavar="N",
+      help="endpoints the gate scores per decision (%(default)s)")
+    a("--gate-miss-safe", choices=["on", "off"], default="on" if gate.miss_safe else "off",
+      help="move only if no slower should the pool have lost the context (%(default)s)")
+
+
+def router_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """SimConfig's router fields from the flags of :func:`add_router_arguments`."""
+    return {"load_refresh_s": args.load_refresh_s, "prompt_error": args.prompt_estimate_error,
+            "gate": GateConfig(min_saving_s=args.gate_min_saving_s,
+                               min_saving_ratio=args.gate_min_saving_ratio,
+                               cooldown_s=args.gate_cooldown_s,
+                               candidates=args.gate_candidates,
+                               miss_safe=args.gate_miss_safe == "on")}
+
+
+def router_description(config: SimConfig) -> dict[str, Any]:
+    """The routers' settings, for a result's JSON."""
+    gate = config.gate
+    return {"load_refresh_s": config.load_refresh_s,
+            "prompt_estimate_error": config.prompt_error,
+            "load_gate": {"min_saving_s": gate.min_saving_s,
+                          "min_saving_ratio": gate.min_saving_ratio,
+                          "cooldown_s": gate.cooldown_s, "candidates": gate.candidates,
+                          "miss_safe": gate.miss_safe}}
+
+
+def no_queue_ttfts(workload: Workload, options: EmulatorOptions, blocks: PromptBlocks,
+                   hits: list[int]) -> list[float]:
+    """Each measured request's TTFT alone on an engine holding everything the oracle's
+    infinite cache would (``hits``, see ``oracle_hits``): c0 + the tokens it does not hold ÷
+    the prefill rate."""
+    requests = workload.requests
+    c0 = options.prefill_overhead_ms / 1000.0
+    rate = options.prefill_tokens_per_s
+    return [c0 + (blocks.tokens[i] - hits[i]) / rate
+            for i, r in enumerate(requests) if workload.measured(r)]
 
 
 def hashed(workload: Workload, block_size: int, jobs: int) -> PromptBlocks:

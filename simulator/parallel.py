@@ -18,8 +18,9 @@ Run = tuple[RoutingMode, SimConfig]
 
 # Relative time of a mode's run (1,000 engines: about 37, 32, 20 and 15 s): the longest start
 # first, so the short ones fill in behind them instead of leaving one worker on a long run alone.
-_WORK = {RoutingMode.ROUND_ROBIN_DDR: 5, RoutingMode.AFFINITY_DDR: 4, RoutingMode.AFFINITY: 3,
-         RoutingMode.RING_HASH: 2, RoutingMode.ROUND_ROBIN: 1}
+_WORK = {RoutingMode.ROUND_ROBIN_DDR: 5, RoutingMode.PREFIX_SCORE: 5, RoutingMode.KV_COST: 5,
+         RoutingMode.AFFINITY_DDR: 4, RoutingMode.STICKY_DDR: 4, RoutingMode.BOUNDED_HASH: 4,
+         RoutingMode.AFFINITY: 3, RoutingMode.RING_HASH: 2, RoutingMode.ROUND_ROBIN: 1}
 
 
 def simulate_modes(workload: Workload, modes: Sequence[RoutingMode], config: SimConfig, jobs: int,
@@ -58,7 +59,7 @@ def simulate_runs(workload: Workload, runs: Sequence[Run], jobs: int,
         return finished
     ctx = multiprocessing.get_context("fork")
     todo: multiprocessing.Queue[int | None] = ctx.Queue()
-    longest_first = sorted(range(len(runs)), key=lambda i: -_WORK[runs[i][0]])
+    longest_first = sorted(range(len(runs)), key=lambda i: -_WORK.get(runs[i][0], 3))
     for queued in [*longest_first, *[None] * jobs]:  # None: no more runs for this worker
         todo.put(queued)
     results: multiprocessing.Queue[tuple[int, ModeStats | None, float | str]] = ctx.Queue()

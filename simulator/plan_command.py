@@ -14,7 +14,13 @@ from emulator.options import EmulatorOptions
 from experiment.fleet_options import add_fleet_arguments, emulator_options
 from experiment.inputs import InputError, engines_and_workload
 from kvgate.contract.modes import RoutingMode
-from simulator.command import check_run_flags, hashed
+from simulator.command import (
+    add_router_arguments,
+    check_run_flags,
+    hashed,
+    router_description,
+    router_settings,
+)
 from simulator.parallel import simulate_runs
 from simulator.plan import Goal, cheapest, fleets, markdown_plan
 from simulator.run import SimConfig
@@ -35,6 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--min-hit-rate", type=float, default=0.0, metavar="F",
       help="goal: prefix-cache hit rate at least F, 0..1 (%(default)s)")
     a("--load-factor", type=float, default=1.25, help="kvgate bounded load (%(default)s)")
+    add_router_arguments(parser)
     a("--out", type=Path, help="write <name>.json and .md here")
     a("--name", help="output file stem (default plan-<workload>)")
     a("--jobs", type=int, default=min(4, os.cpu_count() or 1),
@@ -74,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"workload {workload.name}: {len(workload.requests)} requests; {len(options)} fleets "
           f"in mode {args.mode}, goal {goal.describe()}", file=sys.stderr, flush=True)
     blocks = hashed(workload, options[0].block_size, args.jobs)
-    runs = [(args.mode, SimConfig(o, args.load_factor)) for o in options]
+    runs = [(args.mode, SimConfig(o, args.load_factor, **router_settings(args)))
+            for o in options]
 
     def done(index: int, seconds: float) -> None:
         o = options[index]
@@ -91,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                      "node_gbps": o.node_gbps,
                      **figures, "meets_goal": goal.met_by(figures)})
     document = {"workload": {**workload.describe, "block_size": options[0].block_size,
-                             "tool": "kvgate plan"},
+                             **router_description(runs[0][1]), "tool": "kvgate plan"},
                 "mode": str(args.mode),
                 "goal": {"ttft_p99_s": goal.ttft_p99_s, "min_hit_rate": goal.min_hit_rate,
                          "text": goal.describe()},

@@ -1,25 +1,70 @@
 """Each mode's choice of engine, with the gateway's code: Envoy's ring (``EnvoyRing``), and for
-kvgate the ext_proc ``Decider`` over an in-memory binding store on the simulation's clock."""
+kvgate the ext_proc ``Decider`` (with its load gate, or without: static stickiness) over an
+in-memory binding store on the simulation's clock. The peers' policies are in
+``simulator.peers``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
 
 from ext_proc.decide import Decider, DecisionError
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState
 from kvgate.placement import EnvoyRing, session_hash
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.gate import GateConfig, LoadGate
+from kvgate.placement.live import EndpointLoad, LoadBoard
 from kvgate.placement.view import Member, PoolView
+from simulator.observe import Scrape
 
 POOL = "sim"
 
 
+class Ask(NamedTuple):
+    """What a router knows of a request when it picks an engine."""
+
+    session: str
+    prompt_tokens: int  # the prompt's size as estimated from its headers (what ext_proc sees)
+    tokens: int = 0  # its size as counted from its body (what the peers' routers parse)
+    hashes: Sequence[int] = ()  # the prompt's block hashes (the peers hash the prompt)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterSetup:
+    """How the load-aware routers see the fleet: the engines' speed (their cost model) and the
+    load gate's settings, and how old an engine's scrape may be before it counts for nothing."""
+
+    cost: EngineCost = field(default_factory=EngineCost)
+    gate: GateConfig = field(default_factory=GateConfig)
+    max_age_s: float = 2.0
+    block_size: int = 16
+    index_blocks: int = 550_000 // 16  # a peer's prefix index per engine, in blocks
+
+
+class Metrics(Protocol):
+    """The engines' metrics as last scraped (see ``simulator.observe.Scraper``)."""
+
+    def scrape(self, address: str, now: float) -> Scrape | None: ...
+
+
 class Router(Protocol):
-    async def route(self, session: str) -> str | None: ...
+    async def route(self, ask: Ask, now: float) -> str | None: ...
 
     def set_state(self, address: str, state: EndpointState) -> None: ...
+
+    def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
+        """The request's stream: its first token and its end, as the router will see them
+        (instants that may be ahead of the clock; a router uses them only once passed)."""
+
+
+class _Blind:
+    """A router that does not follow the streams it serves."""
+
+    def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
+        pass
 
 
 class _Members:
@@ -37,7 +82,7 @@ class _Members:
         return [m.address for m in self.members if m.state == EndpointState.ACTIVE]
 
 
-class RoundRobinRouter:
+class RoundRobinRouter(_Blind):
     """Envoy ROUND_ROBIN over healthy hosts: every request to the next host."""
 
     def __init__(self, addresses: Sequence[str]) -> None:
@@ -45,7 +90,7 @@ class RoundRobinRouter:
         self._active = self._members.active
         self._next = 0
 
-    async def route(self, session: str) -> str | None:
+    async def route(self, ask: Ask, now: float) -> str | None:
         if not self._active:
             return None
         address = self._active[self._next % len(self._active)]
@@ -57,15 +102,15 @@ class RoundRobinRouter:
         self._active = self._members.active
 
 
-class RingHashRouter:
+class RingHashRouter(_Blind):
     """Envoy RING_HASH on the session header, over healthy hosts."""
 
     def __init__(self, addresses: Sequence[str]) -> None:
         self._members = _Members(addresses, ["none"] * len(addresses))
         self._ring = EnvoyRing([(a, 1) for a in self._members.active])
 
-    async def route(self, session: str) -> str | None:
-        return self._ring.pick(session_hash(session.encode()))
+    async def route(self, ask: Ask, now: float) -> str | None:
+        return self._ring.pick(session_hash(ask.session.encode()))
 
     def set_state(self, address: str, state: EndpointState) -> None:
         self._members.set_state(address, state)
@@ -87,35 +132,92 @@ class _Directory:
 
 
 class AffinityRouter:
-    """kvgate: sticky bindings, first placement on Envoy's ring with bounded load."""
+    """kvgate: sticky bindings, first placement on Envoy's ring with bounded load; with a load
+    gate, new sessions go to the least estimated TTFT among their ring candidates and a bound
+    session moves to a DDR-pool sibling when that saves enough (``LoadGate``)."""
 
     def __init__(self, addresses: Sequence[str], kv_pools: Sequence[str],
-                 clock: Callable[[], float], load_factor: float, idle_ttl: float) -> None:
+                 clock: Callable[[], float], load_factor: float, idle_ttl: float,
+                 gate: LoadGate | None = None) -> None:
         self._members = _Members(addresses, kv_pools)
         self._directory = _Directory(self._members)
         store = MemoryBindingStore(idle_ttl=idle_ttl, clock=clock)
+        self.gate = gate
         # _Directory offers what the Decider calls of an EndpointDirectory (view, refresh).
-        self._decider = Decider(store, self._directory, load_factor)  # type: ignore[arg-type]
+        self._decider = Decider(store, self._directory, load_factor,  # type: ignore[arg-type]
+                                gate=gate, clock=clock)
+        self.moves = 0  # sessions the gate moved for load
 
-    async def route(self, session: str) -> str | None:
+    async def route(self, ask: Ask, now: float) -> str | None:
         try:
-            decision = await self._decider.decide(POOL, session.encode())
+            decision = await self._decider.decide(POOL, ask.session.encode(), ask.prompt_tokens)
         except DecisionError:
             return None
+        if decision.reason is not None and decision.reason.value == "load":
+            self.moves += 1
         return decision.endpoints[0] if decision.endpoints else None
 
     def set_state(self, address: str, state: EndpointState) -> None:
         self._members.set_state(address, state)
         self._directory.refresh()
+        if self.gate is not None and state is EndpointState.FAILED:
+            self.gate.board.forget(address)
+
+    def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
+        pass
+
+
+class ScrapedBoard(LoadBoard):
+    """The load gate's :class:`LoadBoard`, its observations taken from the engines' scrapes
+    when the gate looks at an engine (the scrape as of the last refresh tick, aged by the
+    board as any observation). vLLM's gauges give no seconds of work: the waiting requests
+    are priced at the mean prefill this router has booked (its own estimate), the running ones
+    at nothing (their prefill is under way or done)."""
+
+    def __init__(self, metrics: Metrics, max_age_s: float = 2.0,
+                 default_prefill_s: float = 0.02) -> None:
+        super().__init__(max_age_s)
+        self._metrics = metrics
+        self._default_prefill_s = default_prefill_s
+        self.booked = 0
+        self.booked_s = 0.0
+
+    def routed(self, address: str, now: float, prefill_s: float, ready_at: float | None = None,
+               ) -> None:
+        super().routed(address, now, prefill_s, ready_at)
+        self.booked += 1
+        self.booked_s += prefill_s
+
+    def observed(self, address: str, now: float) -> EndpointLoad | None:
+        scrape = self._metrics.scrape(address, now)
+        if scrape is not None:
+            mean = self.booked_s / self.booked if self.booked else self._default_prefill_s
+            self.observe(address, EndpointLoad(scrape.at, scrape.waiting * mean, scrape.running,
+                                               scrape.waiting, scrape.kv_usage))
+        return super().observed(address, now)
+
+
+class _NoMetrics:
+    def scrape(self, address: str, now: float) -> Scrape | None:
+        return None
 
 
 def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[], float],
-                load_factor: float, idle_ttl: float) -> Router:
+                load_factor: float, idle_ttl: float, setup: RouterSetup | None = None,
+                metrics: Metrics | None = None) -> Router:
+    setup = setup or RouterSetup()
+    metrics = metrics or _NoMetrics()
     if mode.round_robin:
         return RoundRobinRouter(addresses)
     if mode is RoutingMode.RING_HASH:
         return RingHashRouter(addresses)
+    if mode.simulated_only:
+        from simulator.peers import make_peer
+
+        return make_peer(mode, addresses, setup, load_factor, metrics)
     # As `kvgate up` describes an emulated fleet: one shared DDR pool, or one HBM each.
     kv_pools = (["ddr-pool"] * len(addresses) if mode.ddr_pool
                 else [f"hbm-{i}" for i in range(len(addresses))])
-    return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl)
+    board = ScrapedBoard(metrics, setup.max_age_s, setup.cost.prefill_overhead_s)
+    gate = LoadGate(setup.cost, setup.gate, board) if mode.load_aware else None
+    return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, gate)

@@ -13,6 +13,8 @@ windows (``PoolFaults``): down, every lookup misses and nothing is stored, and i
 A failed engine loses its HBM and every request it has not finished (they count as errors, and
 their sessions ask again after the think time, as a user who saw the error would); a draining
 engine keeps its sessions but gets no new ones (kvgate) or leaves the load balancer (Envoy modes).
+A router knows the engines only through their scraped metrics (``simulator.observe``), what it
+sent and the streams it serves, and a prompt's size as it can estimate it (``simulator.estimate``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,13 @@ from emulator.transfer import TransferModel
 from experiment.report import ModeStats, percentile
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.gate import GateConfig
 from kvgate.runtime.collector import collector_paused
 from kvgate.runtime.loop import run as run_loop
-from simulator.routing import make_router
+from simulator.estimate import PromptEstimate
+from simulator.observe import EngineGauges, Scraper
+from simulator.routing import Ask, RouterSetup, make_router
 from simulator.sending import NEVER, SendOrder
 from workload.hashing import PromptBlocks
 from workload.model import Workload
@@ -55,6 +61,10 @@ class FleetEvent:
     time: float
 
 
+LOAD_REFRESH_S = 0.05
+PROMPT_ERROR = 0.25
+
+
 @dataclass(slots=True)
 class SimConfig:
     engine: EmulatorOptions  # instances = engines; block size, HBM, DDR, speed
@@ -65,6 +75,24 @@ class SimConfig:
     # Engine addresses (placement hashes them); default 10.x.y.z:8000. Give a real fleet's to
     # reproduce its placements exactly.
     addresses: Sequence[str] = ()
+    # How often the routers scrape the engines' metrics (the Gateway API Inference Extension's
+    # endpoint picker: every 50 ms), and how old a scrape may be before it counts for nothing.
+    load_refresh_s: float = LOAD_REFRESH_S
+    load_max_age_s: float = 2.0
+    # The error of the prompt size a router estimates from content-length (lognormal sigma per
+    # session; 0: exact token counts), see simulator.estimate.
+    prompt_error: float = PROMPT_ERROR
+    gate: GateConfig = field(default_factory=GateConfig)
+
+
+def router_setup(options: EmulatorOptions, config: SimConfig) -> RouterSetup:
+    """The routers' model of the engines: the same speed and links as the simulated ones."""
+    cost = EngineCost(prefill_tokens_per_s=options.prefill_tokens_per_s,
+                      prefill_overhead_s=options.prefill_overhead_ms / 1000.0,
+                      kv_bytes_per_token=options.kv_bytes_per_token, ddr_gbps=options.ddr_gbps,
+                      transfer_fixed_s=options.transfer_fixed_ms / 1000.0)
+    return RouterSetup(cost, config.gate, config.load_max_age_s, options.block_size,
+                       max(1, options.hbm_tokens // options.block_size))
 
 
 @dataclass(slots=True)
@@ -106,10 +134,16 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
     transfers = TransferModel(options.transfer_params()) if pool is not None else None
     faults = PoolFaults(options.pool_windows)
     block_bytes = options.block_size * options.kv_bytes_per_token
-    loading: dict[int, tuple[int, int, Probe, int, int, float]] = {}  # transfer id -> request
+    # transfer id -> (engine, generation, probe, request, DDR blocks, arrival, what was asked)
+    loading: dict[int, tuple[int, int, Probe, int, int, float, Ask]] = {}
     pool_up = [True]
     clock = [0.0]
-    router = make_router(mode, addresses, lambda: clock[0], config.load_factor, config.idle_ttl)
+    gauges = [EngineGauges() for _ in range(n)]
+    scraper = Scraper(addresses, gauges, lambda e, at: fleet.engines[e].usage(at),
+                      config.load_refresh_s)
+    router = make_router(mode, addresses, lambda: clock[0], config.load_factor, config.idle_ttl,
+                         router_setup(options, config), scraper)
+    estimate = PromptEstimate(config.prompt_error)
     requests = workload.requests
     measured = [workload.measured(r) for r in requests]
     stats = ModeStats(kv_bytes_per_token=options.kv_bytes_per_token,
@@ -144,6 +178,7 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
             router.set_state(addresses[e], EndpointState.DRAINING)
             return
         router.set_state(addresses[e], EndpointState.FAILED)
+        gauges[e].lost()
         for i, admission in fleet.fail(e):  # their streams break now
             if measured[i]:
                 stats.error(admission.slot.arrival)
@@ -162,8 +197,11 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
     done = 0
     engines, generation, unfinished = fleet.engines, fleet.generation, fleet.unfinished
 
-    def place(e: int, i: int, admission: Admission) -> None:
+    def place(e: int, i: int, admission: Admission, ask: Ask) -> None:
         nonlocal seq
+        slot = admission.slot
+        gauges[e].admitted(slot.prefill_start, slot.finish)
+        router.answered(addresses[e], ask, slot.first_token, slot.finish)
         event = (e, generation[e], admission, i)
         if pool is not None:  # the first token only matters for the pool write
             heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST, event))
@@ -175,14 +213,14 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
         seq += 2
 
     def loaded(tid: int, at: float) -> None:
-        e, gen, probe, i, ddr, arrival = loading.pop(tid)
+        e, gen, probe, i, ddr, arrival, ask = loading.pop(tid)
         if gen != generation[e]:  # its engine failed while the blocks were on their way
             if measured[i]:
                 stats.error(arrival)
             answered(i, at)
             return
         place(e, i, engines[e].admit(at, probe, requests[i].max_tokens, ddr,
-                                     blocks.answer_hashes(i), arrival=arrival))
+                                     blocks.answer_hashes(i), arrival=arrival), ask)
 
     inf = float("inf")
     while True:
@@ -223,7 +261,10 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
         request = requests[i]
         done += 1
         clock[0] = now
-        address = await router.route(request.session)
+        hashes = blocks.hashes(i)
+        tokens = blocks.tokens[i]
+        ask = Ask(request.session, estimate.tokens(request.session, tokens), tokens, hashes)
+        address = await router.route(ask, now)
         if address is None:
             if measured[i]:
                 stats.error(now)
@@ -233,7 +274,8 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
         per_engine[e] += 1
         assignments[i] = e
         engine = engines[e]
-        probe = engine.probe_hashes(now, blocks.hashes(i), blocks.tokens[i])
+        gauges[e].arrived(now)
+        probe = engine.probe_hashes(now, hashes, tokens)
         if pool is None:
             ddr = None
         elif pool_up[0] and probe.hbm_blocks < probe.limit_blocks:
@@ -242,10 +284,10 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
             ddr = 0
         if ddr and transfers is not None:
             tid = transfers.start(now, e, ddr * block_bytes)
-            loading[tid] = (e, generation[e], probe, i, ddr, now)
+            loading[tid] = (e, generation[e], probe, i, ddr, now, ask)
         else:
             place(e, i, engine.admit(now, probe, request.max_tokens, ddr,
-                                     blocks.answer_hashes(i)))
+                                     blocks.answer_hashes(i)), ask)
         if bar is not None and done % 2000 == 0:
             bar.update(done - bar.n)
     if bar is not None:

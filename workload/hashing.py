@@ -262,12 +262,24 @@ def oracle_hit_rate(requests: Sequence[Request], block_size: int,
     (n-1 rule)."""
     if blocks is None or blocks.block_size != block_size:
         blocks = PromptBlocks(requests, block_size)
+    hits = oracle_hits(requests, block_size, blocks)
+    hit = sum(h for h, m in zip(hits, measured, strict=True) if m)
+    total = sum(blocks.tokens[i] for i in range(len(requests)) if measured[i])
+    return hit / total if total else 0.0
+
+
+def oracle_hits(requests: Sequence[Request], block_size: int,
+                blocks: PromptBlocks | None = None) -> list[int]:
+    """Per request, the prompt tokens the oracle's infinite cache serves (see
+    :func:`oracle_hit_rate`)."""
+    if blocks is None or blocks.block_size != block_size:
+        blocks = PromptBlocks(requests, block_size)
     seen: set[int] = set()
     # Per chain, how many of its leading blocks are in ``seen`` already (its earlier turns put
     # them there): only the rest are looked up and added. An answer no prompt resends is in no
     # later prompt, so it is left out.
     added: dict[int, int] = {}
-    hit = total = 0
+    hits = [0] * len(requests)
     for i in range(len(requests)):
         chain = blocks.chain(i)
         n = blocks.tokens[i]
@@ -281,7 +293,5 @@ def oracle_hit_rate(requests: Sequence[Request], block_size: int,
         if end > done:
             seen.update(chain[done:end])
             added[id(chain)] = end
-        if measured[i]:
-            hit += k * block_size
-            total += n
-    return hit / total if total else 0.0
+        hits[i] = k * block_size
+    return hits

@@ -5,8 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from experiment.modes import parse_modes
-from experiment.report import ModeStats, percentile, result_document, write_outputs
+from experiment.modes import parse_modes, parse_simulated_modes
+from experiment.report import (
+    ModeStats,
+    markdown_table,
+    percentile,
+    result_document,
+    write_outputs,
+)
 from kvgate.contract.modes import RoutingMode
 
 KEYS = {"hit_rate", "hbm_hit_rate", "ddr_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
@@ -29,7 +35,15 @@ def test_figures_and_outputs_have_the_documented_shape(tmp_path: Path) -> None:
                   cached=600, hbm=400, ddr=200)
     stats.error(11.0)
     document = result_document({"name": "w"}, {"affinity+ddr": stats}, 0.7)
-    assert set(document) == {"workload", "modes", "oracle_hit_rate"}
+    assert set(document) == {"workload", "modes", "oracle_hit_rate", "no_queue_ttft_p50_s",
+                             "no_queue_ttft_p90_s", "no_queue_ttft_p99_s"}
+    assert document["no_queue_ttft_p99_s"] is None  # not computed: no bound claimed
+    bounded = result_document({"name": "w"}, {"affinity+ddr": stats}, 0.7,
+                              [0.05 * (i + 1) for i in range(100)])
+    assert (bounded["no_queue_ttft_p50_s"], bounded["no_queue_ttft_p99_s"]) == pytest.approx(
+        (2.5, 4.95))
+    assert "no-queue bound" in markdown_table(bounded) and "no-queue" not in markdown_table(
+        document)
     f = document["modes"]["affinity+ddr"]
     assert set(f) == KEYS
     assert (f["hit_rate"], f["hbm_hit_rate"], f["ddr_hit_rate"]) == pytest.approx((0.6, 0.4, 0.2))
@@ -63,3 +77,11 @@ def test_modes_parse() -> None:
                                                        RoutingMode.ROUND_ROBIN)
     with pytest.raises(ValueError, match="unknown mode"):
         parse_modes("random")
+
+
+def test_the_peers_modes_are_the_simulators_only() -> None:
+    assert parse_simulated_modes("all") == tuple(RoutingMode)
+    assert parse_simulated_modes("kv-cost,affinity+ddr") == (RoutingMode.KV_COST,
+                                                              RoutingMode.AFFINITY_DDR)
+    with pytest.raises(ValueError, match="kvgate simulate and plan only"):
+        parse_modes("kv-cost")  # a real stack cannot run it

@@ -17,8 +17,13 @@ def test_simulate_writes_the_three_outputs_for_every_mode(
     assert code == 0
     document = json.loads((tmp_path / "simulate-bank-coding.json").read_text())
     assert list(document["modes"]) == ["round_robin", "ring_hash", "affinity", "round_robin+ddr",
-                                       "affinity+ddr"]
+                                       "affinity+ddr", "sticky+ddr", "prefix-score", "kv-cost",
+                                       "bounded-hash"]
     assert document["workload"]["sessions"] == 30 and document["workload"]["engines"] == 3
+    bound = [document[f"no_queue_ttft_p{p}_s"] for p in (50, 90, 99)]
+    assert 0 < bound[0] <= bound[1] <= bound[2]
+    for figures in document["modes"].values():  # nobody beats an idle engine holding it all
+        assert figures["ttft_p99_s"] >= bound[2] - 1e-9
     for mode in ("round_robin+ddr", "affinity+ddr"):  # what the pool cost, in every result
         figures = document["modes"][mode]
         assert figures["ddr_bytes_per_request_mean"] > 0
@@ -29,6 +34,7 @@ def test_simulate_writes_the_three_outputs_for_every_mode(
     assert (tmp_path / "simulate-bank-coding.png").stat().st_size > 10_000
     out = capsys.readouterr().out
     assert "| affinity+ddr |" in out and "What the DDR pool costs" in out
+    assert "no-queue bound" in out
 
 
 def test_simulate_replays_a_trace_with_failure_and_drain(tmp_path: Path) -> None:

@@ -1,0 +1,198 @@
+"""The load gate's pure core: new sessions to the least estimated TTFT among their ring
+candidates, bound sessions moved inside their DDR pool only when that saves enough."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgate.placement import session_hash
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.gate import GateConfig, LoadGate, PromptSize
+from kvgate.placement.live import LoadBoard
+from kvgate.placement.pick import candidates
+from kvgate.placement.view import Member, PoolView
+
+HASH = session_hash(b"session-1")
+COST = EngineCost()  # 5,000 tokens/s, c0 20 ms, 256 KiB/token over 20 GB/s
+ADDRESSES = [f"10.0.0.{i}:8000" for i in range(1, 5)]
+
+
+def _view(kv_pools: list[str] | None = None) -> PoolView:
+    pools = kv_pools or ["ddr"] * len(ADDRESSES)
+    return PoolView("coder", tuple(Member(a, k) for a, k in zip(ADDRESSES, pools, strict=True)))
+
+
+def _ring_order(view: PoolView) -> list[str]:
+    return list(candidates(view, HASH, {}, 1.25))
+
+
+def _gate(config: GateConfig | None = None, board: LoadBoard | None = None) -> LoadGate:
+    return LoadGate(COST, config or GateConfig(), board or LoadBoard())
+
+
+def _queue(board: LoadBoard, address: str, seconds: float, now: float = 0.0) -> None:
+    board.routed(address, now, seconds)
+
+
+def test_a_new_session_goes_where_the_ring_puts_it_when_nothing_is_queued() -> None:
+    view = _view()
+    gate = _gate()
+    assert gate.place(view, HASH, {}, 1.25, 0.0, PromptSize(10_000)) == _ring_order(view)[0]
+
+
+def test_ties_keep_ring_order() -> None:
+    view = _view()
+    board = LoadBoard()
+    order = _ring_order(view)
+    for address in order:  # the same queue everywhere: every estimate ties
+        _queue(board, address, 3.0)
+    assert _gate(board=board).place(view, HASH, {}, 1.25, 0.0, PromptSize(10_000)) == order[0]
+    _queue(board, order[0], 0.5)  # the first is now worse: the next in ring order wins the tie
+    assert _gate(board=board).place(view, HASH, {}, 1.25, 0.0, PromptSize(10_000)) == order[1]
+
+
+def test_a_new_session_goes_to_the_least_estimated_ttft() -> None:
+    view = _view()
+    board = LoadBoard()
+    order = _ring_order(view)
+    for seconds, address in zip([9.0, 4.0, 1.0, 7.0], order, strict=True):
+        _queue(board, address, seconds)
+    assert _gate(board=board).place(view, HASH, {}, 1.25, 0.0, PromptSize(10_000)) == order[2]
+    # Only the first `candidates` are scored: with 2, the third is never looked at.
+    gate = _gate(GateConfig(candidates=2), board)
+    assert gate.place(view, HASH, {}, 1.25, 0.0, PromptSize(10_000)) == order[1]
+    # Turned off: static ring placement, whatever the queues.
+    off = _gate(GateConfig(enabled=False), board)
+    assert off.place(view, HASH, {}, 1.25, 0.0, PromptSize(10_000)) == order[0]
+
+
+def test_placement_honours_the_load_bound() -> None:
+    view = _view()
+    board = LoadBoard()
+    order = _ring_order(view)
+    for address in order[:2] + order[3:]:
+        _queue(board, address, 5.0)
+    # The idle one holds 3 of 4 sessions: over 1.25 × its share, it is not a candidate.
+    loads = {order[2]: 3, order[0]: 1}
+    chosen = _gate(board=board).place(view, HASH, loads, 1.25, 0.0, PromptSize(10_000))
+    assert chosen != order[2] and chosen is not None
+
+
+def _bound_to(view: PoolView) -> tuple[str, list[str]]:
+    """The session's engine (its ring's first) and its siblings; the session counts in its
+    engine's load, as a bound session does."""
+    order = _ring_order(view)
+    return order[0], order[1:]
+
+
+def test_a_bound_session_moves_to_a_ddr_sibling_past_both_thresholds() -> None:
+    view = _view()
+    board = LoadBoard()
+    current, siblings = _bound_to(view)
+    _queue(board, current, 6.0)
+    for address in siblings:
+        _queue(board, address, 2.0)
+    size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
+    move = _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size)
+    assert move is not None and move.endpoint in siblings
+    # stay: 6 s queued + 1,000 new tokens; move: the DDR read hides in 2 s of queue.
+    assert move.stay_s == pytest.approx(6.0 + 0.02 + 1_000 / 5_000)
+    assert move.move_s == pytest.approx(2.0 + 0.02 + 1_000 / 5_000)
+
+
+@pytest.mark.parametrize(("current_s", "sibling_s", "config", "moves"), [
+    (6.0, 5.7, GateConfig(min_saving_s=0.5, miss_safe=False), False),  # 0.3 s < min_saving_s
+    (6.0, 4.5, GateConfig(min_saving_s=0.5, miss_safe=False), False),  # 1.5 < 30 % of 6.2
+    (6.0, 4.0, GateConfig(min_saving_s=0.5, miss_safe=False), True),  # saves 2.0 s ≥ both
+    (6.0, 4.0, GateConfig(min_saving_s=2.5, miss_safe=False), False),
+    (6.0, 4.7, GateConfig(miss_safe=False), False),  # the default 1.5 s: 1.3 s is not enough
+    (6.0, 4.0, GateConfig(miss_safe=False), True),
+])
+def test_a_move_needs_both_the_saving_and_the_ratio(current_s: float, sibling_s: float,
+                                                     config: GateConfig, moves: bool) -> None:
+    view = _view()
+    board = LoadBoard()
+    current, siblings = _bound_to(view)
+    _queue(board, current, current_s)
+    for address in siblings:
+        _queue(board, address, sibling_s)
+    size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
+    move = _gate(config, board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size)
+    assert (move is not None) is moves
+
+
+def test_a_move_must_not_lose_even_if_the_pool_lost_the_context() -> None:
+    view = _view()
+    board = LoadBoard()
+    current, siblings = _bound_to(view)
+    _queue(board, current, 6.0)
+    for address in siblings:
+        _queue(board, address, 4.0)
+    size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
+    # With its context read from the pool the sibling saves 2 s; without it, the sibling would
+    # prefill 20,000 tokens (4 s) after 4 s of queue: slower than staying (6.2 s). No move.
+    assert _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0,
+                                         size) is None
+    reckless = _gate(GateConfig(miss_safe=False), board)
+    assert reckless.reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size) is not None
+    _queue(board, current, 3.0)  # a longer queue here: now even a full prefill there is sooner
+    move = _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size)
+    assert move is not None and move.stay_s == pytest.approx(9.22)
+
+
+def test_a_moved_session_stays_put_for_the_cooldown() -> None:
+    view = _view()
+    board = LoadBoard()
+    current = _ring_order(view)[0]
+    _queue(board, current, 60.0)
+    size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
+    gate = _gate(GateConfig(cooldown_s=30.0), board)
+    loads = {current: 1}
+    assert gate.reconsider(view, current, HASH, loads, 1.25, 10.0, size, moved_at=0.0) is None
+    assert gate.reconsider(view, current, HASH, loads, 1.25, 29.9, size, moved_at=0.0) is None
+    assert gate.reconsider(view, current, HASH, loads, 1.25, 30.0, size, moved_at=0.0) is not None
+
+
+def test_no_sibling_in_its_ddr_pool_means_no_move() -> None:
+    view = _view([f"hbm-{i}" for i in range(len(ADDRESSES))])  # every engine its own HBM
+    board = LoadBoard()
+    current = _ring_order(view)[0]
+    _queue(board, current, 60.0)
+    size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
+    assert _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size) is None
+
+
+def test_a_move_honours_the_load_bound() -> None:
+    view = _view()
+    board = LoadBoard()
+    current, siblings = _bound_to(view)
+    _queue(board, current, 30.0)
+    _queue(board, siblings[1], 20.0)
+    _queue(board, siblings[2], 20.0)
+    size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
+    # The idle sibling holds too many sessions for the bound (1.25 × 8 / 4 = 2.5 → 3).
+    loads = {siblings[0]: 3, current: 2, siblings[1]: 2, siblings[2]: 1}
+    move = _gate(board=board).reconsider(view, current, HASH, loads, 1.25, 0.0, size)
+    assert move is not None and move.endpoint in siblings[1:]
+    free = _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size)
+    assert free is not None and free.endpoint == siblings[0]
+
+
+class _CountingBoard(LoadBoard):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    def backlog_s(self, address: str, now: float) -> float:
+        self.asked.append(address)
+        return super().backlog_s(address, now)
+
+
+def test_under_the_threshold_a_sticky_request_looks_at_its_own_engine_only() -> None:
+    view = _view()
+    board = _CountingBoard()
+    current = _ring_order(view)[0]
+    _queue(board, current, 0.4)  # less than min_saving_s: moving cannot save enough
+    size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
+    assert _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size) is None
+    assert board.asked == [current]
