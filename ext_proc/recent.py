@@ -1,4 +1,5 @@
-"""What the load gate remembers of a session between its turns: its size and its last move."""
+"""What the load gate remembers between requests: each session's size and last move, and the
+mean prefill of the requests it booked."""
 
 from __future__ import annotations
 
@@ -39,3 +40,14 @@ class RecentSessions:
 
     def __len__(self) -> int:
         return len(self._current) + len(self._old)
+
+
+class PrefillMix:
+    """A running mean of the prefill seconds this replica books per request (an EWMA over the
+    last ~100): what a request waiting on an engine is assumed to need."""
+
+    def __init__(self, initial_s: float = 0.0) -> None:
+        self.mean_s = initial_s
+
+    def add(self, seconds: float) -> None:
+        self.mean_s += (seconds - self.mean_s) * 0.01
