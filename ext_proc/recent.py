@@ -43,11 +43,17 @@ class RecentSessions:
 
 
 class PrefillMix:
-    """A running mean of the prefill seconds this replica books per request (an EWMA over the
-    last ~100): what a request waiting on an engine is assumed to need."""
+    """A running mean of the prefill seconds this replica books per request: the plain mean of
+    the first 100, then an exponential one over about the last 100. What a request waiting on
+    an engine (`vllm:num_requests_waiting`) is assumed to need."""
 
-    def __init__(self, initial_s: float = 0.0) -> None:
-        self.mean_s = initial_s
+    def __init__(self) -> None:
+        self.mean_s = 0.0
+        self._seen = 0
 
     def add(self, seconds: float) -> None:
-        self.mean_s += (seconds - self.mean_s) * 0.01
+        if self._seen < 100:
+            self._seen += 1
+            self.mean_s += (seconds - self.mean_s) / self._seen
+        else:
+            self.mean_s += (seconds - self.mean_s) * 0.01
