@@ -12,7 +12,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from bench.client import SESSION_IN, DriveOptions, DriveResult, GatewayUnreachable, drive
-from bench.compare import CompareOptions, compare, ports_needed
+from bench.compare import CompareOptions, check_modes, compare, ports_needed
 from emulator.command import time_scale
 from experiment.fleet_options import add_fleet_arguments
 from experiment.inputs import InputError, engines_and_workload
@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
             _check_url(args.gateway)
         engine, workload = engines_and_workload(args, args.time_scale)
         _check_port_range(args, engine.instances)
+        if args.compare:
+            check_modes(args.modes)
     except (InputError, ValueError) as exc:
         print(f"kvgate bench: {exc}", file=sys.stderr)
         return 2

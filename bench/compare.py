@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.client import DriveOptions, DriveResult, drive
 from emulator.options import EmulatorOptions
 from experiment.fleet_options import emulator_flags
+from experiment.modes import ALL_MODES
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.ports import PortRange, ReservedPorts
+from stack.engine_speed import for_emulated_fleet
 from stack.local import Stack
 from workload.model import Workload
 
@@ -76,17 +78,34 @@ def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> St
             *emulator_flags(engine))
     if not mode.ddr_pool:
         args = (*args, "--no-ddr-pool")
+    # ext_proc prices requests with the emulated engines' own figures; the gate is on only in
+    # the load-aware modes (sticky+ddr is kvgate with it off). It scrapes every 50 ms wall.
+    config = gateway_config(options.header, ports)
+    placement = for_emulated_fleet(config.placement, engine, engine.time_scale,
+                                   enabled=mode.load_aware)
+    placement = replace(placement, load_gate=replace(placement.load_gate, refresh_s=0.05))
     # One Envoy worker: its round robin is then one rotation over the engines, as in the
     # simulator; with two, each worker keeps its own and the kernel picks which connection
     # lands on which, so round robin's chance hits would differ from run to run.
-    return Stack(gateway_config(options.header, ports),
+    return Stack(replace(config, placement=placement),
                  options.workdir / str(mode).replace("+", "-"),
                  mode=mode, emulated_engines=engine.instances, emulator_args=args,
                  envoy_workers=1, etcd_ports=ports.etcd)
 
 
+def check_modes(modes: Sequence[RoutingMode]) -> None:
+    """Raises ValueError naming the modes a real stack cannot run (the peers' policies)."""
+    simulated = [str(m) for m in modes if m.simulated_only]
+    if simulated:
+        raise ValueError(
+            f"--modes: {', '.join(simulated)} run in `kvgate simulate` and `kvgate plan` only "
+            "(the peers' policies score each prompt's blocks, which kvgate's gateway does not "
+            f"see); on a real stack choose from {', '.join(ALL_MODES)}")
+
+
 async def compare(workload: Workload, modes: Sequence[RoutingMode], options: CompareOptions,
                   say: Callable[[str], None] = lambda line: None) -> dict[RoutingMode, DriveResult]:
+    check_modes(modes)
     results: dict[RoutingMode, DriveResult] = {}
     # Free ports from the OS (or the range), reserved for the whole run so that nothing else on
     # the host takes one between two modes; each mode's children listen on them in turn.

@@ -2,11 +2,16 @@
 ring_hash alone, in one run, on this machine. Prints latency and max rate, and their ratios.
 
     python bench/gateway_bench.py [--duration 8] [--sessions 1000] [--replicas 1,2]
-                                  [--transports grpc,http]
+                                  [--transports grpc,http] [--gate off,on]
 
 Needs `wrk` (Debian: apt-get install wrk). Upstreams are a separate Envoy answering with a
 direct response, so the engines never limit the measurement. Figures are for known sessions
 (a warm-up binds every session first), which is the hot path kvgate is built for.
+
+`--gate off,on` measures each run with the load gate off and on. On, ext_proc books every request
+and scrapes the upstreams' /metrics (they have none: nothing queues), with a zero prefill
+overhead so no backlog builds from these bodiless requests: the gate's cost on sticky requests
+under its threshold, not its moves.
 """
 
 from __future__ import annotations
@@ -76,7 +81,8 @@ def upstream_bootstrap(ports: list[int], admin: int) -> dict[str, object]:
     }
 
 
-def gateway_config(upstreams: list[int], replicas: int, transport: str = "grpc") -> Config:
+def gateway_config(upstreams: list[int], replicas: int, transport: str = "grpc",
+                   gate: bool = False) -> Config:
     ports = iter(free_ports(5 + replicas))
     text = json.dumps({
         "listener": {"port": next(ports)},
@@ -87,6 +93,8 @@ def gateway_config(upstreams: list[int], replicas: int, transport: str = "grpc")
         "pools": [{"name": "bench", "endpoints": [f"127.0.0.1:{p}" for p in upstreams]}],
         # Not an inference path: the default routes would not serve it.
         "routes": [{"match": {"path": "/v1/bench"}, "pool": "bench"}],
+        "placement": {"load_gate": {"enabled": gate},
+                      "engine_cost": {"prefill_overhead_s": 0}},
     })
     return load_text(text)
 
@@ -165,11 +173,12 @@ async def main(args: argparse.Namespace) -> None:
     await upstream.wait_ready(lambda: envoy_ready(HostPort("127.0.0.1", upstream_admin)), 30)
     results: dict[str, dict[str, float]] = {}
     try:
-        runs = [("ring_hash (Envoy alone)", RoutingMode.RING_HASH, 1, "grpc")]
-        runs += [(f"kvgate {t}, {n} ext_proc", RoutingMode.AFFINITY, n, t)
-                 for t in args.transports for n in args.replicas]
-        for name, mode, replicas, transport in runs:
-            config = gateway_config(ports, replicas, transport)
+        runs = [("ring_hash (Envoy alone)", RoutingMode.RING_HASH, 1, "grpc", False)]
+        runs += [(f"kvgate {t}, {n} ext_proc" + (f", gate {g}" if len(args.gate) > 1 else ""),
+                  RoutingMode.AFFINITY, n, t, g == "on")
+                 for t in args.transports for n in args.replicas for g in args.gate]
+        for name, mode, replicas, transport, gate in runs:
+            config = gateway_config(ports, replicas, transport, gate)
             stack = Stack(config, work / name.replace(" ", "_"), mode=mode)
             await stack.start()
             try:
@@ -184,12 +193,12 @@ async def main(args: argparse.Namespace) -> None:
 
 def report(results: dict[str, dict[str, float]]) -> None:
     base = results["ring_hash (Envoy alone)"]
-    print(f"{'mode':<27}{'p50 ms':>9}{'p99 ms':>9}{'max req/s':>11}{'x base':>8}"
+    print(f"{'mode':<37}{'p50 ms':>9}{'p99 ms':>9}{'max req/s':>11}{'x base':>8}"
           f"{'added p50':>11}{'decisions/ext_proc CPU-s':>26}{'busiest replica':>17}")
     for name, r in results.items():
         per_cpu = r.get("decisions_per_cpu_s")
         busiest = r.get("busiest_replica_share")
-        print(f"{name:<27}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}{r['rps']:>11.0f}"
+        print(f"{name:<37}{r['p50'] * 1e3:>9.3f}{r['p99'] * 1e3:>9.3f}{r['rps']:>11.0f}"
               f"{r['rps'] / base['rps']:>8.2f}{(r['p50'] - base['p50']) * 1e3:>9.3f}ms"
               f"{'' if per_cpu is None else f'{per_cpu:,.0f}':>26}"
               f"{'' if busiest is None else f'{busiest:.0%}':>17}")
@@ -206,5 +215,7 @@ if __name__ == "__main__":
                         default=[1, 2])
     parser.add_argument("--transports", type=lambda s: s.split(","), default=["grpc", "http"],
                         help="ext_proc transports to measure, comma separated (grpc, http)")
+    parser.add_argument("--gate", type=lambda s: s.split(","), default=["off"],
+                        help="the load gate in each run: off, on, or off,on (%(default)s)")
     asyncio.run(main(parser.parse_args()))
 
