@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from ext_proc.recent import PrefillMix, RecentSessions
+from ext_proc.recent import PrefillMix, RecentSessions, Seen
 from kvgate.bindings.model import Binding, binding_key
 from kvgate.bindings.store import BindingStore, Unbound
 from kvgate.contract.states import EndpointState, MoveReason
@@ -96,27 +96,38 @@ class Decider:
             # Still loading (or the watch is lost): another replica may have bound it.
             binding = await self._store.fetch(pool, session)
         gate = self.gate
-        if gate is None:  # static stickiness: no clock, no size, nothing booked
-            now, seen, size = 0.0, None, _UNKNOWN_SIZE
-        else:
-            now = self._clock()
-            seen = self.recent.get(pool, session)
-            size = PromptSize(prompt_tokens, 0 if seen is None else seen.tokens)
         state = None if binding is None else view.state(binding.endpoint)
         reason: MoveReason | None = None
         target: str | None = None
+        seen = None
         if binding is not None and state in _KEEPS_SESSIONS:
-            if gate is not None and state is EndpointState.ACTIVE:
+            if gate is None:  # static stickiness: no clock, no size, nothing booked
+                self._store.touch(binding)
+                return self._decision(Outcome.STICKY, view, hash_value, binding.endpoint,
+                                      session)
+            now = self._clock()
+            seen = self.recent.get(pool, session)
+            endpoint = binding.endpoint
+            # Moving saves at most this engine's backlog: under the gate's threshold nothing
+            # else is looked at (the sticky hot path stays O(1), nothing allocated for it).
+            if (state is EndpointState.ACTIVE
+                    and gate.board.backlog_s(endpoint, now) >= gate.config.min_saving_s):
                 move = gate.reconsider(
-                    view, binding.endpoint, hash_value, self._store.load(pool),
-                    self._load_factor, now, size, None if seen is None else seen.moved_at)
+                    view, endpoint, hash_value, self._store.load(pool), self._load_factor, now,
+                    PromptSize(prompt_tokens, 0 if seen is None else seen.tokens),
+                    None if seen is None else seen.moved_at)
                 if move is not None:
                     target, reason = move.endpoint, MoveReason.LOAD
             if target is None:
                 self._store.touch(binding)
-                self._routed(view, pool, session, binding.endpoint, now, size, binding.endpoint)
-                return self._decision(Outcome.STICKY, view, hash_value, binding.endpoint,
-                                      session)
+                self._book_sticky(gate, pool, session, endpoint, now, prompt_tokens, seen)
+                return self._decision(Outcome.STICKY, view, hash_value, endpoint, session)
+        if gate is None:
+            now, size = 0.0, _UNKNOWN_SIZE
+        else:
+            now = self._clock()
+            seen = seen or self.recent.get(pool, session)
+            size = PromptSize(prompt_tokens, 0 if seen is None else seen.tokens)
         if binding is not None and reason is None:
             reason = MoveReason.FAILED if state is EndpointState.FAILED else MoveReason.DRAINED
         outcome = Outcome.NEW if binding is None else Outcome.REBIND
@@ -144,6 +155,17 @@ class Decider:
         fallback = fallback_for(view, hash_value, endpoint)
         endpoints = (endpoint,) if fallback is None else (endpoint, fallback)
         return Decision(outcome, endpoints, session, reason)
+
+    def _book_sticky(self, gate: LoadGate, pool: str, session: str, endpoint: str, now: float,
+                     prompt_tokens: int, seen: Seen | None) -> None:
+        """_routed() for a session that stays: its context is in its engine's HBM."""
+        context = 0 if seen is None else seen.tokens
+        prefill = gate.cost.prefill_s(prompt_tokens - context)
+        gate.board.routed(endpoint, now, prefill)
+        self.mix.add(prefill)
+        tokens = max(prompt_tokens, context)
+        if seen is None or seen.tokens != tokens:
+            self.recent.remember(pool, session, tokens, None)
 
     def _routed(self, view: PoolView, pool: str, session: str, endpoint: str, now: float,
                 size: PromptSize, previous: str | None, *, moved: bool = False) -> None:
