@@ -31,6 +31,7 @@ class CompareOptions:
     extra_headers: tuple[tuple[str, str], ...] = ()
 
 
+BENCH_BYTES_PER_TOKEN = 5.3  # the bench's request bodies per prompt token (bench/prompt_size.py)
 GATEWAY_PORTS = 6  # listener, Envoy admin, xDS, admin API, ext_proc, ext_proc metrics
 OTHER_PORTS = 1 + GATEWAY_PORTS + 2  # + the DDR pool, + the embedded etcd's client and peer
 
@@ -79,11 +80,15 @@ def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> St
     if not mode.ddr_pool:
         args = (*args, "--no-ddr-pool")
     # ext_proc prices requests with the emulated engines' own figures; the gate is on only in
-    # the load-aware modes (sticky+ddr is kvgate with it off). It scrapes every 50 ms wall.
+    # the load-aware modes (sticky+ddr is kvgate with it off). Its one replica's ledger knows
+    # every request sent, so the scrapes (which would show other routers' traffic) only cost
+    # the emulator CPU here, which it counts as engine time: every 500 ms wall. The bench's
+    # prompts are 5.3 body bytes per token (bench/prompt_size.py).
     config = gateway_config(options.header, ports)
     placement = for_emulated_fleet(config.placement, engine, engine.time_scale,
                                    enabled=mode.load_aware)
-    placement = replace(placement, load_gate=replace(placement.load_gate, refresh_s=0.05))
+    placement = replace(placement, load_gate=replace(
+        placement.load_gate, refresh_s=0.5, bytes_per_token=BENCH_BYTES_PER_TOKEN))
     # One Envoy worker: its round robin is then one rotation over the engines, as in the
     # simulator; with two, each worker keeps its own and the kernel picks which connection
     # lands on which, so round robin's chance hits would differ from run to run.
