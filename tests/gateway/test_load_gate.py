@@ -49,16 +49,20 @@ async def _cli(*args: str) -> str:
     return out.decode()
 
 
-@pytest.mark.parametrize("enabled", [True, False], ids=["gate-on", "gate-off"])
+# The move needs the prompt's size (content-length, which Envoy must forward to ext_proc on
+# either transport): without it every request is priced as empty and the queue looks short.
+@pytest.mark.parametrize(("enabled", "transport"), [(True, "grpc"), (False, "grpc"),
+                                                    (True, "http")],
+                         ids=["gate-on", "gate-off", "gate-on-http"])
 async def test_a_session_leaves_its_busy_engine_for_a_ddr_sibling(
-    tmp_path: Path, prefix: str, enabled: bool,
+    tmp_path: Path, prefix: str, enabled: bool, transport: str,
 ) -> None:
     # Real time (time scale 1) and one request slot per engine, so a few requests queue.
     fleet = EngineProcesses(2, tmp_path / "fleet", "--time-scale", "1", "--max-num-seqs", "1")
     await fleet.start()
     flood: list[asyncio.Task[httpx.Response]] = []
     try:
-        config = gateway_config(fleet.engines, prefix=prefix, placement={
+        config = gateway_config(fleet.engines, prefix=prefix, transport=transport, placement={
             "load_gate": {"enabled": enabled, "refresh_s": "50ms"}})
         async with running_stack(config, tmp_path / "stack") as stack, \
                 httpx.AsyncClient(timeout=120) as http:
