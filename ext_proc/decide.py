@@ -160,9 +160,10 @@ class Decider:
                      prompt_tokens: int, seen: Seen | None) -> None:
         """_routed() for a session that stays: its context is in its engine's HBM."""
         context = 0 if seen is None else seen.tokens
-        prefill = gate.cost.prefill_s(prompt_tokens - context)
-        gate.board.routed(endpoint, now, prefill)
-        self.mix.add(prefill)
+        if prompt_tokens > 0:  # unknown size (no body, chunked): nothing booked, see _routed
+            prefill = gate.cost.prefill_s(prompt_tokens - context)
+            gate.board.routed(endpoint, now, prefill)
+            self.mix.add(prefill)
         tokens = max(prompt_tokens, context)
         if seen is None or seen.tokens != tokens:
             self.recent.remember(pool, session, tokens, None)
@@ -176,6 +177,12 @@ class Decider:
             return
         cost = gate.cost
         context = size.context_tokens
+        if size.prompt_tokens <= 0:
+            # A request of unknown size (no body: /v1/models; a chunked body) books nothing:
+            # guessing would build a backlog from requests that may prefill nothing. Its
+            # engine's own report still counts.
+            self.recent.remember(pool, session, context, now if moved else None)
+            return
         if previous == endpoint:  # its context is in this engine's HBM
             prefill = cost.prefill_s(size.prompt_tokens - context)
             gate.board.routed(endpoint, now, prefill)

@@ -15,6 +15,10 @@ from emulator.options import EmulatorOptions
 from kvgate.config.model import Placement
 from kvgate.placement.cost import EngineCost
 
+# Engines at time scale 0: as fast as the configuration allows, nothing to wait for.
+INSTANT = EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0, ddr_gbps=1e6,
+                     transfer_fixed_s=0.0)
+
 
 def emulated_cost(engine: EmulatorOptions, time_scale: float) -> EngineCost:
     """`engine`'s speed as ext_proc sees it in wall time (`time_scale` > 0)."""
@@ -30,13 +34,13 @@ def emulated_cost(engine: EmulatorOptions, time_scale: float) -> EngineCost:
 def for_emulated_fleet(placement: Placement, engine: EmulatorOptions, time_scale: float,
                        *, enabled: bool | None = None) -> Placement:
     """`placement` priced for the emulated `engine` at `time_scale`; `enabled` overrides the
-    gate's switch (None: as configured). A time scale of 0 (engines never wait) leaves the
-    prices as they are: there is no queue to price."""
+    gate's switch (None: as configured). At a time scale of 0 the engines never wait: they are
+    priced as instant, so no backlog ever builds and the gate moves nothing."""
     gate = placement.load_gate
     if enabled is not None:
         gate = replace(gate, enabled=enabled)
     if time_scale <= 0:
-        return replace(placement, load_gate=gate)
+        return replace(placement, load_gate=gate, engine_cost=INSTANT)
     gate = replace(gate, min_saving_s=gate.min_saving_s * time_scale,
                    cooldown_s=gate.cooldown_s * time_scale)
     return replace(placement, load_gate=gate, engine_cost=emulated_cost(engine, time_scale))
