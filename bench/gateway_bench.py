@@ -2,16 +2,17 @@
 ring_hash alone, in one run, on this machine. Prints latency and max rate, and their ratios.
 
     python bench/gateway_bench.py [--duration 8] [--sessions 1000] [--replicas 1,2]
-                                  [--transports grpc,http] [--gate off,on]
+                                  [--transports grpc,http] [--gate off,on] [--body-bytes 0]
 
 Needs `wrk` (Debian: apt-get install wrk). Upstreams are a separate Envoy answering with a
 direct response, so the engines never limit the measurement. Figures are for known sessions
 (a warm-up binds every session first), which is the hot path kvgate is built for.
 
-`--gate off,on` measures each run with the load gate off and on. On, ext_proc books every request
-and scrapes the upstreams' /metrics (they have none: nothing queues), with a zero prefill
-overhead so no backlog builds from these bodiless requests: the gate's cost on sticky requests
-under its threshold, not its moves.
+`--gate off,on` measures each run with the load gate off and on. On, ext_proc scrapes the
+upstreams' /metrics (they have none) and books every request with a body on its engine, priced
+as instant so no backlog builds: the gate's cost on sticky requests under its threshold, not its
+moves. `--body-bytes N` sends each request as a POST of N bytes (text, so Envoy reads no session
+from it), which gives it the `content-length` the gate sizes prompts by; 0 (default): GET.
 """
 
 from __future__ import annotations
@@ -42,9 +43,14 @@ from stack.local import Stack
 LUA = """
 local n = 0
 local sessions = {sessions}
+local body = {body}
 request = function()
   n = n + 1
-  return wrk.format("GET", "/v1/bench", {{["x-session-id"] = "bench-" .. (n % sessions)}})
+  if body == "" then
+    return wrk.format("GET", "/v1/bench", {{["x-session-id"] = "bench-" .. (n % sessions)}})
+  end
+  return wrk.format("POST", "/v1/bench", {{["x-session-id"] = "bench-" .. (n % sessions),
+                                           ["content-type"] = "text/plain"}}, body)
 end
 """
 
@@ -93,8 +99,9 @@ def gateway_config(upstreams: list[int], replicas: int, transport: str = "grpc",
         "pools": [{"name": "bench", "endpoints": [f"127.0.0.1:{p}" for p in upstreams]}],
         # Not an inference path: the default routes would not serve it.
         "routes": [{"match": {"path": "/v1/bench"}, "pool": "bench"}],
+        # Instant engines: the gate books every sized request, but no backlog ever builds.
         "placement": {"load_gate": {"enabled": gate},
-                      "engine_cost": {"prefill_overhead_s": 0}},
+                      "engine_cost": {"prefill_tokens_per_s": 1e9, "prefill_overhead_s": 0}},
     })
     return load_text(text)
 
@@ -163,7 +170,7 @@ async def main(args: argparse.Namespace) -> None:
         sys.exit("wrk not found: apt-get install wrk")
     work = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
     script = work / "sessions.lua"
-    script.write_text(LUA.format(sessions=args.sessions))
+    script.write_text(LUA.format(sessions=args.sessions, body=json.dumps("x" * args.body_bytes)))
     *ports, upstream_admin = free_ports(5)
     (work / "upstreams.json").write_text(json.dumps(upstream_bootstrap(ports, upstream_admin)))
     upstream = Child("upstreams", [envoy_binary(), "-c", str(work / "upstreams.json"),
@@ -215,6 +222,8 @@ if __name__ == "__main__":
                         default=[1, 2])
     parser.add_argument("--transports", type=lambda s: s.split(","), default=["grpc", "http"],
                         help="ext_proc transports to measure, comma separated (grpc, http)")
+    parser.add_argument("--body-bytes", type=int, default=0,
+                        help="POST a body of this many bytes (0: GET) (%(default)s)")
     parser.add_argument("--gate", type=lambda s: s.split(","), default=["off"],
                         help="the load gate in each run: off, on, or off,on (%(default)s)")
     asyncio.run(main(parser.parse_args()))
