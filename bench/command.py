@@ -20,7 +20,7 @@ from bench.client import (
     drive,
     redact_url,
 )
-from bench.compare import CompareOptions, compare, ports_needed
+from bench.compare import CompareOptions, check_modes, compare, ports_needed
 from bench.extra_headers import check_headers, header_names, parse_header, read_header_file
 from emulator.command import time_scale
 from emulator.options import EmulatorOptions
@@ -88,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
         engine, workload = engines_and_workload(args, args.time_scale)
         engine = _with_processes(args, engine)
         _check_port_range(args, engine.instances)
+        if args.compare:
+            check_modes(args.modes)
     except (InputError, ValueError) as exc:
         print(f"kvgate bench: {exc}", file=sys.stderr)
         return 2

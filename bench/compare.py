@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.client import DriveOptions, DriveResult, drive
 from emulator.options import EmulatorOptions
 from experiment.fleet_options import emulator_flags
+from experiment.modes import ALL_MODES
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.ports import PortRange, ReservedPorts
+from stack.engine_speed import for_emulated_fleet
 from stack.local import Stack
 from workload.model import Workload
 
@@ -29,6 +31,7 @@ class CompareOptions:
     extra_headers: tuple[tuple[str, str], ...] = ()
 
 
+BENCH_BYTES_PER_TOKEN = 5.3  # the bench's request bodies per prompt token (bench/prompt_size.py)
 GATEWAY_PORTS = 6  # listener, Envoy admin, xDS, admin API, ext_proc, ext_proc metrics
 OTHER_PORTS = 1 + GATEWAY_PORTS + 2  # + the DDR pool, + the embedded etcd's client and peer
 
@@ -78,17 +81,38 @@ def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> St
         args = (*args, "--no-ddr-pool")
     if engine.processes > 1:
         args = (*args, "--processes", str(engine.processes))
+    # ext_proc prices requests with the emulated engines' own figures; the gate is on only in
+    # the load-aware modes (sticky+ddr is kvgate with it off). Its one replica's ledger knows
+    # every request sent, so the scrapes (which would show other routers' traffic) only cost
+    # the emulator CPU here, which it counts as engine time: every 500 ms wall. The bench's
+    # prompts are 5.3 body bytes per token (bench/prompt_size.py).
+    config = gateway_config(options.header, ports)
+    placement = for_emulated_fleet(config.placement, engine, engine.time_scale,
+                                   enabled=mode.load_aware)
+    placement = replace(placement, load_gate=replace(
+        placement.load_gate, refresh_s=0.5, bytes_per_token=BENCH_BYTES_PER_TOKEN))
     # One Envoy worker: its round robin is then one rotation over the engines, as in the
     # simulator; with two, each worker keeps its own and the kernel picks which connection
     # lands on which, so round robin's chance hits would differ from run to run.
-    return Stack(gateway_config(options.header, ports),
+    return Stack(replace(config, placement=placement),
                  options.workdir / str(mode).replace("+", "-"),
                  mode=mode, emulated_engines=engine.instances, emulator_args=args,
                  envoy_workers=1, etcd_ports=ports.etcd)
 
 
+def check_modes(modes: Sequence[RoutingMode]) -> None:
+    """Raises ValueError naming the modes a real stack cannot run (the peers' policies)."""
+    simulated = [str(m) for m in modes if m.simulated_only]
+    if simulated:
+        raise ValueError(
+            f"--modes: {', '.join(simulated)} run in `kvgate simulate` and `kvgate plan` only "
+            "(the peers' policies score each prompt's blocks, which kvgate's gateway does not "
+            f"see); on a real stack choose from {', '.join(ALL_MODES)}")
+
+
 async def compare(workload: Workload, modes: Sequence[RoutingMode], options: CompareOptions,
                   say: Callable[[str], None] = lambda line: None) -> dict[RoutingMode, DriveResult]:
+    check_modes(modes)
     results: dict[RoutingMode, DriveResult] = {}
     # Free ports from the OS (or the range), reserved for the whole run so that nothing else on
     # the host takes one between two modes; each mode's children listen on them in turn.

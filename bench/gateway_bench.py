@@ -2,7 +2,8 @@
 ring_hash alone, in one run, on this machine. Prints latency and max rate, and their ratios.
 
     python bench/gateway_bench.py [--duration 8] [--sessions 1000] [--replicas 1,2]
-                                  [--transports grpc,http] [--rounds 3]
+                                  [--transports grpc,http] [--rounds 3] [--gate off,on]
+                                  [--body-bytes 0]
 
 Needs `wrk` (Debian: apt-get install wrk). Upstreams are a separate Envoy answering with a
 direct response, so the engines never limit the measurement. Figures are for known sessions
@@ -10,6 +11,12 @@ direct response, so the engines never limit the measurement. Figures are for kno
 stack runs for the whole benchmark and the rounds go through the modes in turn, so a machine
 shared with other work loads each mode alike; each figure is the median over the rounds, each
 ratio the median of the rounds' own ratios to ring_hash.
+
+`--gate off,on` measures each run with the load gate off and on. On, ext_proc scrapes the
+upstreams' /metrics (they have none) and books every request with a body on its engine, priced
+as instant so no backlog builds: the gate's cost on sticky requests under its threshold, not its
+moves. `--body-bytes N` sends each request as a POST of N bytes (text, so Envoy reads no session
+from it), which gives it the `content-length` the gate sizes prompts by; 0 (default): GET.
 """
 
 from __future__ import annotations
@@ -41,9 +48,14 @@ from stack.local import Stack
 LUA = """
 local n = 0
 local sessions = {sessions}
+local body = {body}
 request = function()
   n = n + 1
-  return wrk.format("GET", "/v1/bench", {{["x-session-id"] = "bench-" .. (n % sessions)}})
+  if body == "" then
+    return wrk.format("GET", "/v1/bench", {{["x-session-id"] = "bench-" .. (n % sessions)}})
+  end
+  return wrk.format("POST", "/v1/bench", {{["x-session-id"] = "bench-" .. (n % sessions),
+                                           ["content-type"] = "text/plain"}}, body)
 end
 """
 
@@ -80,7 +92,8 @@ def upstream_bootstrap(ports: list[int], admin: int) -> dict[str, object]:
     }
 
 
-def gateway_config(upstreams: list[int], replicas: int, transport: str = "grpc") -> Config:
+def gateway_config(upstreams: list[int], replicas: int, transport: str = "grpc",
+                   gate: bool = False) -> Config:
     ports = iter(free_ports(5 + replicas))
     text = json.dumps({
         "listener": {"port": next(ports)},
@@ -91,6 +104,9 @@ def gateway_config(upstreams: list[int], replicas: int, transport: str = "grpc")
         "pools": [{"name": "bench", "endpoints": [f"127.0.0.1:{p}" for p in upstreams]}],
         # Not an inference path: the default routes would not serve it.
         "routes": [{"match": {"path": "/v1/bench"}, "pool": "bench"}],
+        # Instant engines: the gate books every sized request, but no backlog ever builds.
+        "placement": {"load_gate": {"enabled": gate},
+                      "engine_cost": {"prefill_tokens_per_s": 1e9, "prefill_overhead_s": 0}},
     })
     return load_text(text)
 
@@ -163,7 +179,7 @@ async def main(args: argparse.Namespace) -> None:
         sys.exit("wrk not found: apt-get install wrk")
     work = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
     script = work / "sessions.lua"
-    script.write_text(LUA.format(sessions=args.sessions))
+    script.write_text(LUA.format(sessions=args.sessions, body=json.dumps("x" * args.body_bytes)))
     *ports, upstream_admin = free_ports(5)
     (work / "upstreams.json").write_text(json.dumps(upstream_bootstrap(ports, upstream_admin)))
     upstream = Child("upstreams", [envoy_binary(), "-c", str(work / "upstreams.json"),
@@ -174,11 +190,12 @@ async def main(args: argparse.Namespace) -> None:
     rounds: dict[str, list[dict[str, float]]] = {}
     stacks: list[Stack] = []
     try:
-        runs = [("ring_hash (Envoy alone)", RoutingMode.RING_HASH, 1, "grpc")]
-        runs += [(f"kvgate {t}, {n} ext_proc", RoutingMode.AFFINITY, n, t)
-                 for t in args.transports for n in args.replicas]
-        for name, mode, replicas, transport in runs:
-            config = gateway_config(ports, replicas, transport)
+        runs = [("ring_hash (Envoy alone)", RoutingMode.RING_HASH, 1, "grpc", False)]
+        runs += [(f"kvgate {t}, {n} ext_proc" + (f", gate {g}" if len(args.gate) > 1 else ""),
+                  RoutingMode.AFFINITY, n, t, g == "on")
+                 for t in args.transports for n in args.replicas for g in args.gate]
+        for name, mode, replicas, transport, gate in runs:
+            config = gateway_config(ports, replicas, transport, gate)
             stack = Stack(config, work / name.replace(" ", "_"), mode=mode)
             stacks.append(stack)
             await stack.start()
@@ -204,14 +221,14 @@ def report(rounds: dict[str, list[dict[str, float]]]) -> None:
 
     count = len(base)
     print(f"median of {count} round{'s' if count > 1 else ''}")
-    print(f"{'mode':<27}{'p50 ms':>9}{'p99 ms':>9}{'max req/s':>11}{'x base':>8}"
+    print(f"{'mode':<37}{'p50 ms':>9}{'p99 ms':>9}{'max req/s':>11}{'x base':>8}"
           f"{'added p50':>11}{'decisions/ext_proc CPU-s':>26}{'busiest replica':>17}")
     for name, runs in rounds.items():
         per_cpu = [r["decisions_per_cpu_s"] for r in runs if "decisions_per_cpu_s" in r]
         busiest = [r["busiest_replica_share"] for r in runs if "busiest_replica_share" in r]
         ratio = median([r["rps"] / b["rps"] for r, b in zip(runs, base, strict=True)])
         added = median([r["p50"] - b["p50"] for r, b in zip(runs, base, strict=True)])
-        print(f"{name:<27}{median([r['p50'] for r in runs]) * 1e3:>9.3f}"
+        print(f"{name:<37}{median([r['p50'] for r in runs]) * 1e3:>9.3f}"
               f"{median([r['p99'] for r in runs]) * 1e3:>9.3f}"
               f"{median([r['rps'] for r in runs]):>11.0f}{ratio:>8.2f}{added * 1e3:>9.3f}ms"
               f"{f'{median(per_cpu):,.0f}' if per_cpu else '':>26}"
@@ -237,5 +254,9 @@ if __name__ == "__main__":
                         help="ext_proc transports to measure, comma separated (grpc, http)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="measure every mode this many times, in turn; report the medians")
+    parser.add_argument("--body-bytes", type=int, default=0,
+                        help="POST a body of this many bytes (0: GET) (%(default)s)")
+    parser.add_argument("--gate", type=lambda s: s.split(","), default=["off"],
+                        help="the load gate in each run: off, on, or off,on (%(default)s)")
     asyncio.run(main(parser.parse_args()))
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import structlog
 
 from kvgate.bindings.model import Binding
-from kvgate.contract.states import EndpointState
+from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient, EtcdError, KeyValue
 from kvgate.etcd.client import MAX_TXN_OPS, GuardedPut
@@ -52,8 +52,10 @@ class Failover:
         *,
         batch: int = MAX_TXN_OPS,
         clock: Callable[[], float] = time.time,
+        on_moved: Callable[[MoveReason, int], None] = lambda reason, count: None,
     ) -> None:
         self._client = client
+        self._on_moved = on_moved  # counts the sessions moved, by why
         self._directory = directory
         self._base = f"{prefix}bindings/".encode()
         self._load_factor = load_factor
@@ -128,6 +130,8 @@ class Failover:
     ) -> tuple[int, bool]:
         view = self._directory.view(pool)
         plans: list[GuardedPut] = []
+        reasons: list[MoveReason] = []
+        now = self._clock()
         for orphan in orphans:
             binding = orphan.binding
             target = place(
@@ -139,17 +143,28 @@ class Failover:
                 continue  # nowhere to go: ext_proc will place it when it next asks
             loads.add(target, 1)
             loads.add(binding.endpoint, -1)
-            rebound = Binding(binding.session, pool, target, hash=binding.hash)
+            # Failed: its engine is gone; drained: past its deadline, or removed from the pool.
+            reason = (MoveReason.FAILED if view.state(binding.endpoint) is EndpointState.FAILED
+                      else MoveReason.DRAINED)
+            rebound = Binding(binding.session, pool, target, hash=binding.hash, moved_at=now,
+                              move_reason=reason)
             plans.append(GuardedPut(orphan.kv.key, rebound.encode(), orphan.kv.lease,
                                     orphan.kv.mod_revision))
+            reasons.append(reason)
         moved = 0
-        batches = [plans[i:i + self._batch] for i in range(0, len(plans), self._batch)]
+        size = self._batch
+        batches = [plans[i:i + size] for i in range(0, len(plans), size)]
         for start in range(0, len(batches), PARALLEL):
             results = await asyncio.gather(
                 *(self._client.put_each(b, read_refused=False)
                   for b in batches[start:start + PARALLEL]), return_exceptions=True)
-            moved += sum(1 for r in results if not isinstance(r, BaseException)
-                         for put in r[0] if put.done)
+            for index, result in enumerate(results, start):
+                if isinstance(result, BaseException):
+                    continue
+                for offset, put in enumerate(result[0]):
+                    if put.done:
+                        moved += 1
+                        self._on_moved(reasons[index * size + offset], 1)
             unexpected = [r for r in results
                           if isinstance(r, BaseException) and not isinstance(r, EtcdError)]
             if unexpected:

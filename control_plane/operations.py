@@ -13,11 +13,11 @@ from dataclasses import dataclass, field, replace
 
 from control_plane.counts import session_counts
 from kvgate.bindings.model import Binding
-from kvgate.contract.states import EndpointState
+from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.endpoints import EndpointRecord, EndpointRecords, UnknownEndpoint
 from kvgate.etcd import EtcdClient, KeyValue
 from kvgate.etcd.scan import fixed_windows, window
-from kvgate.replicas import ReplicaReport, read_reports
+from kvgate.replicas import REPORT_TTL, ReplicaReport, read_reports
 from kvgate.session import normalize_session
 
 LIST_LIMIT = 10_000  # the most sessions one `sessions list` call returns (pages beyond it)
@@ -43,6 +43,7 @@ class EndpointLoad:
     waiting: float | None = None
     kv_cache_usage: float | None = None
     hit_rate: float | None = None  # prefix-cache hits / queries since the control plane started
+    backlog_s: float | None = None  # the load gate's estimate: the largest an ext_proc reports
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +78,14 @@ class Operations:
         prefix: str,
         loads: Callable[[str], EndpointLoad] = lambda address: EndpointLoad(),
         clock: Callable[[], float] = time.time,
+        on_moved: Callable[[MoveReason, int], None] = lambda reason, count: None,
     ) -> None:
         self._client = client
         self._prefix = prefix
         self._records = EndpointRecords(client, prefix)
         self._loads = loads
         self._clock = clock
+        self._on_moved = on_moved  # counts the sessions an operator moved
 
     async def etcd_alarms(self) -> list[str]:
         """etcd's active alarms (NOSPACE: writes refused until an operator disarms it)."""
@@ -102,10 +105,24 @@ class Operations:
         counts) and last scraped load."""
         records = await self._records.list(pool)
         counts = await session_counts(self._client, self._prefix, pool, self._clock)
+        backlogs = await self._backlogs()
         return EndpointList([
-            EndpointStatus(r, counts.by_endpoint[(r.pool, r.address)], self._loads(r.address))
+            EndpointStatus(r, counts.by_endpoint[(r.pool, r.address)],
+                           replace(self._loads(r.address), backlog_s=backlogs.get(r.address)))
             for r in sorted(records, key=lambda r: (r.pool, r.address))
         ], counts.note)
+
+    async def _backlogs(self) -> dict[str, float]:
+        """Per engine, the largest backlog a live ext_proc replica reports (each knows the work
+        it sent; the largest is the closest to the engine's real queue)."""
+        found: dict[str, float] = {}
+        fresh = self._clock() - REPORT_TTL
+        for report in await read_reports(self._client, self._prefix):
+            if report.at < fresh:
+                continue
+            for address, seconds in report.backlog.items():
+                found[address] = max(seconds, found.get(address, 0.0))
+        return found
 
     async def drain(
         self, address: str, pool: str | None = None, deadline_s: float | None = None
@@ -217,12 +234,13 @@ class Operations:
             raise NotFound(str(exc)) from None
         if target.state != EndpointState.ACTIVE:
             raise Invalid(f"{endpoint} is {target.state}; sessions only move to active endpoints")
-        moved = replace(current.binding, endpoint=endpoint)
+        moved = current.binding.moved_to(endpoint, MoveReason.MANUAL, self._clock())
         done, now = await self._client.replace(
             self._binding_key(moved), moved.encode(), current.binding.revision, current.lease
         )
         if not done:
             raise Invalid("the session was re-bound meanwhile; look again and retry")
+        self._on_moved(MoveReason.MANUAL, 1)
         revision = now.mod_revision if now is not None else 0
         return SessionBinding(replace(moved, revision=revision), current.lease)
 

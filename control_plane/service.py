@@ -19,7 +19,7 @@ import grpc
 import structlog
 from envoy.service.discovery.v3 import ads_pb2_grpc
 from grpc_health.v1 import health
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from control_plane.admin.server import AdminServer, ServerTls
 from control_plane.failover import Failover
@@ -33,7 +33,7 @@ from control_plane.xds.metrics import XdsMetrics
 from control_plane.xds.server import AdsServer, NodeRegistry
 from kvgate.config import Config, ConfigError, load_file
 from kvgate.config.model import HostPort
-from kvgate.contract.states import EndpointState
+from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.endpoints import (
     EndpointDirectory,
     MembershipConflict,
@@ -103,9 +103,21 @@ class ControlPlaneService:
         )
         self.checker = HealthChecker(config, self._etcd, self.supervisor,
                                      leading=lambda: self.leader.leading, registry=self.registry)
+        # Same shape as ext_proc's kvgate_ext_proc_rebinds_total: the moves made here.
+        rebinds = Counter("kvgate_control_plane_rebinds",
+                          "Sessions the control plane moved, by reason (failed, drained: the "
+                          "failover; manual: kvgate sessions move)", ["reason"],
+                          registry=self.registry)
+        for reason in MoveReason:
+            rebinds.labels(reason.value)
+
+        def moved(reason: MoveReason, count: int) -> None:
+            rebinds.labels(reason.value).inc(count)
+
         self.failover = Failover(self._etcd, self.directory, config.etcd.prefix,
-                                 config.placement.load_factor)
-        self.operations = Operations(self._etcd, config.etcd.prefix, loads=self.checker.load)
+                                 config.placement.load_factor, on_moved=moved)
+        self.operations = Operations(self._etcd, config.etcd.prefix, loads=self.checker.load,
+                                     on_moved=moved)
         self.last_reload_error: str | None = None
         self.membership = MembershipWatch(config.etcd.prefix)
         self._seen_mtime = _mtime(options.config_path)  # kept across restarts of the reload task

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from ext_proc.recent import RecentSessions
+from ext_proc.recent import PrefillMix, RecentSessions, Seen
 from kvgate.bindings.model import Binding, binding_key
 from kvgate.bindings.store import BindingStore, Unbound
 from kvgate.contract.states import EndpointState, MoveReason
@@ -56,6 +56,7 @@ class Decision:
 
 
 SESSIONLESS = Decision(Outcome.SESSIONLESS)
+_UNKNOWN_SIZE = PromptSize()
 
 
 class Decider:
@@ -64,7 +65,7 @@ class Decider:
         *, max_bindings: int = 0,
         on_unbound: Callable[[str, str, Unbound], None] = lambda pool, session, why: None,
         gate: LoadGate | None = None, clock: Callable[[], float] = time.monotonic,
-        recent: RecentSessions | None = None,
+        recent: RecentSessions | None = None, mix: PrefillMix | None = None,
     ) -> None:
         self._store = store
         self._directory = directory
@@ -77,6 +78,7 @@ class Decider:
         self.gate = gate
         self._clock = clock
         self.recent = recent if recent is not None else RecentSessions()
+        self.mix = mix if mix is not None else PrefillMix()  # what booked requests cost
 
     async def decide(self, pool: str, raw_session: bytes | None,
                      prompt_tokens: int = 0) -> Decision:
@@ -93,24 +95,39 @@ class Decider:
         if binding is None and not self._store.synced:
             # Still loading (or the watch is lost): another replica may have bound it.
             binding = await self._store.fetch(pool, session)
-        now = self._clock()
-        seen = self.recent.get(pool, session)
-        size = PromptSize(prompt_tokens, 0 if seen is None else seen.tokens)
+        gate = self.gate
         state = None if binding is None else view.state(binding.endpoint)
         reason: MoveReason | None = None
         target: str | None = None
+        seen = None
         if binding is not None and state in _KEEPS_SESSIONS:
-            if self.gate is not None and state is EndpointState.ACTIVE:
-                move = self.gate.reconsider(
-                    view, binding.endpoint, hash_value, self._store.load(pool),
-                    self._load_factor, now, size, None if seen is None else seen.moved_at)
+            if gate is None:  # static stickiness: no clock, no size, nothing booked
+                self._store.touch(binding)
+                return self._decision(Outcome.STICKY, view, hash_value, binding.endpoint,
+                                      session)
+            now = self._clock()
+            seen = self.recent.get(pool, session)
+            endpoint = binding.endpoint
+            # Moving saves at most this engine's backlog: under the gate's threshold nothing
+            # else is looked at (the sticky hot path stays O(1), nothing allocated for it).
+            if (state is EndpointState.ACTIVE
+                    and gate.board.backlog_s(endpoint, now) >= gate.config.min_saving_s):
+                move = gate.reconsider(
+                    view, endpoint, hash_value, self._store.load(pool), self._load_factor, now,
+                    PromptSize(prompt_tokens, 0 if seen is None else seen.tokens),
+                    None if seen is None else seen.moved_at)
                 if move is not None:
                     target, reason = move.endpoint, MoveReason.LOAD
             if target is None:
                 self._store.touch(binding)
-                self._routed(view, pool, session, binding.endpoint, now, size, binding.endpoint)
-                return self._decision(Outcome.STICKY, view, hash_value, binding.endpoint,
-                                      session)
+                self._book_sticky(gate, pool, session, endpoint, now, prompt_tokens, seen)
+                return self._decision(Outcome.STICKY, view, hash_value, endpoint, session)
+        if gate is None:
+            now, size = 0.0, _UNKNOWN_SIZE
+        else:
+            now = self._clock()
+            seen = seen or self.recent.get(pool, session)
+            size = PromptSize(prompt_tokens, 0 if seen is None else seen.tokens)
         if binding is not None and reason is None:
             reason = MoveReason.FAILED if state is EndpointState.FAILED else MoveReason.DRAINED
         outcome = Outcome.NEW if binding is None else Outcome.REBIND
@@ -121,7 +138,8 @@ class Decider:
                               f"{self._store.count(pool)} bindings (session.max_bindings: "
                               f"{self._max_bindings})")
             previous = None if binding is None else binding.endpoint
-            binding = await self._commit(pool, session, hash_value, binding, size, target)
+            binding = await self._commit(pool, session, hash_value, binding, size, target,
+                                         reason)
         except Unbound as why:
             self._on_unbound(pool, session, why)
             return Decision(Outcome.UNBOUND, (), session)
@@ -138,6 +156,18 @@ class Decider:
         endpoints = (endpoint,) if fallback is None else (endpoint, fallback)
         return Decision(outcome, endpoints, session, reason)
 
+    def _book_sticky(self, gate: LoadGate, pool: str, session: str, endpoint: str, now: float,
+                     prompt_tokens: int, seen: Seen | None) -> None:
+        """_routed() for a session that stays: its context is in its engine's HBM."""
+        context = 0 if seen is None else seen.tokens
+        if prompt_tokens > 0:  # unknown size (no body, chunked): nothing booked, see _routed
+            prefill = gate.cost.prefill_s(prompt_tokens - context)
+            gate.board.routed(endpoint, now, prefill)
+            self.mix.add(prefill)
+        tokens = max(prompt_tokens, context)
+        if seen is None or seen.tokens != tokens:
+            self.recent.remember(pool, session, tokens, None)
+
     def _routed(self, view: PoolView, pool: str, session: str, endpoint: str, now: float,
                 size: PromptSize, previous: str | None, *, moved: bool = False) -> None:
         """Book the request on the load board (the work it adds to its engine) and remember
@@ -147,20 +177,29 @@ class Decider:
             return
         cost = gate.cost
         context = size.context_tokens
+        if size.prompt_tokens <= 0:
+            # A request of unknown size (no body: /v1/models; a chunked body) books nothing:
+            # guessing would build a backlog from requests that may prefill nothing. Its
+            # engine's own report still counts.
+            self.recent.remember(pool, session, context, now if moved else None)
+            return
         if previous == endpoint:  # its context is in this engine's HBM
-            gate.board.routed(endpoint, now, cost.prefill_s(size.prompt_tokens - context))
+            prefill = cost.prefill_s(size.prompt_tokens - context)
+            gate.board.routed(endpoint, now, prefill)
         elif previous is not None and view.kv_pool_of(previous) == view.kv_pool_of(endpoint):
             # Moved within its DDR pool: the context is read from DDR first.
-            gate.board.routed(endpoint, now, cost.prefill_s(size.prompt_tokens - context),
-                              ready_at=now + cost.transfer_s(context))
+            prefill = cost.prefill_s(size.prompt_tokens - context)
+            gate.board.routed(endpoint, now, prefill, ready_at=now + cost.transfer_s(context))
         else:
-            gate.board.routed(endpoint, now, cost.prefill_s(size.prompt_tokens))
+            prefill = cost.prefill_s(size.prompt_tokens)
+            gate.board.routed(endpoint, now, prefill)
+        self.mix.add(prefill)
         self.recent.remember(pool, session, max(size.prompt_tokens, context),
                              now if moved else None)
 
     async def _commit(
         self, pool: str, session: str, hash_value: int, current: Binding | None,
-        size: PromptSize, target: str | None = None,
+        size: PromptSize, target: str | None = None, reason: MoveReason | None = None,
     ) -> Binding:
         """One placement per session at a time: the same session's first requests arrive
         together, and all of them wait for the one write. The write runs as its own task so a
@@ -170,7 +209,7 @@ class Decider:
         task = self._inflight.get(key)
         if task is None:
             task = asyncio.ensure_future(
-                self._place_and_store(pool, session, hash_value, current, size, target)
+                self._place_and_store(pool, session, hash_value, current, size, target, reason)
             )
             self._inflight[key] = task
             task.add_done_callback(lambda done: self._settle(key, done))
@@ -183,7 +222,7 @@ class Decider:
 
     async def _place_and_store(
         self, pool: str, session: str, hash_value: int, current: Binding | None,
-        size: PromptSize, target: str | None,
+        size: PromptSize, target: str | None, reason: MoveReason | None,
     ) -> Binding:
         if target is None:
             view = self._directory.view(pool)
@@ -202,4 +241,4 @@ class Decider:
         if current is None:
             return await self._store.create(Binding(session, pool, target, hash=hash_value))
         # Memory keeps no ring hash per binding; the stored value carries it for the failover.
-        return await self._store.move(replace(current, hash=hash_value), target)
+        return await self._store.move(replace(current, hash=hash_value), target, reason)

@@ -12,6 +12,7 @@ from google.protobuf import struct_pb2
 from ext_proc.decide import Decider, Decision, DecisionError, Outcome
 from ext_proc.metrics import ExtProcMetrics
 from ext_proc.sources import SessionSources, Source
+from kvgate.contract.states import MoveReason
 
 log = structlog.get_logger("kvgate.ext_proc")
 
@@ -25,13 +26,17 @@ class RequestHandler:
         sources: SessionSources,
         metrics: ExtProcMetrics,
         default_pool: str | None,
+        *, bytes_per_token: float | None = None,
     ) -> None:
         self._decider = decider
         self._sources = sources
         self._metrics = metrics
         self.default_pool = default_pool
+        # With the load gate on: the request's Content-Length over this estimates its prompt.
+        self._tokens_per_byte = 0.0 if not bytes_per_token else 1.0 / bytes_per_token
         self._outcome_counters = {o: metrics.decisions.labels(o.value) for o in Outcome}
         self._source_counters = {s: metrics.session_sources.labels(s.value) for s in Source}
+        self._rebind_counters = {r: metrics.rebinds.labels(r.value) for r in MoveReason}
 
     async def decide(
         self,
@@ -47,7 +52,8 @@ class RequestHandler:
                 raise DecisionError("route carries no pool and more than one pool is configured")
             found = self._sources.pick(headers, body)
             self._source_counters[found.source].inc()
-            decision = await self._decider.decide(pool, found.raw or None)
+            decision = await self._decider.decide(pool, found.raw or None,
+                                                  self._prompt_tokens(headers))
         except DecisionError as exc:
             log.warning("decision_failed", pool=pool, error=str(exc))
             decision = Decision(Outcome.ERROR)
@@ -55,5 +61,16 @@ class RequestHandler:
             log.exception("decision_crashed", pool=pool)
             decision = Decision(Outcome.ERROR)
         self._outcome_counters[decision.outcome].inc()
+        if decision.reason is not None:
+            self._rebind_counters[decision.reason].inc()
         self._metrics.latency.observe(time.perf_counter() - started)
         return decision
+
+    def _prompt_tokens(self, headers: Mapping[str, bytes]) -> int:
+        """The prompt's size in tokens as its body's size suggests (0: unknown, or gate off)."""
+        if not self._tokens_per_byte:
+            return 0
+        length = headers.get("content-length")
+        if length is None or not length.isdigit():
+            return 0
+        return int(int(length) * self._tokens_per_byte)

@@ -40,6 +40,14 @@ class ExtProcMetrics:
             "kvgate_ext_proc_unbound", "New sessions routed on Envoy's ring without a binding, "
             "by reason (pending_full, max_bindings)", ["reason"], registry=self.registry,
         )
+        self.rebinds = Counter(
+            "kvgate_ext_proc_rebinds", "Sessions this replica moved to another endpoint, by "
+            "reason (failed, drained: their endpoint left; load: the load gate found a DDR-pool "
+            "sibling that answers sooner; manual is the control plane's)", ["reason"],
+            registry=self.registry,
+        )
+        for reason in ("failed", "drained", "load", "manual"):
+            self.rebinds.labels(reason)
         for outcome in ("sticky", "new", "rebind", "sessionless", "unbound", "error"):
             self.decisions.labels(outcome)
         for source in ("header", "body", "implicit", "none"):

@@ -1,4 +1,5 @@
-"""What the load gate remembers of a session between its turns: its size and its last move."""
+"""What the load gate remembers between requests: each session's size and last move, and the
+mean prefill of the requests it booked."""
 
 from __future__ import annotations
 
@@ -39,3 +40,20 @@ class RecentSessions:
 
     def __len__(self) -> int:
         return len(self._current) + len(self._old)
+
+
+class PrefillMix:
+    """A running mean of the prefill seconds this replica books per request: the plain mean of
+    the first 100, then an exponential one over about the last 100. What a request waiting on
+    an engine (`vllm:num_requests_waiting`) is assumed to need."""
+
+    def __init__(self) -> None:
+        self.mean_s = 0.0
+        self._seen = 0
+
+    def add(self, seconds: float) -> None:
+        if self._seen < 100:
+            self._seen += 1
+            self.mean_s += (seconds - self.mean_s) / self._seen
+        else:
+            self.mean_s += (seconds - self.mean_s) * 0.01

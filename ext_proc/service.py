@@ -13,9 +13,11 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ext_proc.decide import Decider
+from ext_proc.engine_load import EngineLoadScraper, EngineScrapeMetrics
 from ext_proc.handling import RequestHandler
 from ext_proc.http_server import HttpProcessor
 from ext_proc.metrics import ExtProcMetrics
+from ext_proc.recent import PrefillMix
 from ext_proc.server import ExternalProcessor
 from ext_proc.sources import SessionSources
 from kvgate.bindings.etcd import EtcdBindingStore
@@ -29,6 +31,8 @@ from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
 from kvgate.observability.http import MetricsServer
 from kvgate.observability.logs import Throttled
+from kvgate.placement.gate import LoadGate
+from kvgate.placement.live import LoadBoard
 from kvgate.replicas import ReplicaReport, ReportPublisher
 from kvgate.runtime.supervisor import Supervisor
 
@@ -68,6 +72,8 @@ class ExtProcService:
         self._health = health.aio.HealthServicer()
         self._metrics_server: MetricsServer | None = None
         self.port = options.listen.port
+        self.board: LoadBoard | None = None  # the load gate's, while it is on
+        self._mix = PrefillMix()
 
     async def start(self) -> None:
         config = self._config
@@ -105,11 +111,14 @@ class ExtProcService:
             memory = MemoryBindingStore(config.session.idle_ttl)
             self.store = memory
             self.metrics.track(lambda: sum(1 for _ in memory.bindings()), lambda: 0, lambda: 0)
+        gate = self._load_gate()
         decider = Decider(self.store, self.directory, config.placement.load_factor,
-                          max_bindings=config.session.max_bindings, on_unbound=self._unbound)
+                          max_bindings=config.session.max_bindings, on_unbound=self._unbound,
+                          gate=gate, mix=self._mix)
         default_pool = config.pools[0].name if len(config.pools) == 1 else None
         handler = RequestHandler(
-            decider, SessionSources(config.session), self.metrics, default_pool
+            decider, SessionSources(config.session), self.metrics, default_pool,
+            bytes_per_token=None if gate is None else config.placement.load_gate.bytes_per_token,
         )
         if self._http_socket is not None:
             self._http = HttpProcessor(handler)
@@ -134,6 +143,23 @@ class ExtProcService:
                  etcd=list(self._options.etcd_endpoints) or None,
                  **(self._etcd_security.describe() if self._etcd_security else {}))
 
+    def _load_gate(self) -> LoadGate | None:
+        """`placement.load_gate`: the gate over this replica's load board, fed by the engines'
+        metrics (a supervised task); None when disabled (static stickiness, nothing scraped)."""
+        settings = self._config.placement.load_gate
+        if not settings.enabled:
+            return None
+        board = self.board = LoadBoard(settings.max_load_age_s)
+        scraper = EngineLoadScraper(self._active_engines, board, self._mix, settings.refresh_s,
+                                    EngineScrapeMetrics(self.metrics.registry))
+        self.supervisor.spawn("engine-load", scraper.run)
+        return LoadGate(self._config.placement.engine_cost, settings.gate(), board)
+
+    def _active_engines(self) -> list[str]:
+        directory = self.directory
+        return sorted({m.address for pool in directory.pools()
+                       for m in directory.view(pool).active})
+
     def report(self) -> ReplicaReport:
         """This replica as `kvgate status` shows it (kvgate.replicas)."""
         store = self._etcd_store
@@ -145,7 +171,16 @@ class ExtProcService:
             0 if store is None else len(store), 0 if store is None else store.pending,
             store is not None and store.degraded, int(unbound), tuple(self.mirrors.statuses()),
             {pool: dict(self.store.load(pool)) for pool in self.directory.pools()},
+            self._backlogs(),
         )
+
+    def _backlogs(self) -> dict[str, float]:
+        board = self.board
+        if board is None:
+            return {}
+        now = time.monotonic()  # the board's clock (the Decider's default)
+        return {address: round(board.backlog_s(address, now), 3)
+                for address in self._active_engines()}
 
     def _unbound(self, pool: str, session: str, why: Unbound) -> None:
         """A new session routed on Envoy's ring without a binding: counted always, logged at

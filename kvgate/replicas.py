@@ -37,6 +37,8 @@ class ReplicaReport:
     unbound: int = 0
     mirrors: tuple[MirrorStatus, ...] = ()
     loads: dict[str, dict[str, int]] = field(default_factory=dict)  # pool → endpoint → sessions
+    # endpoint → the load gate's backlog estimate (seconds of prefill queued); empty: gate off
+    backlog: dict[str, float] = field(default_factory=dict)
 
     @property
     def synced(self) -> bool:
@@ -58,9 +60,10 @@ class ReplicaReport:
         )
         loads = {str(pool): {str(e): int(n) for e, n in counts.items()}
                  for pool, counts in data.get("loads", {}).items()}
+        backlog = {str(e): float(s) for e, s in data.get("backlog", {}).items()}
         return cls(str(data["identity"]), float(data["at"]), int(data.get("bindings", 0)),
                    int(data.get("pending", 0)), bool(data.get("degraded", False)),
-                   int(data.get("unbound", 0)), mirrors, loads)
+                   int(data.get("unbound", 0)), mirrors, loads, backlog)
 
 
 def reports_prefix(prefix: str) -> bytes:

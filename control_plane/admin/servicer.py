@@ -212,7 +212,7 @@ def endpoint(record: EndpointRecord) -> pb.Endpoint:
 
 def endpoint_status(status: EndpointStatus) -> pb.EndpointStatus:
     load = pb.Load()
-    for name in ("running", "waiting", "kv_cache_usage", "hit_rate"):
+    for name in ("running", "waiting", "kv_cache_usage", "hit_rate", "backlog_s"):
         value = getattr(status.load, name)
         if value is not None:
             setattr(load, name, value)
@@ -221,8 +221,12 @@ def endpoint_status(status: EndpointStatus) -> pb.EndpointStatus:
 
 def session_binding(found: SessionBinding) -> pb.SessionBinding:
     b = found.binding
-    return pb.SessionBinding(session=b.session, pool=b.pool, endpoint=b.endpoint,
-                             revision=b.revision, lease=found.lease)
+    message = pb.SessionBinding(session=b.session, pool=b.pool, endpoint=b.endpoint,
+                                revision=b.revision, lease=found.lease)
+    if b.move_reason is not None:
+        message.moved_at = b.moved_at
+        message.move_reason = str(b.move_reason)
+    return message
 
 
 def mirror_status(replica: str, mirror: MirrorStatus) -> pb.MirrorStatus:

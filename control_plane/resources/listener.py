@@ -126,11 +126,13 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
             request_trailer_mode=_Mode.SKIP,
             response_trailer_mode=_Mode.SKIP,
         ),
-        # ext_proc needs only the session headers (and, over HTTP, the route's pool header);
+        # ext_proc needs only the session headers (and, over HTTP, the route's pool header;
+        # with the load gate on, content-length, its estimate of the prompt's size);
         # sending less keeps each decision cheap.
         forward_rules=ext_proc_pb2.HeaderForwardingRules(
             allowed_headers=_exact_names(
-                (*config.session.headers, *([POOL_HEADER] if http else []))
+                (*config.session.headers, *([POOL_HEADER] if http else []),
+                 *(["content-length"] if config.placement.load_gate.enabled else []))
             )
         ),
         metadata_options=ext_proc_pb2.MetadataOptions(

@@ -31,6 +31,7 @@ from kvgate.bindings.mirror import BindingMirror
 from kvgate.bindings.model import Binding, binding_key
 from kvgate.bindings.pending import PendingWrite, PendingWrites
 from kvgate.bindings.reattach import Reattachment
+from kvgate.contract.states import MoveReason
 from kvgate.etcd import EtcdClient, EtcdError, KeyValue, PrefixMirror
 from kvgate.etcd.client import MAX_TXN_OPS, GuardedPut, WatchEvent
 from kvgate.etcd.errors import EtcdDeadline, EtcdLeaseNotFound
@@ -187,8 +188,9 @@ class EtcdBindingStore:
             return existing
         return await self._write(PendingWrite(binding, 0))
 
-    async def move(self, current: Binding, endpoint: str) -> Binding:
-        return await self._write(PendingWrite(replace(current, endpoint=endpoint),
+    async def move(self, current: Binding, endpoint: str,
+                   reason: MoveReason | None = None) -> Binding:
+        return await self._write(PendingWrite(current.moved_to(endpoint, reason),
                                               current.revision))
 
     async def _write(self, op: PendingWrite) -> Binding:

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from kvgate.bindings.index import BindingIndex
 from kvgate.bindings.model import Binding, binding_key
+from kvgate.contract.states import MoveReason
 
 
 class MemoryBindingStore:
@@ -61,11 +62,12 @@ class MemoryBindingStore:
             return existing
         return self._store(binding)
 
-    async def move(self, current: Binding, endpoint: str) -> Binding:
+    async def move(self, current: Binding, endpoint: str,
+                   reason: MoveReason | None = None) -> Binding:
         existing = self.get(current.pool, current.session)
         if existing is not None and existing.revision != current.revision:
             return existing
-        return self._store(replace(current, endpoint=endpoint))
+        return self._store(current.moved_to(endpoint, reason))
 
     def _store(self, binding: Binding) -> Binding:
         self._revision += 1

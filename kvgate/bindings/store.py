@@ -6,6 +6,7 @@ from collections.abc import Iterator, Mapping
 from typing import Protocol
 
 from kvgate.bindings.model import Binding
+from kvgate.contract.states import MoveReason
 
 
 class Unbound(Exception):
@@ -49,4 +50,7 @@ class BindingStore(Protocol):
 
     async def create(self, binding: Binding) -> Binding: ...
 
-    async def move(self, current: Binding, endpoint: str) -> Binding: ...
+    async def move(self, current: Binding, endpoint: str,
+                   reason: MoveReason | None = None) -> Binding:
+        """`reason`: why it moves, recorded in the stored binding with the time."""
+        ...

@@ -17,6 +17,25 @@ def _seconds(value: float) -> str:
     return f"{round(value * 1000)}ms"
 
 
+def _placement(config: Config) -> dict[str, Any]:
+    gate, cost = config.placement.load_gate, config.placement.engine_cost
+    return {
+        "load_factor": config.placement.load_factor,
+        "load_gate": {
+            "enabled": gate.enabled, "min_saving_s": gate.min_saving_s,
+            "min_saving_ratio": gate.min_saving_ratio, "cooldown_s": gate.cooldown_s,
+            "candidates": gate.candidates, "refresh_s": gate.refresh_s,
+            "max_load_age_s": gate.max_load_age_s, "bytes_per_token": gate.bytes_per_token,
+        },
+        "engine_cost": {
+            "prefill_tokens_per_s": cost.prefill_tokens_per_s,
+            "prefill_overhead_s": cost.prefill_overhead_s,
+            "kv_bytes_per_token": cost.kv_bytes_per_token, "ddr_gbps": cost.ddr_gbps,
+            "transfer_fixed_ms": cost.transfer_fixed_s * 1000,
+        },
+    }
+
+
 def to_dict(config: Config) -> dict[str, Any]:
     data: dict[str, Any] = {
         "listener": _socket(config.listener),
@@ -40,7 +59,7 @@ def to_dict(config: Config) -> dict[str, Any]:
             "body_limit": config.session.body_limit,
             "max_bindings": config.session.max_bindings,
         },
-        "placement": {"load_factor": config.placement.load_factor},
+        "placement": _placement(config),
         "pools": [
             {
                 "name": pool.name,

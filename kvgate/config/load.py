@@ -23,13 +23,13 @@ from kvgate.config.model import (
     ExtProc,
     Health,
     HostPort,
-    Placement,
     Pool,
     Route,
     RouteMatch,
     Session,
     inference_routes,
 )
+from kvgate.config.placement import read_placement
 from kvgate.config.read import READ_WAIT, read_text
 from kvgate.config.strict_yaml import YamlProblem, parse
 from kvgate.config.validate import validate
@@ -117,7 +117,7 @@ def _config(f: Fields, raw: Any, base: FilePath) -> Config:
         etcd=f.optional(top, "etcd", (), lambda v, p: _etcd(f, v, p, base), defaults.etcd),
         session=f.optional(top, "session", (), lambda v, p: _session(f, v, p), defaults.session),
         placement=f.optional(
-            top, "placement", (), lambda v, p: _placement(f, v, p), defaults.placement
+            top, "placement", (), lambda v, p: read_placement(f, v, p), defaults.placement
         ),
         pools=tuple(
             pool
@@ -301,16 +301,6 @@ def _on_off(f: Fields, value: Any, path: Path) -> bool | None:
         return value.lower() == "on"
     f.error(path, f"must be on or off, got {value!r}")
     return None
-
-
-def _placement(f: Fields, value: Any, path: Path) -> Placement:
-    raw = f.mapping(value, path, ("load_factor",))
-    return Placement(
-        load_factor=f.optional(
-            raw, "load_factor", path, lambda v, p: f.number(v, p, 1.0, 100.0),
-            Placement().load_factor,
-        )
-    )
 
 
 def _health(f: Fields, value: Any, path: Path) -> Health:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.gate import GateConfig
+
 
 @dataclass(frozen=True, slots=True)
 class HostPort:
@@ -131,9 +134,34 @@ class Session:
     max_bindings: int = 1_000_000
 
 
+_GATE = GateConfig()  # its defaults are the YAML's
+
+
+@dataclass(frozen=True, slots=True)
+class LoadGateConfig:
+    """`placement.load_gate`: the gate's thresholds (kvgate.placement.gate.GateConfig) and how
+    ext_proc feeds it (live load from the engines' metrics, prompt size from content-length)."""
+
+    enabled: bool = True  # false: static stickiness, exactly as before the gate
+    min_saving_s: float = _GATE.min_saving_s
+    min_saving_ratio: float = _GATE.min_saving_ratio
+    cooldown_s: float = _GATE.cooldown_s
+    candidates: int = _GATE.candidates
+    miss_safe: bool = _GATE.miss_safe  # move only if no slower should the pool have lost it
+    refresh_s: float = 0.1  # how often each ext_proc replica scrapes every active engine
+    max_load_age_s: float = 2.0  # an engine's report older than this counts for nothing
+    bytes_per_token: float = 4.0  # request body bytes per prompt token (content-length)
+
+    def gate(self) -> GateConfig:
+        return GateConfig(self.enabled, self.min_saving_s, self.min_saving_ratio,
+                          self.cooldown_s, self.candidates, self.miss_safe)
+
+
 @dataclass(frozen=True, slots=True)
 class Placement:
     load_factor: float = 1.25
+    load_gate: LoadGateConfig = field(default_factory=LoadGateConfig)
+    engine_cost: EngineCost = field(default_factory=EngineCost)  # the engines' speed
 
 
 @dataclass(frozen=True, slots=True)

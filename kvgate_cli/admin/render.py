@@ -26,13 +26,15 @@ def endpoint_dict(e: pb.Endpoint) -> dict[str, Any]:
 
 
 def endpoint_status_dict(s: pb.EndpointStatus) -> dict[str, Any]:
-    load = {n: _opt(s.load, n) for n in ("running", "waiting", "kv_cache_usage", "hit_rate")}
+    load = {n: _opt(s.load, n)
+            for n in ("running", "waiting", "kv_cache_usage", "hit_rate", "backlog_s")}
     return {**endpoint_dict(s.endpoint), "sessions": s.sessions, "load": load}
 
 
 def binding_dict(b: pb.SessionBinding) -> dict[str, Any]:
     return {"session": b.session, "pool": b.pool, "endpoint": b.endpoint,
-            "revision": b.revision, "lease": b.lease}
+            "revision": b.revision, "lease": b.lease, "moved_at": _opt(b, "moved_at"),
+            "move_reason": b.move_reason or None}
 
 
 def status_dict(s: pb.StatusResponse) -> dict[str, Any]:
@@ -123,10 +125,15 @@ def endpoints_table(found: Sequence[pb.EndpointStatus]) -> str:
             e.pool, e.address, e.kv_pool, e.state, str(s.sessions),
             _number(_opt(s.load, "running")), _number(_opt(s.load, "waiting")),
             _number(_opt(s.load, "kv_cache_usage"), percent=True),
-            _number(_opt(s.load, "hit_rate"), percent=True), note,
+            _number(_opt(s.load, "hit_rate"), percent=True), _seconds(_opt(s.load, "backlog_s")),
+            note,
         ])
     return table(["POOL", "ENDPOINT", "KV_POOL", "STATE", "SESSIONS", "RUNNING", "WAITING",
-                  "KV_USAGE", "HIT_RATE", "NOTE"], rows)
+                  "KV_USAGE", "HIT_RATE", "BACKLOG", "NOTE"], rows)
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}s"
 
 
 def endpoint_line(e: pb.Endpoint) -> str:
@@ -143,8 +150,10 @@ def endpoint_line(e: pb.Endpoint) -> str:
 def sessions_table(found: Sequence[pb.SessionBinding]) -> str:
     if not found:
         return "no sessions"
-    rows = [[b.pool, b.session, b.endpoint, str(b.revision), str(b.lease)] for b in found]
-    return table(["POOL", "SESSION", "ENDPOINT", "REVISION", "LEASE"], rows)
+    rows = [[b.pool, b.session, b.endpoint, str(b.revision), str(b.lease),
+             f"{b.move_reason}, {moment(b.moved_at)}" if b.move_reason else "-"]
+            for b in found]
+    return table(["POOL", "SESSION", "ENDPOINT", "REVISION", "LEASE", "LAST MOVED"], rows)
 
 
 def _mebibytes(value: int) -> str:

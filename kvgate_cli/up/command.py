@@ -15,15 +15,19 @@ from dataclasses import replace
 
 import yaml
 
+from emulator.command import time_scale
+from emulator.options import EmulatorOptions
 from kvgate.admin_api.auth import TOKEN_ENV
 from kvgate.admin_api.token_file import token_path
 from kvgate.config import Config, ConfigError
 from kvgate.config.flags import report_warnings, with_engines
 from kvgate.config.load import check_file, load_text
+from kvgate.placement.cost import EngineCost
 from kvgate.runtime.child import ChildFailed
 from kvgate_cli.up import workdir as workdirs
 from kvgate_cli.up.engines import Unhealthy, unhealthy_engines
 from kvgate_cli.up.ports import PortsError, parse_ports, with_ports
+from stack.engine_speed import for_emulated_fleet
 from stack.local import Stack
 
 
@@ -101,6 +105,16 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         print("kvgate up: nothing was started", file=sys.stderr)
         return 1
+    if not config.pools:
+        try:
+            scale = time_scale(args.time_scale)
+        except argparse.ArgumentTypeError as exc:
+            print(f"kvgate up: --time-scale: {exc}; nothing was started", file=sys.stderr)
+            return 1
+        if config.placement.engine_cost == EngineCost():  # not priced in the YAML
+            # The load gate prices the emulated engines as they run: their figures, in wall time.
+            config = replace(config, placement=for_emulated_fleet(
+                config.placement, EmulatorOptions(), scale))
     if not config.pools and args.emulated < 1:
         print("kvgate up: no engines: configure pools, pass --engines, or --emulated N",
               file=sys.stderr)

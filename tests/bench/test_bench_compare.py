@@ -86,9 +86,13 @@ async def test_compare_and_simulate_agree_per_mode(tmp_path: Path) -> None:
     # the comparison is not vacuous: modes differ on this workload, on the real stack too
     assert rates["affinity+ddr"] - rates["round_robin"] > 0.15
     assert rates["affinity"] - rates["round_robin"] > 0.05
-    # both say the same about the pool's cost: round robin reads more from it than kvgate
-    rr, kv = reads[RoutingMode.ROUND_ROBIN_DDR], reads[RoutingMode.AFFINITY_DDR]
-    assert rr[0] > 1.5 * kv[0] and rr[1] > 1.5 * kv[1], (rr, kv)
+    # both say the same about the pool's cost: round robin reads more from it than kvgate,
+    # 1.5x as much as static stickiness; the load gate moves sessions within the pool, so
+    # gated kvgate reads more than static, still less than round robin
+    rr, static = reads[RoutingMode.ROUND_ROBIN_DDR], reads[RoutingMode.STICKY_DDR]
+    gated = reads[RoutingMode.AFFINITY_DDR]
+    assert rr[0] > 1.5 * static[0] and rr[1] > 1.5 * static[1], (rr, static)
+    assert rr[0] > gated[0] and rr[1] > gated[1], (rr, gated)
 
 
 

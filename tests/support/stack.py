@@ -39,13 +39,14 @@ def gateway_config(
     default_routes: bool = False,
     session: dict[str, object] | None = None,
     transport: str = "grpc",
+    placement: dict[str, object] | None = None,
 ) -> Config:
     """A one-pool config on free ports. Every path goes to the pool, unless `default_routes`:
     then no `routes:` key, so the gateway serves only the inference API. `message_timeout`
     (Envoy's wait for ext_proc) is generous: past it Envoy falls back to its ring and a slow
     ext_proc would look like a moved session. `health` defaults to :data:`CALM_HEALTH`.
     `session`: extra `session:` keys (body_fields, implicit, body_limit). `transport`:
-    ext_proc.transport (grpc or http)."""
+    ext_proc.transport (grpc or http). `placement`: extra `placement:` keys (load_gate, ...)."""
     ports = iter(free_ports(5 + ext_procs))
     data: dict[str, object] = {
         "listener": {"address": "127.0.0.1", "port": next(ports)},
@@ -61,7 +62,7 @@ def gateway_config(
         },
         "etcd": {"prefix": prefix, **({"endpoints": list(etcd)} if etcd else {})},
         "session": {"headers": ["x-session-id"], "idle_ttl": idle_ttl, **(session or {})},
-        "placement": {"load_factor": load_factor},
+        "placement": {"load_factor": load_factor, **(placement or {})},
         "pools": [{
             "name": "coder", "kv_pool": kv_pool, "endpoints": list(endpoints),
             "health": dict(CALM_HEALTH if health is None else health),

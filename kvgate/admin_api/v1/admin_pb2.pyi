@@ -27,16 +27,18 @@ class Endpoint(_message.Message):
     def __init__(self, pool: _Optional[str] = ..., address: _Optional[str] = ..., kv_pool: _Optional[str] = ..., weight: _Optional[int] = ..., admin: _Optional[str] = ..., healthy: _Optional[bool] = ..., state: _Optional[str] = ..., drain_deadline: _Optional[float] = ...) -> None: ...
 
 class Load(_message.Message):
-    __slots__ = ("running", "waiting", "kv_cache_usage", "hit_rate")
+    __slots__ = ("running", "waiting", "kv_cache_usage", "hit_rate", "backlog_s")
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
     HIT_RATE_FIELD_NUMBER: _ClassVar[int]
+    BACKLOG_S_FIELD_NUMBER: _ClassVar[int]
     running: float
     waiting: float
     kv_cache_usage: float
     hit_rate: float
-    def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., hit_rate: _Optional[float] = ...) -> None: ...
+    backlog_s: float
+    def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., hit_rate: _Optional[float] = ..., backlog_s: _Optional[float] = ...) -> None: ...
 
 class EndpointStatus(_message.Message):
     __slots__ = ("endpoint", "sessions", "load")
@@ -107,18 +109,22 @@ class FailEndpointResponse(_message.Message):
     def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ...) -> None: ...
 
 class SessionBinding(_message.Message):
-    __slots__ = ("session", "pool", "endpoint", "revision", "lease")
+    __slots__ = ("session", "pool", "endpoint", "revision", "lease", "moved_at", "move_reason")
     SESSION_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     LEASE_FIELD_NUMBER: _ClassVar[int]
+    MOVED_AT_FIELD_NUMBER: _ClassVar[int]
+    MOVE_REASON_FIELD_NUMBER: _ClassVar[int]
     session: str
     pool: str
     endpoint: str
     revision: int
     lease: int
-    def __init__(self, session: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., revision: _Optional[int] = ..., lease: _Optional[int] = ...) -> None: ...
+    moved_at: float
+    move_reason: str
+    def __init__(self, session: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., revision: _Optional[int] = ..., lease: _Optional[int] = ..., moved_at: _Optional[float] = ..., move_reason: _Optional[str] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
     __slots__ = ("pool", "endpoint", "limit", "after")

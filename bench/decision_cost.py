@@ -1,0 +1,64 @@
+"""CPU per sticky decision in-process, with the load gate off and on: no transport, the
+RequestHandler and Decider over an in-memory store, 4 engines in one DDR pool.
+
+    python bench/decision_cost.py [--decisions 200000] [--sessions 1000]
+
+Every session is bound first; each measured request carries `content-length: 2000`, so with the
+gate on it is sized and booked on the ledger (engines priced as instant: no backlog builds, the
+sticky path under the gate's threshold is what is measured).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ext_proc.decide import Decider
+from ext_proc.handling import RequestHandler
+from ext_proc.metrics import ExtProcMetrics
+from ext_proc.sources import SessionSources
+from kvgate.bindings.memory import MemoryBindingStore
+from kvgate.config import load_text
+from kvgate.endpoints import EndpointDirectory
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.gate import GateConfig, LoadGate
+from kvgate.placement.live import LoadBoard
+
+CONFIG = load_text("pools: [{name: p, kv_pool: a, endpoints: "
+                   "[10.0.0.1:1, 10.0.0.2:1, 10.0.0.3:1, 10.0.0.4:1]}]\n")
+
+
+async def per_decision(gate_on: bool, decisions: int, sessions: int) -> float:
+    """CPU seconds per sticky decision."""
+    gate = (LoadGate(EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
+                     GateConfig(), LoadBoard()) if gate_on else None)
+    decider = Decider(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, gate=gate)
+    handler = RequestHandler(decider, SessionSources(CONFIG.session), ExtProcMetrics(), "p",
+                             bytes_per_token=4.0 if gate_on else None)
+    headers = [{"x-session-id": f"bench-{i}".encode(), "content-length": b"2000"}
+               for i in range(sessions)]
+    for one in headers:
+        await handler.decide(None, one, None)
+    started = time.process_time()
+    for i in range(decisions):
+        await handler.decide(None, headers[i % sessions], None)
+    return (time.process_time() - started) / decisions
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--decisions", type=int, default=200_000)
+    parser.add_argument("--sessions", type=int, default=1000)
+    args = parser.parse_args()
+    for gate_on in (False, True, False, True):
+        seconds = asyncio.run(per_decision(gate_on, args.decisions, args.sessions))
+        print(f"gate {'on ' if gate_on else 'off'}  {seconds * 1e6:6.2f} us per sticky decision")
+
+
+if __name__ == "__main__":
+    main()

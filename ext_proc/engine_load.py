@@ -1,0 +1,127 @@
+"""Live engine load for the load gate: every `refresh_s`, each ext_proc replica scrapes the
+/metrics of every active engine it routes to and records what it finds on its `LoadBoard`.
+
+Why here, per replica: the gate reads the board on every request, so it must be in the
+replica's memory; a shared copy in etcd would cost a write per engine per refresh and a watch
+event per replica, for figures that are stale in 100 ms anyway. Replicas scrape independently
+(N replicas × E engines small GETs per refresh; what one round costs is in docs/benchmarks.md).
+
+What it reads (vLLM's names, summed over label sets): `vllm:num_requests_waiting`,
+`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`. The backlog the gate prices comes from
+the board's ledger (the work this replica sent, exact for it); an observation only raises it:
+`waiting × the mean prefill this replica booked` (requests vLLM has not scheduled yet each still
+need their prefill; other replicas' traffic shows up there). Running requests are decoding or
+prefilling in chunks already budgeted, so they are reported, not priced.
+
+A scrape that fails or times out leaves the engine's last observation to age: past
+`max_age_s` the board ignores it (LoadBoard.observed). A decision never waits on a scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+
+import aiohttp
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from ext_proc.recent import PrefillMix
+from kvgate.placement.live import EndpointLoad, LoadBoard
+
+log = structlog.get_logger("kvgate.ext_proc")
+
+WAITING = "vllm:num_requests_waiting"
+RUNNING = "vllm:num_requests_running"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+_WANTED = (WAITING, RUNNING, KV_USAGE)
+
+
+def read_load(text: str) -> dict[str, float]:
+    """The three gauges from a Prometheus text page, each summed over its label sets. A line
+    scan, not a full parse: a real vLLM page is tens of KB of histograms this skips."""
+    sums: dict[str, float] = {}
+    for name in _WANTED:
+        at = text.find(name)
+        while at != -1:
+            # A sample line starts with the name, followed by labels or a space.
+            after = text[at + len(name):at + len(name) + 1]
+            if (at == 0 or text[at - 1] == "\n") and after in ("{", " "):
+                end = text.find("\n", at)
+                line = text[at:] if end == -1 else text[at:end]
+                try:
+                    sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+                except (IndexError, ValueError):
+                    pass
+            at = text.find(name, at + len(name))
+    return sums
+
+
+class EngineScrapeMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.scrapes = Counter(
+            "kvgate_ext_proc_engine_scrapes", "Scrapes of the engines' /metrics for the load "
+            "gate, by result (ok, failed)", ["result"], registry=registry)
+        self.round_seconds = Histogram(
+            "kvgate_ext_proc_engine_scrape_round_seconds",
+            "Wall time of one scrape round over every active engine",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=registry)
+        self.ok = self.scrapes.labels("ok")
+        self.failed = self.scrapes.labels("failed")
+
+
+class EngineLoadScraper:
+    """Runs under the service's supervisor (`run`); one HTTP session, keep-alive connections."""
+
+    def __init__(
+        self, engines: Callable[[], Iterable[str]], board: LoadBoard, mix: PrefillMix,
+        refresh_s: float, metrics: EngineScrapeMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._engines = engines  # `ip:port` of every engine to scrape now (the active ones)
+        self._board = board
+        self._mix = mix
+        self._refresh_s = refresh_s
+        self._metrics = metrics
+        self._clock = clock
+        # A scrape slower than this is abandoned (its engine's report ages meanwhile).
+        self._timeout = aiohttp.ClientTimeout(total=min(board.max_age_s, max(refresh_s, 0.25)))
+        self._failing: set[str] = set()  # logged once per failing streak
+
+    async def run(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
+        async with aiohttp.ClientSession(connector=connector) as http:
+            while True:
+                started = self._clock()
+                await self.scrape_round(http)
+                spent = self._clock() - started
+                self._metrics.round_seconds.observe(spent)
+                await asyncio.sleep(max(0.0, self._refresh_s - spent))
+
+    async def scrape_round(self, http: aiohttp.ClientSession) -> None:
+        """Every engine once, concurrently."""
+        await asyncio.gather(*(self._scrape(http, address) for address in self._engines()))
+
+    async def _scrape(self, http: aiohttp.ClientSession, address: str) -> None:
+        try:
+            async with http.get(f"http://{address}/metrics", timeout=self._timeout) as reply:
+                if reply.status != 200:
+                    raise aiohttp.ClientResponseError(reply.request_info, (), status=reply.status)
+                text = await reply.text()
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            self._metrics.failed.inc()
+            if address not in self._failing:
+                self._failing.add(address)
+                log.warning("engine_scrape_failed", endpoint=address,
+                            error=str(exc) or type(exc).__name__)
+            return
+        self._failing.discard(address)
+        self._metrics.ok.inc()
+        sums = read_load(text)
+        waiting = int(sums.get(WAITING, 0.0))
+        self._board.observe(address, EndpointLoad(
+            at=self._clock(), backlog_s=waiting * self._mix.mean_s,
+            running=int(sums.get(RUNNING, 0.0)), waiting=waiting,
+            kv_usage=sums.get(KV_USAGE, 0.0)))

@@ -1,0 +1,76 @@
+"""`placement.load_gate` and `placement.engine_cost` in the YAML."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgate.config import ConfigError, load_text
+from kvgate.config.dump import to_yaml
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.gate import GateConfig
+
+POOLS = "pools: [{name: p, endpoints: [10.0.0.1:1]}]\n"
+
+
+def test_defaults_are_the_gate_and_the_cost_model_defaults() -> None:
+    placement = load_text(POOLS).placement
+    assert placement.load_gate.gate() == GateConfig()
+    assert placement.load_gate.enabled
+    assert placement.engine_cost == EngineCost()
+
+
+def test_every_key_is_read_and_survives_the_round_trip() -> None:
+    config = load_text(POOLS + """placement:
+  load_factor: 1.5
+  load_gate:
+    enabled: false
+    min_saving_s: 250ms
+    min_saving_ratio: 0.2
+    cooldown_s: 1m
+    candidates: 3
+    refresh_s: 50ms
+    max_load_age_s: 1s
+    bytes_per_token: 3.5
+  engine_cost:
+    prefill_tokens_per_s: 100000
+    prefill_overhead_s: 1ms
+    kv_bytes_per_token: 128KiB
+    ddr_gbps: 400
+    transfer_fixed_ms: 0.15
+""")
+    gate, cost = config.placement.load_gate, config.placement.engine_cost
+    assert gate.gate() == GateConfig(False, 0.25, 0.2, 60.0, 3)
+    assert (gate.refresh_s, gate.max_load_age_s, gate.bytes_per_token) == (0.05, 1.0, 3.5)
+    assert cost == EngineCost(100_000.0, 0.001, 128 * 1024, 400.0, 0.00015)
+    assert load_text(to_yaml(config)) == config  # what kvgate up hands its services
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("placement: {load_gate: {enable: false}}",
+     "placement.load_gate.enable: unknown key (allowed here: enabled, min_saving_s"),
+    ("placement: {engine_cost: {prefill_rate: 5}}",
+     "placement.engine_cost.prefill_rate: unknown key (allowed here: prefill_tokens_per_s"),
+    ("placement: {load_gate: {enabled: maybe}}",
+     "placement.load_gate.enabled: must be true or false, got 'maybe'"),
+    ("placement: {load_gate: {min_saving_ratio: 1.5}}",
+     "placement.load_gate.min_saving_ratio: must be between 0.0 and 1.0, got 1.5"),
+    ("placement: {load_gate: {candidates: 0}}",
+     "placement.load_gate.candidates: must be 1..1024, got 0"),
+    ("placement: {load_gate: {refresh_s: 1ms}}",
+     "placement.load_gate.refresh_s: must be between 0.01s and 60s, got '1ms'"),
+    ("placement: {load_gate: {refresh_s: 2s, max_load_age_s: 1s}}",
+     "placement.load_gate.max_load_age_s: must be at least refresh_s (2s), got 1s"),
+    ("placement: {load_gate: {bytes_per_token: 0}}",
+     "placement.load_gate.bytes_per_token: must be between 0.1 and 1000.0, got 0"),
+    ("placement: {engine_cost: {ddr_gbps: 0}}",
+     "placement.engine_cost.ddr_gbps: must be between 0.001 and 1000000.0, got 0"),
+    ("placement: {engine_cost: {kv_bytes_per_token: lots}}",
+     "placement.engine_cost.kv_bytes_per_token: must be a size like 512KiB"),
+    ("placement: {engine_cost: {prefill_overhead_s: -1}}",
+     "placement.engine_cost.prefill_overhead_s: must be between 0s and 600s, got -1"),
+    ("placement: {load_gate: [enabled]}", "placement.load_gate: must be a mapping, got a list"),
+])
+def test_bad_values_name_the_field(text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_text(POOLS + text + "\n")
+    assert expected in str(caught.value)
