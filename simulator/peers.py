@@ -102,17 +102,27 @@ class _Peer:
         return tied[0] if len(tied) == 1 else self.rng.choice(tied)
 
 
-class PrefixScoreRouter(_Peer):
+class _IndexedPeer(_Peer):
+    """A peer that remembers which blocks it sent where (its approximate prefix index); a failed
+    engine's blocks are forgotten."""
+
+    def __init__(self, addresses: Sequence[str], setup: RouterSetup, metrics: Metrics) -> None:
+        super().__init__(addresses, setup, metrics)
+        self.index = PrefixIndex(setup.index_blocks)
+
+    def set_state(self, address: str, state: EndpointState) -> None:
+        super().set_state(address, state)
+        if state is EndpointState.FAILED:
+            self.index.forget(address)
+
+
+class PrefixScoreRouter(_IndexedPeer):
     """llm-d / Gateway API Inference Extension endpoint picker (see the module's docstring)."""
 
     PREFIX_WEIGHT, QUEUE_WEIGHT, KV_WEIGHT = 3.0, 2.0, 2.0
     AFFINITY_THRESHOLD = 0.80
     EXPLORATION = 0.01
     MAX_TTFT_PENALTY_S = 5.0
-
-    def __init__(self, addresses: Sequence[str], setup: RouterSetup, metrics: Metrics) -> None:
-        super().__init__(addresses, setup, metrics)
-        self.index = PrefixIndex(setup.index_blocks)
 
     async def route(self, ask: Ask, now: float) -> str | None:
         candidates = self._active
@@ -163,20 +173,11 @@ class PrefixScoreRouter(_Peer):
             return candidates
         return sticky
 
-    def set_state(self, address: str, state: EndpointState) -> None:
-        super().set_state(address, state)
-        if state is EndpointState.FAILED:
-            self.index.forget(address)
 
-
-class KvCostRouter(_Peer):
+class KvCostRouter(_IndexedPeer):
     """Dynamo's KV router (see the module's docstring)."""
 
     OVERLAP_SCORE_WEIGHT = 1.0
-
-    def __init__(self, addresses: Sequence[str], setup: RouterSetup, metrics: Metrics) -> None:
-        super().__init__(addresses, setup, metrics)
-        self.index = PrefixIndex(setup.index_blocks)
 
     async def route(self, ask: Ask, now: float) -> str | None:
         candidates = self._active
@@ -194,11 +195,6 @@ class KvCostRouter(_Peer):
         self.index.record(chosen, hashes)
         self._sent(ask, float(blocks))  # its decode blocks until it completes
         return chosen
-
-    def set_state(self, address: str, state: EndpointState) -> None:
-        super().set_state(address, state)
-        if state is EndpointState.FAILED:
-            self.index.forget(address)
 
 
 class BoundedHashRouter(_Peer):
