@@ -61,13 +61,17 @@ async def test_a_session_leaves_its_busy_engine_for_a_ddr_sibling(
     fleet = EngineProcesses(2, tmp_path / "fleet", "--time-scale", "1", "--max-num-seqs", "1")
     await fleet.start()
     flood: list[asyncio.Task[httpx.Response]] = []
+    stack_clients: list[openai.AsyncOpenAI] = []
     try:
+        # The flood's prompts are ~1,000 tokens (0.2 s of prefill each), so its queue is worth
+        # about a second: under the default min_saving_s (1.5 s, sized for real prompts).
         config = gateway_config(fleet.engines, prefix=prefix, transport=transport, placement={
-            "load_gate": {"enabled": enabled, "refresh_s": "50ms"}})
+            "load_gate": {"enabled": enabled, "refresh_s": "50ms", "min_saving_s": "300ms"}})
         async with running_stack(config, tmp_path / "stack") as stack, \
                 httpx.AsyncClient(timeout=120) as http:
             client = openai.AsyncOpenAI(base_url=f"http://{config.listener}/v1",
                                         api_key="unused", max_retries=0, timeout=120)
+            stack_clients.append(client)
             model = (await client.models.list()).data[0].id
             messages = [{"role": "system", "content": "You are a coding assistant.\n" + CODE},
                         {"role": "user", "content": "What does this code do?"}]
@@ -111,8 +115,9 @@ async def test_a_session_leaves_its_busy_engine_for_a_ddr_sibling(
                 assert served == home
                 assert load_rebinds == 0.0
                 assert home in shown and "load" not in shown, shown
-            await client.close()
     finally:
+        for opened in stack_clients:  # closed on every path, in this loop
+            await opened.close()
         for task in flood:
             task.cancel()
         await asyncio.gather(*flood, return_exceptions=True)
