@@ -133,7 +133,8 @@ def run(args: argparse.Namespace) -> int:
     describe = {**workload.describe, "engines": fleet_size, "block_size": block,
                 "time_scale": args.time_scale, "session_in": args.session_in,
                 "extra_headers": header_names(headers),  # names only: a value may be a secret
-                **({"emulator_processes": engine.processes} if args.compare else {}),
+                **({"emulator_processes": engine.processes,
+                    "pool_connector": engine.pool_connector} if args.compare else {}),
                 "tool": "kvgate bench"
                 + (" --compare" if args.compare else f" --gateway {redact_url(args.gateway)}")}
     endpoints = next((r.endpoints for r in results.values() if r.endpoints), None)

@@ -16,6 +16,7 @@ import structlog
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
 from emulator.pool_faults import pool_window
+from emulator.pool_profiles import PROFILES
 from emulator.processes import Workers, share_options, shares
 from kvgate.runtime.child import ChildFailed
 from kvgate.runtime.loop import run as run_loop
@@ -87,10 +88,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     a("--pool-hbm-multiple", type=float, default=d.pool_hbm_multiple,
       help="DDR pool capacity as a multiple of the fleet's HBM (%(default)s)")
+    a("--pool-connector", choices=list(PROFILES), default=d.pool_connector,
+      help="whose rules fill and evict the hosted DDR pool: what a lookup refreshes, what a "
+           "request writes, how the pool evicts (%(default)s, the bank's stack)")
     a("--pool-high-watermark", type=float, default=d.pool_high_watermark,
-      help="the pool evicts once it holds this share of its capacity (%(default)s)")
+      help="the pool evicts once it holds this share of its capacity (default: the "
+           "connector's)")
     a("--pool-low-watermark", type=float, default=d.pool_low_watermark,
-      help="... down to this share (%(default)s)")
+      help="... down to this share (default: the connector's)")
     a(
         "--prefill-tokens-per-s",
         type=float,
@@ -186,6 +191,7 @@ def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
         devices_per_node=args.devices_per_node,
         transfer_fixed_ms=args.transfer_fixed_ms,
         pool_hbm_multiple=args.pool_hbm_multiple,
+        pool_connector=args.pool_connector,
         pool_high_watermark=args.pool_high_watermark,
         pool_low_watermark=args.pool_low_watermark,
         pool_fail=tuple(args.pool_fail),

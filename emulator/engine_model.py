@@ -5,9 +5,11 @@ consulted by the caller between :meth:`EngineModel.probe` and :meth:`EngineModel
 same model serves a live instance (pool behind HTTP, awaited) and a discrete-event simulator (pool
 model called directly).
 
-A request goes: ``probe`` (HBM hit) -> caller looks ``probe.ddr_candidates`` up in the pool ->
-``admit`` (pins blocks, schedules, counts) -> caller writes ``admission.to_pool`` to the pool ->
-``finish`` when the response is over or abandoned (unpins now, if the schedule has not yet).
+A request goes: ``probe`` (HBM hit) -> caller looks ``probe.pool_hashes`` up in the pool (past
+``probe.hbm_blocks``) -> ``admit`` (pins blocks, schedules, counts) -> caller hands the prompt's
+blocks ``admission.to_pool`` to the pool at the first token and ``admission.answer`` at the end
+(the pool's connector profile decides what it writes) -> ``finish`` when the response is over or
+abandoned (unpins now, if the schedule has not yet).
 
 As in vLLM v1, the full blocks of generated tokens are cached too (``output_hashes``: the chain
 continued over the prompt's partial block and the answer), so a client that sends the answer back
@@ -60,8 +62,14 @@ class Probe(NamedTuple):
     prefill_start: float = 0.0  # the instant the cache was looked up at
 
     @property
+    def pool_hashes(self) -> list[int]:
+        """The blocks a connector may look up in the DDR pool: the prompt's, up to the cap
+        (which of them it asks for, its profile says; those past ``hbm_blocks`` are loaded)."""
+        return self.hashes[: self.limit_blocks]
+
+    @property
     def ddr_candidates(self) -> list[int]:
-        """Blocks to look up in the DDR pool: those after the HBM hit, up to the cap."""
+        """The blocks a hit in the pool would load: those after the HBM hit, up to the cap."""
         return self.hashes[self.hbm_blocks : self.limit_blocks]
 
 
@@ -75,9 +83,16 @@ class Admission(NamedTuple):
     ddr_hit_tokens: int
     output_tokens: int
     slot: Slot
-    to_pool: list[int]  # computed full blocks, to be written to the DDR pool
+    to_pool: list[int]  # the prompt's full blocks, offered to the DDR pool after prefill
     ticket: int = 0  # which pinning this is, for an early finish
     hold: Hold | None = None  # what the cache pinned, to unpin without looking it up again
+    hbm_blocks: int = 0  # leading prompt blocks taken from HBM
+    ddr_blocks: int = 0  # ... then from the DDR pool
+
+    @property
+    def answer(self) -> list[int]:
+        """The answer's full blocks (the engine caches them; some connectors save them)."""
+        return self.hashes[len(self.to_pool) :]
 
     @property
     def cached_tokens(self) -> int:
@@ -187,7 +202,8 @@ class EngineModel:
     ) -> Admission:
         """Pin the prompt's blocks, schedule the request and count it.
 
-        ``ddr_hit_blocks`` is the pool's answer for ``probe.ddr_candidates``, or ``None`` when
+        ``ddr_hit_blocks`` is the pool's answer (blocks it serves past ``probe.hbm_blocks``), or
+        ``None`` when
         there is no pool (external counters then stay still, as in vLLM without a connector).
         ``output_hashes`` (see :meth:`output_hashes`) are cached with the prompt's blocks.
         ``arrival``: the request arrived then and its DDR blocks were loaded by ``now`` (the
@@ -246,9 +262,11 @@ class EngineModel:
             ddr_hit_tokens=ddr_blocks * bs,
             output_tokens=max_tokens,
             slot=slot,
-            to_pool=probe.hashes[hit_blocks:],
+            to_pool=probe.hashes,
             ticket=self._tickets,
             hold=hold,
+            hbm_blocks=hbm_blocks,
+            ddr_blocks=ddr_blocks,
         )
         self._pinned[self._tickets] = admission
         heapq.heappush(self._unpin_at, (slot.finish, self._tickets))

@@ -63,8 +63,8 @@ class Fleet:
             self.pool_url = opts.pool_url.rstrip("/")
             self._pool_client = HttpPoolClient(self.pool_url)
             return
-        self.pool = DdrPool(opts.pool_tokens, opts.block_size, opts.pool_high_watermark,
-                            opts.pool_low_watermark)
+        self.pool = DdrPool(opts.pool_tokens, opts.block_size, opts.pool_connector,
+                            opts.pool_high_watermark, opts.pool_low_watermark)
         self.pool_host = PoolHost(self.pool, opts.transfer_params(), PoolFaults(opts.pool_windows),
                                   self.clock, opts.kv_bytes_per_token)
         # Instances here use the model directly; the HTTP service is for other processes.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.ddr_pool import HIGH_WATERMARK, LOW_WATERMARK
 from emulator.engine_model import EngineConfig
 from emulator.pool_faults import PoolWindow
+from emulator.pool_profiles import DEFAULT_PROFILE, PROFILES, PoolProfile
 from emulator.timing import TimingParams
 from emulator.transfer import TransferParams
 
@@ -38,8 +38,9 @@ class EmulatorOptions:
     pool_gbps: float = 0.0  # the whole pool's aggregate; 0 = no limit
     devices_per_node: int = 8
     transfer_fixed_ms: float = 3.0  # per transfer: metadata lookup, RDMA set-up, scatter
-    pool_high_watermark: float = HIGH_WATERMARK
-    pool_low_watermark: float = LOW_WATERMARK
+    pool_connector: str = DEFAULT_PROFILE  # whose rules fill and evict the pool (pool_profiles)
+    pool_high_watermark: float | None = None  # None: the connector's
+    pool_low_watermark: float | None = None
     pool_fail: tuple[PoolWindow, ...] = ()  # windows the pool is down
     pool_slow: tuple[PoolWindow, ...] = ()  # windows the pool keeps a share of its bandwidth
     max_num_seqs: int = 256
@@ -77,7 +78,9 @@ class EmulatorOptions:
             (self.devices_per_node >= 1, "devices_per_node must be >= 1"),
             (self.transfer_fixed_ms >= 0, "transfer_fixed_ms must be >= 0"),
             (self.pool_hbm_multiple >= 0, "pool_hbm_multiple must be >= 0"),
-            (0 < self.pool_low_watermark <= self.pool_high_watermark <= 1,
+            (self.pool_connector in PROFILES,
+             f"pool_connector must be one of {', '.join(PROFILES)}, got {self.pool_connector!r}"),
+            (0 < self._watermark(low=True) <= self._watermark(low=False) <= 1,
              "pool_low_watermark and pool_high_watermark must satisfy 0 < low <= high <= 1"),
             (self.max_num_seqs >= 1, "max_num_seqs must be >= 1"),
             (self.time_scale >= 0, "time_scale must be >= 0"),
@@ -93,6 +96,23 @@ class EmulatorOptions:
             self.engine_id.format(host="h", port=1, index=0)
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"engine_id template is invalid: {exc}") from exc
+
+    @property
+    def pool_profile(self) -> PoolProfile:
+        """The connector profile the pool follows."""
+        return PROFILES[self.pool_connector]
+
+    def _watermark(self, low: bool) -> float:
+        given = self.pool_low_watermark if low else self.pool_high_watermark
+        if given is not None:
+            return given
+        profile = PROFILES.get(self.pool_connector, PROFILES[DEFAULT_PROFILE])
+        return profile.low_watermark if low else profile.high_watermark
+
+    @property
+    def pool_watermarks(self) -> tuple[float, float]:
+        """(high, low) in force: the ones given, or the connector's."""
+        return self._watermark(low=False), self._watermark(low=True)
 
     @property
     def pool_tokens(self) -> int:

@@ -57,22 +57,36 @@ class PoolHost:
             return False
         return True
 
-    def lookup(self, hashes: Sequence[int]) -> int:
-        """Leading ``hashes`` the pool holds (no transfer)."""
+    def _check(self) -> None:
         if not self._up():
             raise PoolUnavailable("the DDR pool is down")
-        return self.pool.lookup(hashes) if hashes else 0
+
+    def lookup(self, hashes: Sequence[int], skip: int = 0) -> int:
+        """How many of ``hashes`` past the first ``skip`` the pool serves (no transfer)."""
+        self._check()
+        return self.pool.lookup(hashes, skip, self.clock.now()) if hashes else 0
 
     def insert(self, hashes: Sequence[int]) -> int:
-        """Store ``hashes``; returns the new blocks."""
-        if not self._up():
-            raise PoolUnavailable("the DDR pool is down")
-        return self.pool.insert(hashes) if hashes else 0
+        """Put ``hashes``; returns the new blocks."""
+        self._check()
+        return self.pool.insert(hashes, self.clock.now()) if hashes else 0
 
-    async def load(self, hashes: Sequence[int], device: int) -> int:
-        """Look ``hashes`` up and move the leading ones found to ``device``'s HBM; returns how
-        many, once they are there."""
-        hits = self.lookup(hashes)
+    def store(self, hashes: Sequence[int], hbm_blocks: int = 0, ddr_blocks: int = 0) -> int:
+        """A prefill is done: write its prompt's blocks as the connector profile says."""
+        self._check()
+        return self.pool.store(hashes, hbm_blocks, ddr_blocks, self.clock.now())
+
+    def finish(self, prompt: Sequence[int], answer: Sequence[int], hbm_blocks: int = 0,
+               ddr_blocks: int = 0) -> int:
+        """A request is over: its answer's blocks and end-of-request refresh, as the profile
+        says."""
+        self._check()
+        return self.pool.finish(prompt, answer, hbm_blocks, ddr_blocks, self.clock.now())
+
+    async def load(self, hashes: Sequence[int], device: int, skip: int = 0) -> int:
+        """Look ``hashes`` up past the first ``skip`` and move the blocks served to ``device``'s
+        HBM; returns how many, once they are there."""
+        hits = self.lookup(hashes, skip)
         if hits == 0 or self.clock.time_scale <= 0:  # time scale 0: nothing ever waits
             return hits
         done = asyncio.get_running_loop().create_future()

@@ -2,9 +2,15 @@
 
 Endpoints (JSON; hashes are unsigned 64-bit integers):
 
-- ``POST /v1/lookup``  ``{"hashes": [h, ...]}`` -> ``{"hits": n}``, n = leading hashes present;
-  with ``"device": i`` the n blocks are also moved to engine i's HBM and the answer comes once
-  they are there (the transfer model of :mod:`emulator.pool_host`)
+- ``POST /v1/lookup``  ``{"hashes": [h, ...], "skip": s}`` -> ``{"hits": n}``, n = blocks past
+  the first s (the engine's HBM hit) the pool serves, found as its connector profile looks them
+  up; with ``"device": i`` the n blocks are also moved to engine i's HBM and the answer comes
+  once they are there (the transfer model of :mod:`emulator.pool_host`)
+- ``POST /v1/store``  ``{"hashes": [h, ...], "hbm_blocks": a, "ddr_blocks": b}`` ->
+  ``{"inserted": m}``: a prefill is done (a leading blocks came from HBM, b then from the pool);
+  its prompt's blocks are written as the profile says, m new
+- ``POST /v1/finish``  the same and ``"answer": [h, ...]`` -> ``{"inserted": m}``: a request is
+  over (decode blocks, end-of-request refresh, as the profile says)
 - ``POST /v1/insert``  ``{"hashes": [h, ...]}`` -> ``{"inserted": k}``, k = new blocks
 - either answers 503 while the pool is down (``--pool-fail``)
 - ``GET /v1/stats`` -> counters and occupancy; ``GET /health`` -> ``ok``
@@ -61,16 +67,22 @@ class PoolCollector(Collector):
 class PoolClient(Protocol):
     """How an engine instance talks to the DDR pool."""
 
-    async def lookup(self, hashes: Sequence[int]) -> int:
-        """Number of leading ``hashes`` the pool holds."""
-        ...
-
-    async def load(self, hashes: Sequence[int], device: int) -> int:
-        """Like :meth:`lookup`, returning once the blocks found are in ``device``'s HBM."""
+    async def load(self, hashes: Sequence[int], device: int, skip: int = 0) -> int:
+        """How many of ``hashes`` past the first ``skip`` the pool serves, returning once they
+        are in ``device``'s HBM."""
         ...
 
     async def insert(self, hashes: Sequence[int]) -> None:
-        """Store ``hashes`` in the pool."""
+        """Put ``hashes`` in the pool."""
+        ...
+
+    async def store(self, hashes: Sequence[int], hbm_blocks: int, ddr_blocks: int) -> None:
+        """A prefill is done: offer its prompt's blocks (the profile decides what is written)."""
+        ...
+
+    async def finish(self, prompt: Sequence[int], answer: Sequence[int], hbm_blocks: int,
+                     ddr_blocks: int) -> None:
+        """A request is over: its prompt's and answer's blocks (the profile decides)."""
         ...
 
     async def close(self) -> None:
@@ -84,17 +96,22 @@ class LocalPoolClient:
     def __init__(self, host: PoolHost) -> None:
         self.host = host
 
-    async def lookup(self, hashes: Sequence[int]) -> int:
+    async def load(self, hashes: Sequence[int], device: int, skip: int = 0) -> int:
         """See :class:`PoolClient`."""
-        return self.host.lookup(hashes)
-
-    async def load(self, hashes: Sequence[int], device: int) -> int:
-        """See :class:`PoolClient`."""
-        return await self.host.load(hashes, device) if hashes else 0
+        return await self.host.load(hashes, device, skip) if hashes else 0
 
     async def insert(self, hashes: Sequence[int]) -> None:
         """See :class:`PoolClient`."""
         self.host.insert(hashes)
+
+    async def store(self, hashes: Sequence[int], hbm_blocks: int, ddr_blocks: int) -> None:
+        """See :class:`PoolClient`."""
+        self.host.store(hashes, hbm_blocks, ddr_blocks)
+
+    async def finish(self, prompt: Sequence[int], answer: Sequence[int], hbm_blocks: int,
+                     ddr_blocks: int) -> None:
+        """See :class:`PoolClient`."""
+        self.host.finish(prompt, answer, hbm_blocks, ddr_blocks)
 
     async def close(self) -> None:
         """Nothing to release."""
@@ -114,36 +131,35 @@ class HttpPoolClient:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         return self._session
 
-    async def lookup(self, hashes: Sequence[int]) -> int:
-        """See :class:`PoolClient`."""
-        if not hashes:
-            return 0
-        async with self._client().post(
-            f"{self.base_url}/v1/lookup", json={"hashes": list(hashes)}
-        ) as resp:
+    async def _post(self, path: str, body: dict[str, Any]) -> Any:
+        async with self._client().post(f"{self.base_url}{path}", json=body) as resp:
             resp.raise_for_status()
-            body = await resp.json()
-        return int(body["hits"])
+            return await resp.json()
 
-    async def load(self, hashes: Sequence[int], device: int) -> int:
+    async def load(self, hashes: Sequence[int], device: int, skip: int = 0) -> int:
         """See :class:`PoolClient`."""
         if not hashes:
             return 0
-        async with self._client().post(
-            f"{self.base_url}/v1/lookup", json={"hashes": list(hashes), "device": device}
-        ) as resp:
-            resp.raise_for_status()
-            body = await resp.json()
+        body = await self._post("/v1/lookup", {"hashes": list(hashes), "device": device,
+                                               "skip": skip})
         return int(body["hits"])
 
     async def insert(self, hashes: Sequence[int]) -> None:
         """See :class:`PoolClient`."""
-        if not hashes:
-            return
-        async with self._client().post(
-            f"{self.base_url}/v1/insert", json={"hashes": list(hashes)}
-        ) as resp:
-            resp.raise_for_status()
+        if hashes:
+            await self._post("/v1/insert", {"hashes": list(hashes)})
+
+    async def store(self, hashes: Sequence[int], hbm_blocks: int, ddr_blocks: int) -> None:
+        """See :class:`PoolClient`."""
+        if hashes:
+            await self._post("/v1/store", {"hashes": list(hashes), "hbm_blocks": hbm_blocks,
+                                           "ddr_blocks": ddr_blocks})
+
+    async def finish(self, prompt: Sequence[int], answer: Sequence[int], hbm_blocks: int,
+                     ddr_blocks: int) -> None:
+        """See :class:`PoolClient`."""
+        await self._post("/v1/finish", {"hashes": list(prompt), "answer": list(answer),
+                                        "hbm_blocks": hbm_blocks, "ddr_blocks": ddr_blocks})
 
     async def close(self) -> None:
         """Close the HTTP session."""
@@ -163,18 +179,37 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-async def _read_body(request: web.Request) -> tuple[list[int], int | None] | web.Response:
+def _hash_list(body: Any, key: str) -> list[int] | None:
+    value = body.get(key) if isinstance(body, dict) else None
+    if not isinstance(value, list) or not all(_is_int(h) for h in value):
+        return None
+    return value
+
+
+def _count(body: dict[str, Any], key: str) -> int | None:
+    """A non-negative integer field (absent: 0), or None when it is anything else."""
+    value = body.get(key, 0)
+    return value if _is_int(value) and value >= 0 else None
+
+
+async def _read_body(request: web.Request) -> dict[str, Any] | web.Response:
+    """The JSON body with a valid ``hashes`` list, or the 400 that says what is wrong."""
     try:
         body: Any = await request.json()
     except ValueError:
         return _bad_request("body is not valid JSON")
-    hashes = body.get("hashes") if isinstance(body, dict) else None
-    if not isinstance(hashes, list) or not all(_is_int(h) for h in hashes):
+    if _hash_list(body, "hashes") is None:
         return _bad_request("'hashes' must be a list of integers")
+    assert isinstance(body, dict)
+    for key in ("skip", "hbm_blocks", "ddr_blocks"):
+        if _count(body, key) is None:
+            return _bad_request(f"'{key}' must be a non-negative integer")
     device = body.get("device")
     if device is not None and not (_is_int(device) and device >= 0):
         return _bad_request("'device' must be a non-negative integer")
-    return hashes, device
+    if "answer" in body and _hash_list(body, "answer") is None:
+        return _bad_request("'answer' must be a list of integers")
+    return body
 
 
 def _down(exc: PoolUnavailable) -> web.Response:
@@ -187,10 +222,11 @@ async def _lookup(request: web.Request) -> web.Response:
     body = await _read_body(request)
     if isinstance(body, web.Response):
         return body
-    hashes, device = body
+    hashes, device, skip = body["hashes"], body.get("device"), body.get("skip", 0)
     host = request.app[POOL_KEY]
     try:
-        hits = host.lookup(hashes) if device is None else await host.load(hashes, device)
+        hits = (host.lookup(hashes, skip) if device is None
+                else await host.load(hashes, device, skip))
     except PoolUnavailable as exc:
         return _down(exc)
     return web.json_response({"hits": hits})
@@ -201,9 +237,35 @@ async def _insert(request: web.Request) -> web.Response:
     if isinstance(body, web.Response):
         return body
     try:
-        return web.json_response({"inserted": request.app[POOL_KEY].insert(body[0])})
+        return web.json_response({"inserted": request.app[POOL_KEY].insert(body["hashes"])})
     except PoolUnavailable as exc:
         return _down(exc)
+
+
+async def _store(request: web.Request) -> web.Response:
+    body = await _read_body(request)
+    if isinstance(body, web.Response):
+        return body
+    host = request.app[POOL_KEY]
+    try:
+        inserted = host.store(body["hashes"], body.get("hbm_blocks", 0),
+                              body.get("ddr_blocks", 0))
+    except PoolUnavailable as exc:
+        return _down(exc)
+    return web.json_response({"inserted": inserted})
+
+
+async def _finish(request: web.Request) -> web.Response:
+    body = await _read_body(request)
+    if isinstance(body, web.Response):
+        return body
+    try:
+        inserted = request.app[POOL_KEY].finish(body["hashes"], body.get("answer", []),
+                                                body.get("hbm_blocks", 0),
+                                                body.get("ddr_blocks", 0))
+    except PoolUnavailable as exc:
+        return _down(exc)
+    return web.json_response({"inserted": inserted})
 
 
 async def _stats(request: web.Request) -> web.Response:
@@ -228,6 +290,8 @@ def make_pool_app(host: PoolHost) -> web.Application:
     app[REGISTRY_KEY] = registry
     app.router.add_post("/v1/lookup", _lookup)
     app.router.add_post("/v1/insert", _insert)
+    app.router.add_post("/v1/store", _store)
+    app.router.add_post("/v1/finish", _finish)
     app.router.add_get("/v1/stats", _stats)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)

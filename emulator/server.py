@@ -322,7 +322,7 @@ class EngineServer:
             body_out = full_response(req, new_id(kind), "".join(pieces), self._usage(admission))
             return web.json_response(body_out)
         finally:
-            self.model.finish(admission)
+            await self._finished(admission)
 
     async def _admit(self, tokens: list[int], max_tokens: int, pieces: list[str]) -> Admission:
         arrived = self.clock.now()
@@ -331,7 +331,7 @@ class EngineServer:
         if self.pool is not None:
             try:
                 # Returns once the blocks found are in this instance's HBM (the pool's links).
-                ddr = await self.pool.load(probe.ddr_candidates, self.index)
+                ddr = await self.pool.load(probe.pool_hashes, self.index, probe.hbm_blocks)
             except Exception as exc:  # an unreachable pool is a miss, as with a real connector
                 log.warning("pool_lookup_failed", engine_id=self.engine_id, error=str(exc))
                 ddr = 0
@@ -341,13 +341,25 @@ class EngineServer:
                                 arrival=arrived if self.pool is not None else None)
 
     async def _prefilled(self, admission: Admission) -> None:
-        """Wait for the first token, then publish the computed blocks to the pool."""
+        """Wait for the first token, then offer the prompt's blocks to the pool (its connector
+        profile decides what it writes)."""
         await self.clock.sleep_until(admission.slot.first_token)
         if self.pool is not None and admission.to_pool:
             try:
-                await self.pool.insert(admission.to_pool)
+                await self.pool.store(admission.to_pool, admission.hbm_blocks,
+                                      admission.ddr_blocks)
             except Exception as exc:
                 log.warning("pool_insert_failed", engine_id=self.engine_id, error=str(exc))
+
+    async def _finished(self, admission: Admission) -> None:
+        """The request is over: the pool hears of it (decode blocks, end-of-request refresh)."""
+        self.model.finish(admission)
+        if self.pool is not None:
+            try:
+                await self.pool.finish(admission.to_pool, admission.answer, admission.hbm_blocks,
+                                       admission.ddr_blocks)
+            except Exception as exc:
+                log.warning("pool_finish_failed", engine_id=self.engine_id, error=str(exc))
 
     @staticmethod
     def _usage(admission: Admission) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import argparse
 
 from emulator.options import EmulatorOptions
 from emulator.pool_faults import pool_window
+from emulator.pool_profiles import DEFAULT_PROFILE, PROFILES
 
 DEFAULT_BLOCK_SIZE = 128  # vLLM-Ascend's block, as on the bank's fleet
 
@@ -24,8 +25,9 @@ _FIELDS: tuple[tuple[str, type, str], ...] = (
     ("pool_gbps", float, "DDR pool->HBM aggregate of the whole pool, GB/s; 0 = no limit"),
     ("devices_per_node", int, "engines per node (they share the node's link)"),
     ("transfer_fixed_ms", float, "fixed cost of every DDR transfer, ms"),
-    ("pool_high_watermark", float, "the pool evicts once it holds this share of its capacity"),
-    ("pool_low_watermark", float, "... down to this share"),
+    ("pool_high_watermark", float, "the pool evicts once it holds this share of its capacity "
+                                   "(default: the connector's)"),
+    ("pool_low_watermark", float, "... down to this share (default: the connector's)"),
     ("max_num_seqs", int, "concurrent requests per engine"),
 )
 LIST_FIELDS = ("ddr_tokens", "node_gbps")  # `kvgate plan` tries several of each
@@ -76,6 +78,10 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, engines: int,
                            default=[default] if several and default is not None else default,
                            help=f"{text}{', comma-separated to try several' if several else ''}"
                                 f" (%(default)s)")
+    group.add_argument("--pool-connector", choices=list(PROFILES), default=DEFAULT_PROFILE,
+                       help="whose rules fill and evict the DDR pool: what a lookup refreshes, "
+                            "what a request writes, how the pool evicts (%(default)s, the "
+                            "bank's stack; docs/benchmarks.md cites each rule's source)")
     group.add_argument("--pool-fail", type=pool_window(False), action="append", default=[],
                        metavar="T@DURATION",
                        help="the DDR pool is down from emulated second T for DURATION seconds "
@@ -89,6 +95,7 @@ def add_fleet_arguments(parser: argparse.ArgumentParser, engines: int,
 def emulator_options(args: argparse.Namespace, time_scale: float = 1.0) -> EmulatorOptions:
     options = EmulatorOptions(instances=args.engines, block_size=args.block_size,
                               time_scale=time_scale, pool_fail=tuple(args.pool_fail),
+                              pool_connector=args.pool_connector,
                               pool_slow=tuple(args.pool_slow),
                               **{name: getattr(args, name) for name, _, _ in _FIELDS})
     try:
@@ -102,7 +109,8 @@ def emulator_options(args: argparse.Namespace, time_scale: float = 1.0) -> Emula
 
 def emulator_flags(options: EmulatorOptions) -> tuple[str, ...]:
     """The same options as `python -m emulator` flags (instances and time scale excluded)."""
-    flags: list[str] = ["--block-size", str(options.block_size)]
+    flags: list[str] = ["--block-size", str(options.block_size),
+                        "--pool-connector", options.pool_connector]
     for name, _, _ in _FIELDS:
         value = getattr(options, name)
         if value is not None:

@@ -231,7 +231,9 @@ def pool_description(options: EmulatorOptions) -> dict[str, object]:
     return {"ddr_gbps": options.ddr_gbps, "node_gbps": options.node_gbps,
             "pool_gbps": options.pool_gbps, "devices_per_node": options.devices_per_node,
             "transfer_fixed_ms": options.transfer_fixed_ms,
-            "pool_watermarks": [options.pool_high_watermark, options.pool_low_watermark],
+            "pool_connector": options.pool_connector,
+            "pool_profile": options.pool_profile.describe(),
+            "pool_watermarks": list(options.pool_watermarks),
             "pool_fail": [w.describe() for w in options.pool_fail],
             "pool_slow": [w.describe() for w in options.pool_slow]}
 

@@ -99,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
                      "node_gbps": o.node_gbps,
                      **figures, "meets_goal": goal.met_by(figures)})
     document = {"workload": {**workload.describe, "block_size": options[0].block_size,
+                             "pool_connector": options[0].pool_connector,
                              **router_description(runs[0][1]), "tool": "kvgate plan"},
                 "mode": str(args.mode),
                 "goal": {"ttft_p99_s": goal.ttft_p99_s, "min_hit_rate": goal.min_hit_rate,

@@ -4,12 +4,14 @@ Each engine is the emulator's ``EngineModel`` (prefix cache, FCFS slots and pref
 same TTFT formula), the DDR pool the emulator's ``DdrPool``; the engine's schedule is closed form,
 so an arrival is admitted at once (the engine looks it up in HBM as of its prefill start and
 unpins its blocks at its finish by itself) and its first token and finish are pushed on the heap.
-A DDR write happens at the first token, as in the emulator; a request counts when its last token
-is out. A request with blocks to read from the DDR pool first waits for their transfer (the
-emulator's ``TransferModel``: shared device and node links, max-min fair, a fixed cost), whose end
-is an event too; it is then admitted, its TTFT counted from its arrival (vLLM's asynchronous KV
-connectors load while the engine prefills other requests). The pool can be down or slow for
-windows (``PoolFaults``): down, every lookup misses and nothing is stored, and it comes back empty.
+The pool is written as its connector profile says (``emulator.pool_profiles``): the prompt's
+blocks at the first token, the answer's (and a profile's end-of-request refresh) at the last, as
+in the emulator; a request counts when its last token is out. A request with blocks to read from
+the DDR pool first waits for their transfer (the emulator's ``TransferModel``: shared device and
+node links, max-min fair, a fixed cost), whose end is an event too; it is then admitted, its TTFT
+counted from its arrival (vLLM's asynchronous KV connectors load while the engine prefills other
+requests). The pool can be down or slow for windows (``PoolFaults``): down, every lookup misses
+and nothing is stored, and it comes back empty.
 A failed engine loses its HBM and every request it has not finished (they count as errors, and
 their sessions ask again after the think time, as a user who saw the error would); a draining
 engine keeps its sessions but gets no new ones (kvgate) or leaves the load balancer (Envoy modes).
@@ -46,7 +48,7 @@ from workload.model import Workload
 if TYPE_CHECKING:  # only with the bench extra, imported when a progress bar is wanted
     from tqdm import tqdm
 
-_FIRST, _FINISH, _FLEET, _LOADED, _POOL = 0, 1, 2, 3, 4
+_FIRST, _FINISH, _FLEET, _LOADED, _POOL, _POOL_END = 0, 1, 2, 3, 4, 5
 # What a heap entry carries: a fleet event, a request's admission (engine, generation, admission,
 # request), a transfer's id once its blocks are loaded, or None for a pool fault's change.
 _Entry: TypeAlias = "FleetEvent | tuple[int, int, Admission, int] | int | None"
@@ -129,8 +131,11 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
             raise ValueError(f"no engine {event.engine} (engines are 0..{n - 1})")
     fleet = _Fleet(options.engine_config(), n)
     index = {a: i for i, a in enumerate(addresses)}
-    pool = (DdrPool(options.pool_tokens, options.block_size, options.pool_high_watermark,
-                    options.pool_low_watermark) if mode.ddr_pool else None)
+    pool = (DdrPool(options.pool_tokens, options.block_size, options.pool_connector,
+                    options.pool_high_watermark, options.pool_low_watermark)
+            if mode.ddr_pool else None)
+    # Whether the pool hears of a request's end (it saves decode blocks or refreshes then).
+    pool_end = pool is not None and (pool.profile.store_decode or pool.profile.touch_at_end)
     transfers = TransferModel(options.transfer_params()) if pool is not None else None
     faults = PoolFaults(options.pool_windows)
     block_bytes = options.block_size * options.kv_bytes_per_token
@@ -205,12 +210,14 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
         event = (e, generation[e], admission, i)
         if pool is not None:  # the first token only matters for the pool write
             heapq.heappush(heap, (admission.slot.first_token, seq, _FIRST, event))
+        if pool_end:
+            heapq.heappush(heap, (admission.slot.finish, seq + 2, _POOL_END, event))
         if breakable:
             unfinished[e][i] = admission
             heapq.heappush(heap, (admission.slot.finish, seq + 1, _FINISH, event))
         else:  # nothing can fail: the schedule is final now
             served(i, admission)
-        seq += 2
+        seq += 3
 
     def loaded(tid: int, at: float) -> None:
         e, gen, probe, i, ddr, arrival, ask = loading.pop(tid)
@@ -250,7 +257,12 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
                 continue  # its engine failed; counted then
             if kind == _FIRST:
                 if pool is not None and pool_up[0]:
-                    pool.insert(admission.to_pool)
+                    pool.store(admission.to_pool, admission.hbm_blocks, admission.ddr_blocks,
+                               at)
+            elif kind == _POOL_END:
+                if pool is not None and pool_up[0]:
+                    pool.finish(admission.to_pool, admission.answer, admission.hbm_blocks,
+                                admission.ddr_blocks, at)
             else:
                 del unfinished[e][i]
                 served(i, admission)
@@ -279,7 +291,7 @@ async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfi
         if pool is None:
             ddr = None
         elif pool_up[0] and probe.hbm_blocks < probe.limit_blocks:
-            ddr = pool.lookup(probe.ddr_candidates)
+            ddr = pool.lookup(probe.pool_hashes, probe.hbm_blocks, now)
         else:
             ddr = 0
         if ddr and transfers is not None:

@@ -17,6 +17,7 @@ import yaml
 
 from emulator.command import time_scale
 from emulator.options import EmulatorOptions
+from emulator.pool_profiles import DEFAULT_PROFILE, PROFILES
 from kvgate.admin_api.auth import TOKEN_ENV
 from kvgate.admin_api.token_file import token_path
 from kvgate.config import Config, ConfigError
@@ -49,6 +50,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-scale", default="1",
         help="emulated engines only: wall seconds per emulated second, e.g. 1/60 (default 1)",
+    )
+    parser.add_argument(
+        "--pool-connector", choices=list(PROFILES), default=DEFAULT_PROFILE,
+        help="emulated engines only: whose rules fill and evict their shared DDR pool "
+        "(default %(default)s, the bank's stack)",
     )
     parser.add_argument(
         "--ports", metavar="auto|BASE",
@@ -149,7 +155,8 @@ async def _up(config: Config, args: argparse.Namespace) -> int:
         config, workdir.path, report=_say,
         emulated_engines=0 if config.pools else args.emulated,
         emulator_args=("--time-scale", args.time_scale,
-                       "--processes", str(args.emulator_processes)),
+                       "--processes", str(args.emulator_processes),
+                       "--pool-connector", args.pool_connector),
     )
     try:
         return await _run(stack, stop)

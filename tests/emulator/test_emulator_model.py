@@ -98,7 +98,8 @@ def test_repeat_hits_full_blocks_only_and_keeps_one_token_to_compute() -> None:
     run(m, toks(32, 1000))
     again = run(m, toks(32, 1000))
     assert again.hbm_hit_tokens == 16
-    assert again.to_pool == again.hashes[1:]
+    # The pool is offered every full prompt block; the first came from HBM.
+    assert again.to_pool == again.hashes[:2] and again.hbm_blocks == 1
     assert m.stats.prefix_cache_queries == 40 + 40 + 32 + 32
     assert m.stats.prefix_cache_hits == 32 + 16
 
@@ -233,14 +234,14 @@ def test_engine_on_a_sibling_hits_the_pool_after_its_own_hbm() -> None:
     a, b = model(), model()
     prompt = toks(100)  # 6 full blocks, cap 6 (99 // 16)
     adm = run(a, prompt, ddr=pool.lookup(a.probe(0.0, prompt).ddr_candidates))
-    pool.insert(adm.to_pool)
+    pool.store(adm.to_pool, adm.hbm_blocks, adm.ddr_blocks)
     assert len(pool) == 6
     run(b, toks(40), ddr=0)  # b has the first 2 blocks in HBM already
     probe = b.probe(0.0, prompt)
     assert probe.hbm_blocks == 2 and probe.ddr_candidates == probe.hashes[2:6]
     adm_b = run(b, prompt, ddr=pool.lookup(probe.ddr_candidates))
     assert (adm_b.hbm_hit_tokens, adm_b.ddr_hit_tokens, adm_b.cached_tokens) == (32, 64, 96)
-    assert adm_b.to_pool == []
+    assert pool.store(adm_b.to_pool, adm_b.hbm_blocks, adm_b.ddr_blocks) == 0  # all held
     assert b.stats.external_prefix_cache_hits == 64
     assert b.stats.external_prefix_cache_queries == 40 + 100
     no_pool = model()
