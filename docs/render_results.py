@@ -1,5 +1,5 @@
 """Put each committed result's table into the docs: every `<!-- result: NAME -->` ...
-`<!-- /result -->` block of README.md and docs/benchmarks.md gets docs/results/NAME.md (or
+`<!-- /result -->` block of README.md and docs/*.md gets docs/results/NAME.md (or
 docs/results/sweep/NAME.md) without its title, so the docs quote exactly what the documented
 commands wrote. Run from the repository's root after regenerating results:
 `python docs/render_results.py`."""
@@ -51,7 +51,7 @@ def render(text: str) -> str:
 
 
 def main() -> int:
-    for doc in (ROOT / "README.md", ROOT / "docs" / "benchmarks.md"):
+    for doc in (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))):
         doc.write_text(render(doc.read_text()))
     return 0
 

@@ -5,6 +5,7 @@ instances) holding what the simulator's would for the same requests."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import aiohttp
 import pytest
@@ -195,23 +196,39 @@ def _requests() -> list[tuple[int, list[int]]]:
 
 @pytest.mark.parametrize("profile", ALL)
 async def test_the_emulator_and_the_simulator_leave_the_same_pool(profile: str) -> None:
-    options = EmulatorOptions(instances=2, block_size=BS, time_scale=0, pool_connector=profile,
+    options = EmulatorOptions(instances=1, block_size=BS, time_scale=0, pool_connector=profile,
                               ddr_tokens=24 * BS)
     # The simulator's way: the engine model and the pool model called directly.
     engines = [EngineModel(options.engine_config()) for _ in range(2)]
     expected = DdrPool(options.pool_tokens, BS, profile)
     for instance, tokens in _requests():
         _turn(engines[instance], expected, tokens)
-    # The emulator's: real instances over HTTP, the pool behind them.
-    fleet = Fleet(options)
-    fleet.clock = _FixedClock()
-    async with fleet, aiohttp.ClientSession() as http:
-        for instance, tokens in _requests():
-            async with http.post(f"http://{fleet.engines[instance]}/v1/completions",
-                                 json={"model": options.model, "prompt": tokens,
-                                       "max_tokens": 1}) as resp:
-                assert resp.status == 200, await resp.text()
-        assert fleet.pool is not None
-        assert fleet.pool.evictions > 0  # the sequence does make the pool evict
-        assert fleet.pool.keys() == expected.keys()
-        assert fleet.pool.stats() == expected.stats()
+    # The emulator's: real instances over HTTP, the first beside the pool (called in-process),
+    # the second in a fleet of its own that reaches the pool over HTTP.
+    host = Fleet(options)
+    host.clock = _FixedClock()
+    async with host:
+        assert host.pool_url is not None and host.pool is not None
+        joined = Fleet(replace(options, pool_url=host.pool_url))
+        async with joined, aiohttp.ClientSession() as http:
+            urls = [host.engines[0], joined.engines[0]]
+            for instance, tokens in _requests():
+                async with http.post(f"http://{urls[instance]}/v1/completions",
+                                     json={"model": options.model, "prompt": tokens,
+                                           "max_tokens": 1}) as resp:
+                    assert resp.status == 200, await resp.text()
+        assert host.pool.evictions > 0  # the sequence does make the pool evict
+        assert host.pool.keys() == expected.keys()
+        assert host.pool.stats() == expected.stats()
+
+
+async def test_the_pool_service_refuses_a_bad_store_and_says_which_field() -> None:
+    async with Fleet(EmulatorOptions(instances=1, time_scale=0)) as fleet, \
+            aiohttp.ClientSession() as http:
+        for body, field in (({"hashes": [1], "hbm_blocks": -1}, "hbm_blocks"),
+                            ({"hashes": [1], "answer": ["x"]}, "answer"),
+                            ({"hashes": "1"}, "hashes")):
+            async with http.post(f"{fleet.pool_url}/v1/store", json=body) as resp:
+                assert resp.status == 400
+                assert field in (await resp.json())["error"]["message"]
+        assert fleet.pool is not None and len(fleet.pool) == 0

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Every committed simulation and plan in docs/results, regenerated from a clone (the results of
+# `kvgate bench --compare` and `kvgate profile` are not here: they run the real stack, see
+# docs/benchmarks.md). Then `python docs/render_results.py` puts the tables into the docs and
+# `python bench/pool_sweep.py render` draws the load sweep's charts.
+#
+#   docs/regenerate.sh [GROUP...]    groups: results plans sweep profiles load load-profiles
+#                                    (default: all of them, in that order)
+#   JOBS=N                           commands run N at a time (default 2)
+#
+# Each line is one command; all of them are deterministic (fixed seeds).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+JOBS=${JOBS:-2}
+S="kvgate simulate --jobs 1 --quiet"
+P="kvgate plan --jobs 1"
+SMALL_BANK=127.0.0.1:27961,127.0.0.1:27962,127.0.0.1:27963,127.0.0.1:27964
+SMALL_TRACE=127.0.0.1:59707,127.0.0.1:55915,127.0.0.1:42503,127.0.0.1:40213,127.0.0.1:54651,127.0.0.1:59519,127.0.0.1:40849,127.0.0.1:41567
+TRACE=traces/mooncake_conversation_trace.jsonl.gz
+DDR_MODES=affinity+ddr,round_robin+ddr,sticky+ddr,prefix-score,kv-cost,bounded-hash
+
+group_results() {
+    echo "$S --out docs/results"
+    echo "$S --workload agentic-coding --out docs/results"
+    echo "$S --workload agentic-coding --sessions 960 --out docs/results --name simulate-agentic-coding-960"
+    echo "$S --fail 3@1800 --drain 5@1200 --out docs/results --name simulate-failover-bank-coding"
+    echo "$S --pool-fail 1800@600 --out docs/results --name simulate-pool-fail-bank-coding"
+    echo "$S --pool-hbm-multiple 1 --out docs/results --name simulate-small-pool-bank-coding"
+    echo "$S --pool-slow 0@3600:0.25 --out docs/results --name simulate-slow-pool-bank-coding"
+    echo "$S --context-sigma 1.0 --turns-mean 10 --out docs/results --name simulate-skewed-bank-coding"
+    echo "$S --trace $TRACE --out docs/results"
+    echo "$S --engines 4 --sessions 400 --duration-s 1800 --addresses $SMALL_BANK --out docs/results --name simulate-small-bank-coding"
+    echo "$S --trace $TRACE --trace-limit 2000 --engines 8 --addresses $SMALL_TRACE --out docs/results --name simulate-small-mooncake-trace"
+    echo "kvgate simulate --jobs 2 --quiet --engines 1000 --sessions 100000 --block-size 512 --modes round_robin,ring_hash,affinity,round_robin+ddr,affinity+ddr,sticky+ddr --out docs/results --name simulate-fleet-1000-engines"
+}
+
+group_plans() {
+    echo "$P --engines 4,5,6,8,10,12,16 --out docs/results"
+    echo "$P --mode sticky+ddr --engines 4,5,6,8,10,12,16 --out docs/results --name plan-sticky-ddr-bank-coding"
+    echo "$P --mode round_robin+ddr --engines 4,5,6,8,10,12,16 --out docs/results --name plan-round-robin-ddr-bank-coding"
+    echo "$P --mode round_robin --engines 16,24,32,36,40,48 --out docs/results --name plan-round-robin-bank-coding"
+    echo "$P --engines 12 --ddr-tokens 5000000,10000000,20000000,50000000 --out docs/results --name plan-ddr-bank-coding"
+    echo "$P --engines 16 --node-gbps 9,18,36,72,144 --out docs/results --name plan-bandwidth-affinity-ddr-bank-coding"
+    echo "$P --engines 16 --node-gbps 9,18,36,72,144 --mode round_robin+ddr --out docs/results --name plan-bandwidth-round-robin-ddr-bank-coding"
+    echo "$P --context-sigma 1.0 --turns-mean 10 --engines 6,8,10,12,16 --out docs/results --name plan-skewed-bank-coding"
+    echo "$P --context-sigma 1.0 --turns-mean 10 --engines 6,8,10,12,16 --mode sticky+ddr --out docs/results --name plan-skewed-sticky-ddr-bank-coding"
+}
+
+group_sweep() {
+    for e in 16 64 256; do for s in 1500 1000 500 0; do
+        echo "$S --engines $e --system-tokens $s --modes round_robin,affinity+ddr --out docs/results/sweep --name sweep-$e-$s"
+    done; done
+}
+
+# The key scenarios under the connector profiles other than the default (whose runs are the
+# committed results above): the modes that use the pool.
+group_profiles() {
+    for c in lmcache mooncake vllm-offload; do
+        local o="--pool-connector $c --modes $DDR_MODES --out docs/results/profiles"
+        echo "$S $o --name bank-coding-$c"
+        echo "$S --workload agentic-coding $o --name agentic-coding-480-$c"
+        echo "$S --workload agentic-coding --sessions 960 $o --name agentic-coding-960-$c"
+        echo "$S --pool-hbm-multiple 1 $o --name small-pool-bank-coding-$c"
+        echo "$S --pool-fail 1800@600 $o --name pool-fail-bank-coding-$c"
+        echo "$S --trace $TRACE $o --name mooncake-trace-$c"
+    done
+}
+
+# The load sweep, default profile, every mode (480 and 960 agentic sessions and the default
+# bank-coding load are the committed results above).
+group_load() {
+    for n in 240 1440 1920; do
+        echo "$S --workload agentic-coding --sessions $n --out docs/results/load --name agentic-coding-$n"
+    done
+    for n in 1600 6400 9600; do
+        echo "$S --sessions $n --out docs/results/load --name bank-coding-$n"
+    done
+}
+
+# ... and under the other profiles, for kvgate, round robin with the pool and prefix-score.
+group_load_profiles() {
+    for c in lmcache mooncake vllm-offload; do
+        local o="--pool-connector $c --modes affinity+ddr,round_robin+ddr,prefix-score --out docs/results/load"
+        for n in 240 480 960 1440 1920; do
+            echo "$S --workload agentic-coding --sessions $n $o --name agentic-coding-$n-$c"
+        done
+        for n in 1600 3200 6400 9600; do
+            echo "$S --sessions $n $o --name bank-coding-$n-$c"
+        done
+    done
+}
+
+groups=("$@")
+[ ${#groups[@]} -gt 0 ] || groups=(results plans sweep profiles load load-profiles)
+for g in "${groups[@]}"; do
+    "group_${g//-/_}"
+done | xargs -P "$JOBS" -I{} sh -c 'echo "+ {}" >&2; {} > /dev/null'
