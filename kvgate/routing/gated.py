@@ -53,7 +53,7 @@ class GatedPolicy:
         self.clock = clock  # the load board's clock
         self.recent = recent if recent is not None else RecentSessions()
         self.mix = mix if mix is not None else PrefillMix()  # what booked requests cost
-        self.estimate = Estimate(default_terms(cost) if terms is None else terms)
+        self.estimate = Estimate(default_terms(cost, config) if terms is None else terms)
         self.hooks: tuple[BookingHook, ...] = (Ledger(cost, board, self.recent, self.mix),)
 
     def known(self, pool: str, session: str, prompt_tokens: int) -> Known:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from kvgate.placement.cost import EngineCost
+from kvgate.placement.gate import GateConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +77,10 @@ class Prefill:
         return self.cost.prefill_s(c.prompt_tokens - c.hbm_tokens - c.ddr_tokens)
 
 
-def default_terms(cost: EngineCost) -> tuple[Term, ...]:
-    """The gate's terms. A new signal is appended here."""
+def default_terms(cost: EngineCost, gate: GateConfig) -> tuple[Term, ...]:
+    """The gate's terms, from the two config sections a term may read (`placement.engine_cost`,
+    `placement.load_gate`). A new signal is appended here."""
+    del gate  # no term reads the gate's section yet
     return (QueueWait(), DdrRead(cost), Prefill(cost))
 
 
