@@ -118,17 +118,7 @@ class ExtProcService:
             bytes_per_token=None if policy is STATIC
             else config.placement.load_gate.bytes_per_token,
         )
-        if self._http_socket is not None:
-            self._http = HttpProcessor(handler)
-            await self._http.serve(self._http_socket)
-        else:
-            assert self._server is not None
-            self._server.add_generic_rpc_handlers(
-                (ExternalProcessor(handler).generic_handler(),)
-            )
-            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-            await self._server.start()
-            await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._serve(handler)
         if self._options.metrics is not None:
             self._metrics_server = MetricsServer(
                 self.metrics.registry, self._options.metrics.host, self._options.metrics.port
@@ -140,6 +130,18 @@ class ExtProcService:
                  transport=config.ext_proc.transport,
                  etcd=list(self._options.etcd_endpoints) or None,
                  **(self._etcd_security.describe() if self._etcd_security else {}))
+
+    async def _serve(self, handler: RequestHandler) -> None:
+        """The transport bound at start answers with the core's pipeline (through `handler`)."""
+        if self._http_socket is not None:
+            self._http = HttpProcessor(handler)
+            await self._http.serve(self._http_socket)
+            return
+        assert self._server is not None
+        self._server.add_generic_rpc_handlers((ExternalProcessor(handler).generic_handler(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        await self._server.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
 
     def _policy(self) -> Policy:
         """`placement.load_gate`: the gate over this replica's load board, fed by the engines'
