@@ -1,5 +1,6 @@
-"""CPU per sticky decision in-process, with the load gate off and on: no transport, the
-RequestHandler and Decider over an in-memory store, 4 engines in one DDR pool.
+"""CPU per sticky decision in-process, with the load gate off and on: no transport, the core's
+RequestHandler and Pipeline (kvgate.routing) over an in-memory store, 4 engines in one DDR
+pool.
 
     python bench/decision_cost.py [--decisions 200000] [--sessions 1000]
 
@@ -18,16 +19,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ext_proc.decide import Decider
-from ext_proc.handling import RequestHandler
-from ext_proc.metrics import ExtProcMetrics
-from ext_proc.sources import SessionSources
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.config import load_text
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig, LoadGate
+from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
+from kvgate.routing import STATIC, GatedPolicy, Pipeline, Policy
+from kvgate.routing.handler import DecisionMetrics, RequestHandler
+from kvgate.routing.sources import SessionSources
 
 CONFIG = load_text("pools: [{name: p, kv_pool: a, endpoints: "
                    "[10.0.0.1:1, 10.0.0.2:1, 10.0.0.3:1, 10.0.0.4:1]}]\n")
@@ -35,10 +35,10 @@ CONFIG = load_text("pools: [{name: p, kv_pool: a, endpoints: "
 
 async def per_decision(gate_on: bool, decisions: int, sessions: int) -> float:
     """CPU seconds per sticky decision."""
-    gate = (LoadGate(EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
-                     GateConfig(), LoadBoard()) if gate_on else None)
-    decider = Decider(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, gate=gate)
-    handler = RequestHandler(decider, SessionSources(CONFIG.session), ExtProcMetrics(), "p",
+    policy: Policy = (GatedPolicy(EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
+                                  GateConfig(), LoadBoard()) if gate_on else STATIC)
+    pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, policy=policy)
+    handler = RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics(), "p",
                              bytes_per_token=4.0 if gate_on else None)
     headers = [{"x-session-id": f"bench-{i}".encode(), "content-length": b"2000"}
                for i in range(sessions)]

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # run from a checkout: `emulator` is imported from the tree
 
 from emulator.command import time_scale  # noqa: E402
+from kvgate.contract import vllm  # noqa: E402
 from workload.text import vocabulary  # noqa: E402
 
 
@@ -48,16 +49,18 @@ def start(instances: int, processes: int, scale: float, ready: Path) -> subproce
     return proc
 
 
+_TTFT_SUM = f"{vllm.TIME_TO_FIRST_TOKEN_SECONDS}_sum"
+_TTFT_COUNT = f"{vllm.TIME_TO_FIRST_TOKEN_SECONDS}_count"
+
+
 async def model_ttft(http: aiohttp.ClientSession, engines: list[str]) -> tuple[float, float]:
     """(sum, count) of the engines' TTFT histograms."""
     total = count = 0.0
     for engine in engines:
         async with http.get(f"http://{engine}/metrics") as reply:
-            for line in (await reply.text()).splitlines():
-                if line.startswith("vllm:time_to_first_token_seconds_sum"):
-                    total += float(line.split()[-1])
-                elif line.startswith("vllm:time_to_first_token_seconds_count"):
-                    count += float(line.split()[-1])
+            sums = vllm.read_samples(await reply.text(), (_TTFT_SUM, _TTFT_COUNT))
+            total += sums.get(_TTFT_SUM, 0.0)
+            count += sums.get(_TTFT_COUNT, 0.0)
     return total, count
 
 

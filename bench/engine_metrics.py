@@ -7,13 +7,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
-from prometheus_client.parser import text_string_to_metric_families
+
+from kvgate.contract import vllm
 
 _COUNTERS = {
-    "vllm:prefix_cache_queries": "queries",
-    "vllm:prefix_cache_hits": "hits",
-    "vllm:external_prefix_cache_hits": "external_hits",
-    "vllm:request_success": "requests",
+    vllm.total(vllm.PREFIX_CACHE_QUERIES): "queries",
+    vllm.total(vllm.PREFIX_CACHE_HITS): "hits",
+    vllm.total(vllm.EXTERNAL_PREFIX_CACHE_HITS): "external_hits",
+    vllm.total(vllm.REQUEST_SUCCESS): "requests",
 }
 
 
@@ -36,15 +37,8 @@ class CacheCounters:
 
 
 def parse_counters(text: str) -> CacheCounters:
-    found = dict.fromkeys(_COUNTERS.values(), 0.0)
-    for family in text_string_to_metric_families(text):
-        key = _COUNTERS.get(family.name)
-        if key is None:
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_total"):
-                found[key] += sample.value
-    return CacheCounters(**found)
+    sums = vllm.read_samples(text, _COUNTERS)
+    return CacheCounters(**{key: sums.get(name, 0.0) for name, key in _COUNTERS.items()})
 
 
 async def scrape_each(http: aiohttp.ClientSession,

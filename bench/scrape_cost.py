@@ -4,7 +4,7 @@ engines (one GET /metrics each, concurrently, keep-alive), measured in this proc
     python bench/scrape_cost.py [--engines 4,16,64] [--rounds 200]
 
 The engines are one emulator process (its CPU is not counted); the scraper is ext_proc's own
-(ext_proc.engine_load). At refresh_s = 0.1, a replica runs 10 rounds a second: multiply.
+(kvgate.routing.engine_load). At refresh_s = 0.1, a replica runs 10 rounds a second: multiply.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry
 
-from ext_proc.engine_load import EngineLoadScraper, EngineScrapeMetrics
-from ext_proc.recent import PrefillMix
 from kvgate.placement.live import LoadBoard
+from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
+from kvgate.routing.recent import PrefillMix
 from kvgate.runtime.child import Child
 
 

@@ -1,4 +1,5 @@
-"""Prometheus exposition of an engine's counters under vLLM's metric names.
+"""Prometheus exposition of an engine's counters under vLLM's metric names (the names kvgate's
+readers use too: kvgate.contract.vllm).
 
 The model keeps plain integers (cheap on the hot path, readable by a simulator); this collector
 turns them into metric families at scrape time. Each instance gets its own CollectorRegistry
@@ -19,6 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from emulator.engine_model import EngineModel
+from kvgate.contract import vllm
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -48,38 +50,38 @@ class EngineCollector(Collector):
             return family
 
         yield counter(
-            "vllm:prefix_cache_queries",
+            vllm.PREFIX_CACHE_QUERIES,
             "Prefix cache queries, in terms of number of queried tokens.",
             stats.prefix_cache_queries,
         )
         yield counter(
-            "vllm:prefix_cache_hits",
+            vllm.PREFIX_CACHE_HITS,
             "Prefix cache hits, in terms of number of cached tokens.",
             stats.prefix_cache_hits,
         )
         yield counter(
-            "vllm:external_prefix_cache_queries",
+            vllm.EXTERNAL_PREFIX_CACHE_QUERIES,
             "External prefix cache queries from KV connector, in terms of queried tokens.",
             stats.external_prefix_cache_queries,
         )
         yield counter(
-            "vllm:external_prefix_cache_hits",
+            vllm.EXTERNAL_PREFIX_CACHE_HITS,
             "External prefix cache hits from KV connector, in terms of cached tokens.",
             stats.external_prefix_cache_hits,
         )
-        yield counter("vllm:prompt_tokens", "Number of prefill tokens processed.",
+        yield counter(vllm.PROMPT_TOKENS, "Number of prefill tokens processed.",
                       stats.prompt_tokens)  # fmt: skip
-        yield counter("vllm:generation_tokens", "Number of generation tokens processed.",
+        yield counter(vllm.GENERATION_TOKENS, "Number of generation tokens processed.",
                       stats.generation_tokens)  # fmt: skip
-        yield counter("vllm:request_success", "Count of successfully processed requests.",
+        yield counter(vllm.REQUEST_SUCCESS, "Count of successfully processed requests.",
                       stats.requests)  # fmt: skip
         now = self._now()
         running, waiting = model.occupancy(now)
-        yield gauge("vllm:num_requests_running",
+        yield gauge(vllm.NUM_REQUESTS_RUNNING,
                     "Number of requests in model execution batches.", running)  # fmt: skip
-        yield gauge("vllm:num_requests_waiting",
+        yield gauge(vllm.NUM_REQUESTS_WAITING,
                     "Number of requests waiting to be processed.", waiting)  # fmt: skip
-        yield gauge("vllm:kv_cache_usage_perc",
+        yield gauge(vllm.KV_CACHE_USAGE_PERC,
                     "KV-cache usage. 1 means 100 percent usage.", model.usage(now))  # fmt: skip
 
         hist = stats.ttft
@@ -90,7 +92,7 @@ class EngineCollector(Collector):
             buckets.append((repr(float(bound)), cumulative))
         buckets.append(("+Inf", hist.count))
         family = HistogramMetricFamily(
-            "vllm:time_to_first_token_seconds",
+            vllm.TIME_TO_FIRST_TOKEN_SECONDS,
             "Histogram of time to first token in seconds.",
             labels=labels,
         )

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
-from ext_proc.decide import Decision
 from kvgate.contract.envoy import DESTINATION_KEY, LB_NAMESPACE
+from kvgate.routing import Decision
 
 # Distinct (primary, fallback) pairs are at most endpoints², but bounded anyway.
 _MAX_CACHED = 4096

@@ -21,8 +21,8 @@ import structlog
 from google.protobuf import struct_pb2
 
 from ext_proc.answers import Answers, json_answer
-from ext_proc.handling import RequestHandler
 from kvgate.contract.envoy import POOL_HEADER
+from kvgate.routing.handler import RequestHandler
 from kvgate.session import BODY_METADATA_NAMESPACE
 
 log = structlog.get_logger("kvgate.ext_proc")

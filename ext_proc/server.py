@@ -16,8 +16,8 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 
 from ext_proc.answers import Answers, protobuf_answer
-from ext_proc.handling import RequestHandler
 from kvgate.contract.envoy import POOL_METADATA_KEY
+from kvgate.routing.handler import RequestHandler
 from kvgate.session import BODY_METADATA_NAMESPACE
 
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"

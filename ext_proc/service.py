@@ -12,14 +12,9 @@ import grpc
 import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from ext_proc.decide import Decider
-from ext_proc.engine_load import EngineLoadScraper, EngineScrapeMetrics
-from ext_proc.handling import RequestHandler
 from ext_proc.http_server import HttpProcessor
 from ext_proc.metrics import ExtProcMetrics
-from ext_proc.recent import PrefillMix
 from ext_proc.server import ExternalProcessor
-from ext_proc.sources import SessionSources
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.store import BindingStore, Unbound
@@ -31,9 +26,12 @@ from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
 from kvgate.observability.http import MetricsServer
 from kvgate.observability.logs import Throttled
-from kvgate.placement.gate import LoadGate
 from kvgate.placement.live import LoadBoard
 from kvgate.replicas import ReplicaReport, ReportPublisher
+from kvgate.routing import STATIC, GatedPolicy, Pipeline, Policy
+from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
+from kvgate.routing.handler import RequestHandler
+from kvgate.routing.sources import SessionSources
 from kvgate.runtime.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.ext_proc")
@@ -73,7 +71,6 @@ class ExtProcService:
         self._metrics_server: MetricsServer | None = None
         self.port = options.listen.port
         self.board: LoadBoard | None = None  # the load gate's, while it is on
-        self._mix = PrefillMix()
 
     async def start(self) -> None:
         config = self._config
@@ -111,26 +108,17 @@ class ExtProcService:
             memory = MemoryBindingStore(config.session.idle_ttl)
             self.store = memory
             self.metrics.track(lambda: sum(1 for _ in memory.bindings()), lambda: 0, lambda: 0)
-        gate = self._load_gate()
-        decider = Decider(self.store, self.directory, config.placement.load_factor,
-                          max_bindings=config.session.max_bindings, on_unbound=self._unbound,
-                          gate=gate, mix=self._mix)
+        policy = self._policy()
+        pipeline = Pipeline(self.store, self.directory, config.placement.load_factor,
+                            policy=policy, max_bindings=config.session.max_bindings,
+                            on_unbound=self._unbound)
         default_pool = config.pools[0].name if len(config.pools) == 1 else None
         handler = RequestHandler(
-            decider, SessionSources(config.session), self.metrics, default_pool,
-            bytes_per_token=None if gate is None else config.placement.load_gate.bytes_per_token,
+            pipeline, SessionSources(config.session), self.metrics, default_pool,
+            bytes_per_token=None if policy is STATIC
+            else config.placement.load_gate.bytes_per_token,
         )
-        if self._http_socket is not None:
-            self._http = HttpProcessor(handler)
-            await self._http.serve(self._http_socket)
-        else:
-            assert self._server is not None
-            self._server.add_generic_rpc_handlers(
-                (ExternalProcessor(handler).generic_handler(),)
-            )
-            health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
-            await self._server.start()
-            await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._serve(handler)
         if self._options.metrics is not None:
             self._metrics_server = MetricsServer(
                 self.metrics.registry, self._options.metrics.host, self._options.metrics.port
@@ -143,17 +131,30 @@ class ExtProcService:
                  etcd=list(self._options.etcd_endpoints) or None,
                  **(self._etcd_security.describe() if self._etcd_security else {}))
 
-    def _load_gate(self) -> LoadGate | None:
+    async def _serve(self, handler: RequestHandler) -> None:
+        """The transport bound at start answers with the core's pipeline (through `handler`)."""
+        if self._http_socket is not None:
+            self._http = HttpProcessor(handler)
+            await self._http.serve(self._http_socket)
+            return
+        assert self._server is not None
+        self._server.add_generic_rpc_handlers((ExternalProcessor(handler).generic_handler(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
+        await self._server.start()
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+
+    def _policy(self) -> Policy:
         """`placement.load_gate`: the gate over this replica's load board, fed by the engines'
-        metrics (a supervised task); None when disabled (static stickiness, nothing scraped)."""
+        metrics (a supervised task); when disabled, static stickiness (nothing scraped)."""
         settings = self._config.placement.load_gate
         if not settings.enabled:
-            return None
+            return STATIC
         board = self.board = LoadBoard(settings.max_load_age_s)
-        scraper = EngineLoadScraper(self._active_engines, board, self._mix, settings.refresh_s,
+        policy = GatedPolicy(self._config.placement.engine_cost, settings.gate(), board)
+        scraper = EngineLoadScraper(self._active_engines, board, policy.mix, settings.refresh_s,
                                     EngineScrapeMetrics(self.metrics.registry))
         self.supervisor.spawn("engine-load", scraper.run)
-        return LoadGate(self._config.placement.engine_cost, settings.gate(), board)
+        return policy
 
     def _active_engines(self) -> list[str]:
         directory = self.directory
@@ -178,7 +179,7 @@ class ExtProcService:
         board = self.board
         if board is None:
             return {}
-        now = time.monotonic()  # the board's clock (the Decider's default)
+        now = time.monotonic()  # the board's clock (the gated policy's default)
         return {address: round(board.backlog_s(address, now), 3)
                 for address in self._active_engines()}
 

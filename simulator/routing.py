@@ -1,6 +1,6 @@
 """Each mode's choice of engine, with the gateway's code: Envoy's ring (``EnvoyRing``), and for
-kvgate the ext_proc ``Decider`` (with its load gate, or without: static stickiness) over an
-in-memory binding store on the simulation's clock. The peers' policies are in
+kvgate the core's decision pipeline (``kvgate.routing.Pipeline``, with the gated policy or the
+static one) over an in-memory binding store on the simulation's clock. The peers' policies are in
 ``simulator.peers``."""
 
 from __future__ import annotations
@@ -9,15 +9,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
-from ext_proc.decide import Decider, DecisionError
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig, LoadGate
-from kvgate.placement.live import EndpointLoad, LoadBoard
+from kvgate.placement.gate import GateConfig
+from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.placement.view import Member, PoolView
+from kvgate.routing import STATIC, DecisionError, GatedPolicy, Pipeline, Policy
 from simulator.observe import Scrape
 
 POOL = "sim"
@@ -118,7 +118,7 @@ class RingHashRouter(_Blind):
 
 
 class _Directory:
-    """What ext_proc's EndpointDirectory offers the Decider: a PoolView per pool."""
+    """What ext_proc's EndpointDirectory offers the pipeline: a PoolView per pool."""
 
     def __init__(self, members: _Members) -> None:
         self._members = members
@@ -134,23 +134,21 @@ class _Directory:
 class AffinityRouter:
     """kvgate: sticky bindings, first placement on Envoy's ring with bounded load; with a load
     gate, new sessions go to the least estimated TTFT among their ring candidates and a bound
-    session moves to a DDR-pool sibling when that saves enough (``LoadGate``)."""
+    session moves to a DDR-pool sibling when that saves enough (``GatedPolicy``)."""
 
     def __init__(self, addresses: Sequence[str], kv_pools: Sequence[str],
                  clock: Callable[[], float], load_factor: float, idle_ttl: float,
-                 gate: LoadGate | None = None) -> None:
+                 policy: Policy = STATIC) -> None:
         self._members = _Members(addresses, kv_pools)
         self._directory = _Directory(self._members)
         store = MemoryBindingStore(idle_ttl=idle_ttl, clock=clock)
-        self.gate = gate
-        # _Directory offers what the Decider calls of an EndpointDirectory (view, refresh).
-        self._decider = Decider(store, self._directory, load_factor,  # type: ignore[arg-type]
-                                gate=gate, clock=clock)
+        self._policy = policy
+        self._pipeline = Pipeline(store, self._directory, load_factor, policy=policy)
         self.moves = 0  # sessions the gate moved for load
 
     async def route(self, ask: Ask, now: float) -> str | None:
         try:
-            decision = await self._decider.decide(POOL, ask.session.encode(), ask.prompt_tokens)
+            decision = await self._pipeline.decide(POOL, ask.session.encode(), ask.prompt_tokens)
         except DecisionError:
             return None
         if decision.reason is not None and decision.reason.value == "load":
@@ -160,8 +158,8 @@ class AffinityRouter:
     def set_state(self, address: str, state: EndpointState) -> None:
         self._members.set_state(address, state)
         self._directory.refresh()
-        if self.gate is not None and state is EndpointState.FAILED:
-            self.gate.board.forget(address)
+        if state is EndpointState.FAILED:
+            self._policy.forget(address)  # its queue is gone
 
     def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
         pass
@@ -188,11 +186,11 @@ class ScrapedBoard(LoadBoard):
         self.booked += 1
         self.booked_s += prefill_s
 
-    def observed(self, address: str, now: float) -> EndpointLoad | None:
+    def observed(self, address: str, now: float) -> ObservedLoad | None:
         scrape = self._metrics.scrape(address, now)
         if scrape is not None:
             mean = self.booked_s / self.booked if self.booked else self._default_prefill_s
-            self.observe(address, EndpointLoad(scrape.at, scrape.waiting * mean, scrape.running,
+            self.observe(address, ObservedLoad(scrape.at, scrape.waiting * mean, scrape.running,
                                                scrape.waiting, scrape.kv_usage))
         return super().observed(address, now)
 
@@ -219,5 +217,6 @@ def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[],
     kv_pools = (["ddr-pool"] * len(addresses) if mode.ddr_pool
                 else [f"hbm-{i}" for i in range(len(addresses))])
     board = ScrapedBoard(metrics, setup.max_age_s, setup.cost.prefill_overhead_s)
-    gate = LoadGate(setup.cost, setup.gate, board) if mode.load_aware else None
-    return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, gate)
+    policy: Policy = (GatedPolicy(setup.cost, setup.gate, board, clock=clock)
+                      if mode.load_aware else STATIC)
+    return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, policy)

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from control_plane.operations import EndpointLoad
+from kvgate.contract import vllm
 
-
-def _sums(text: str) -> dict[str, float]:
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
-    return sums
+_HITS = (vllm.total(vllm.PREFIX_CACHE_HITS), vllm.total(vllm.EXTERNAL_PREFIX_CACHE_HITS))
+_QUERIES = vllm.total(vllm.PREFIX_CACHE_QUERIES)
+_READ = (*_HITS, _QUERIES, vllm.NUM_REQUESTS_RUNNING, vllm.NUM_REQUESTS_WAITING,
+         vllm.KV_CACHE_USAGE_PERC)
 
 
 class LoadTracker:
@@ -23,17 +19,16 @@ class LoadTracker:
         self._first: tuple[float, float] | None = None
 
     def update(self, text: str) -> EndpointLoad:
-        sums = _sums(text)
-        hits = sums.get("vllm:prefix_cache_hits_total", 0.0) + sums.get(
-            "vllm:external_prefix_cache_hits_total", 0.0)
-        queries = sums.get("vllm:prefix_cache_queries_total", 0.0)
+        sums = vllm.read_samples(text, _READ)
+        hits = sums.get(_HITS[0], 0.0) + sums.get(_HITS[1], 0.0)
+        queries = sums.get(_QUERIES, 0.0)
         if self._first is None or queries < self._first[1]:  # first scrape, or engine restarted
             self._first = (hits, queries)
         asked = queries - self._first[1]
         self.current = EndpointLoad(
-            running=sums.get("vllm:num_requests_running"),
-            waiting=sums.get("vllm:num_requests_waiting"),
-            kv_cache_usage=sums.get("vllm:kv_cache_usage_perc"),
+            running=sums.get(vllm.NUM_REQUESTS_RUNNING),
+            waiting=sums.get(vllm.NUM_REQUESTS_WAITING),
+            kv_cache_usage=sums.get(vllm.KV_CACHE_USAGE_PERC),
             hit_rate=(hits - self._first[0]) / asked if asked > 0 else None,
         )
         return self.current

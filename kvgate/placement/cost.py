@@ -3,7 +3,8 @@
 An engine prefills one request at a time (a saturated chunked-prefill budget): a request's time to
 first token is the prefill work queued ahead of it, then its own prefill (a fixed cost plus its
 uncached tokens at the prefill rate). Context read from the DDR pool travels while the request
-waits (vLLM's asynchronous KV connectors), so it costs only what the queue does not hide.
+waits (vLLM's asynchronous KV connectors), so it costs only what the queue does not hide. The
+load gate's terms (`kvgate.routing.terms`) add these up.
 """
 
 from __future__ import annotations
@@ -44,10 +45,3 @@ class EngineCost:
         if tokens <= 0:
             return 0.0
         return self.transfer_fixed_s + tokens * self.kv_bytes_per_token / (self.ddr_gbps * GB)
-
-    def ttft_s(self, backlog_s: float, prompt_tokens: int, hbm_tokens: int = 0,
-               ddr_tokens: int = 0) -> float:
-        """Estimated TTFT on an engine with `backlog_s` of prefill queued: the DDR read overlaps
-        the wait, then the prompt's tokens found in neither tier are prefilled."""
-        wait = max(backlog_s, self.transfer_s(ddr_tokens))
-        return wait + self.prefill_s(prompt_tokens - hbm_tokens - ddr_tokens)

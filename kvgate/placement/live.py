@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
-class EndpointLoad:
+class ObservedLoad:
     """One engine's load as observed at `at` (the router's clock, seconds)."""
 
     at: float
@@ -36,7 +36,7 @@ class LoadBoard:
     def __init__(self, max_age_s: float = 2.0) -> None:
         self.max_age_s = max_age_s
         self._busy_until: dict[str, float] = {}  # when the work this router sent is prefilled
-        self._observed: dict[str, EndpointLoad] = {}
+        self._observed: dict[str, ObservedLoad] = {}
 
     def routed(self, address: str, now: float, prefill_s: float, ready_at: float | None = None,
                ) -> None:
@@ -45,11 +45,11 @@ class LoadBoard:
         start = max(self._busy_until.get(address, now), ready_at if ready_at is not None else now)
         self._busy_until[address] = start + prefill_s
 
-    def observe(self, address: str, load: EndpointLoad) -> None:
+    def observe(self, address: str, load: ObservedLoad) -> None:
         """An engine's own report (a scrape), replacing the previous one."""
         self._observed[address] = load
 
-    def observed(self, address: str, now: float) -> EndpointLoad | None:
+    def observed(self, address: str, now: float) -> ObservedLoad | None:
         """The engine's latest report, if it is no older than `max_age_s`."""
         load = self._observed.get(address)
         if load is None or now - load.at > self.max_age_s:

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from ext_proc.engine_load import read_load
+from kvgate.contract import vllm
 from tests.support.fleet import EngineProcesses
 from tests.support.polling import eventually
 from tests.support.stack import gateway_config, running_stack
@@ -87,7 +87,8 @@ async def test_a_session_leaves_its_busy_engine_for_a_ddr_sibling(
 
             async def waiting() -> float:
                 text = (await http.get(f"http://{home}/metrics")).text
-                return read_load(text).get("vllm:num_requests_waiting", 0.0)
+                return vllm.read_samples(text, [vllm.NUM_REQUESTS_WAITING]).get(
+                    vllm.NUM_REQUESTS_WAITING, 0.0)
 
             await eventually(waiting, until=lambda n: n >= FLOOD - 2,
                              what="the session's engine has requests waiting")

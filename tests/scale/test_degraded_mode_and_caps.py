@@ -2,7 +2,7 @@
 later one to the queue; the queue is bounded, and past it (or past session.max_bindings) a new
 session is routed on Envoy's ring without a binding, counted and logged; existing bindings are
 never evicted; until the mirror is synced an unknown session is looked up in etcd rather than
-placed anew. A real etcd; the Decider and the store in process."""
+placed anew. A real etcd; the decision pipeline and the store in process."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from ext_proc.decide import Decider, Outcome
 from ext_proc.service import ExtProcOptions, ExtProcService
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.memory import MemoryBindingStore
@@ -26,6 +25,7 @@ from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient, EtcdNoSpace
 from kvgate.etcd.errors import EtcdDeadline
 from kvgate.etcd.mirror import MirrorState
+from kvgate.routing import Outcome, Pipeline
 from kvgate.runtime.supervisor import Supervisor
 from kvgate.session import normalize_session
 from tests.failsafe.failsafe_helpers import control_plane_config
@@ -79,7 +79,7 @@ async def test_a_full_queue_leaves_new_sessions_unbound_and_drains_when_etcd_is_
 ) -> None:
     store = await _store(client, prefix, max_pending=5)
     unbound: list[tuple[str, Unbound]] = []
-    decider = Decider(store, EndpointDirectory(CONFIG), 1.25,
+    decider = Pipeline(store, EndpointDirectory(CONFIG), 1.25,
                       on_unbound=lambda pool, session, why: unbound.append((session, why)))
     known = await decider.decide("coder", b"known-before")
     refused = EtcdNoSpace("database space exceeded", operation="Txn")
@@ -110,7 +110,7 @@ async def test_a_full_queue_leaves_new_sessions_unbound_and_drains_when_etcd_is_
 async def test_past_max_bindings_new_sessions_go_unbound_and_old_ones_stay() -> None:
     store = MemoryBindingStore()
     unbound: list[Unbound] = []
-    decider = Decider(store, EndpointDirectory(CONFIG), 1.25, max_bindings=3,
+    decider = Pipeline(store, EndpointDirectory(CONFIG), 1.25, max_bindings=3,
                       on_unbound=lambda pool, session, why: unbound.append(why))
     first = [await decider.decide("coder", f"s{i}".encode()) for i in range(3)]
     late = await decider.decide("coder", b"s-late")
@@ -126,7 +126,7 @@ async def test_before_the_mirror_is_synced_an_unknown_session_is_looked_up_not_p
     client: EtcdClient, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Where would a fresh placement put it? Bind it to the other endpoint in etcd.
-    placed = await Decider(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25).decide(
+    placed = await Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25).decide(
         "coder", b"returning-user")
     elsewhere = B if placed.endpoints[0] == A else A
     session = normalize_session(b"returning-user")
@@ -151,7 +151,7 @@ async def test_before_the_mirror_is_synced_an_unknown_session_is_looked_up_not_p
         assert listing.is_set() and not store.synced
         assert store.mirror.state in (MirrorState.STARTING, MirrorState.LISTING)
         assert any(e["event"] == "bindings_start_unsynced" for e in logs)
-        decision = await Decider(store, EndpointDirectory(CONFIG), 1.25).decide(
+        decision = await Pipeline(store, EndpointDirectory(CONFIG), 1.25).decide(
             "coder", b"returning-user")
         assert decision.outcome is Outcome.STICKY and decision.endpoints[0] == elsewhere
     finally:

@@ -14,7 +14,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
-from ext_proc.decide import Decider, Outcome
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.index import session_key
 from kvgate.bindings.leases import EpochLeases
@@ -23,6 +22,7 @@ from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient, EtcdUnavailable
 from kvgate.etcd.mirror import MirrorState
 from kvgate.etcd.observed import MirrorMetrics
+from kvgate.routing import Outcome, Pipeline
 from tests.scale.scale_helpers import (
     SMALL_MESSAGE,
     A,
@@ -65,7 +65,7 @@ class Probe:
 
     def __init__(self, store: EtcdBindingStore, known: list[str]) -> None:
         config = load_text(f"pools: [{{name: coder, endpoints: [{A}, {B}]}}]\n")
-        self._decider = Decider(store, EndpointDirectory(config), 1.25)
+        self._decider = Pipeline(store, EndpointDirectory(config), 1.25)
         self._known = known
         self.outcomes: list[Outcome] = []
         self._stop = asyncio.Event()

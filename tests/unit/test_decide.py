@@ -1,15 +1,16 @@
-"""The Decider (pure logic over an in-memory store): outcomes, coalescing, cancellation."""
+"""The decision pipeline (pure logic over an in-memory store): outcomes, coalescing,
+cancellation."""
 
 from __future__ import annotations
 
 import asyncio
 
-from ext_proc.decide import Decider, Outcome
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.model import Binding
 from kvgate.config import load_text
 from kvgate.endpoints import EndpointDirectory, EndpointRecord
 from kvgate.placement import EnvoyRing, session_hash
+from kvgate.routing import Outcome, Pipeline
 
 CONFIG = load_text(
     "pools: [{name: p, kv_pool: a, endpoints: ["
@@ -43,7 +44,7 @@ async def test_outcomes_and_fallback_in_same_kv_pool() -> None:
     directory = EndpointDirectory(CONFIG)
     # A loose load bound: this test is about the KV-pool preference; a sibling filled to its
     # bound spills to the other pool (tested in test_placement).
-    decider = Decider(MemoryBindingStore(), directory, 4.0)
+    decider = Pipeline(MemoryBindingStore(), directory, 4.0)
     assert (await decider.decide("p", b"")).outcome is Outcome.SESSIONLESS
     first = await decider.decide("p", b"s1")
     assert first.outcome is Outcome.NEW and len(first.endpoints) == 2
@@ -74,7 +75,7 @@ async def test_outcomes_and_fallback_in_same_kv_pool() -> None:
 
 async def test_concurrent_first_requests_share_one_write_even_if_one_is_cancelled() -> None:
     store = SlowStore()
-    decider = Decider(store, EndpointDirectory(CONFIG), 1.25)
+    decider = Pipeline(store, EndpointDirectory(CONFIG), 1.25)
     requests = [asyncio.create_task(decider.decide("p", b"together")) for _ in range(3)]
     await asyncio.wait_for(store.started.wait(), 30)
     requests[0].cancel()  # Envoy gave up on the first one

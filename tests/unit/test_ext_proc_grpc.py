@@ -12,9 +12,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
-from ext_proc.decide import Decision, Outcome
 from ext_proc.server import ExternalProcessor
 from kvgate.contract.envoy import DESTINATION_KEY, LB_NAMESPACE, POOL_METADATA_KEY
+from kvgate.routing import Decision, Outcome
 
 
 class RecordingHandler:

@@ -13,8 +13,8 @@ import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import json_format, struct_pb2
 
-from ext_proc.decide import Decision, Outcome
 from ext_proc.http_server import HttpProcessor
+from kvgate.routing import Decision, Outcome
 
 
 class RecordingHandler:

@@ -153,3 +153,38 @@ def _cycle_within(group: list[str], edges: dict[str, set[str]]) -> list[str]:
                 paths[nxt] = [*paths[node], nxt]
                 todo.append(nxt)
     return group
+
+
+# The service's own package, and the launcher that starts it as a subcommand (kvgate_cli.main
+# names "ext_proc.command" in a table and imports it only when that subcommand is chosen; it
+# is allowed here should it ever import it directly). `kvgate up` and bench start it as a
+# process (`python -m ext_proc`), which is no import.
+EXT_PROC_IMPORTERS = ("ext_proc", "kvgate_cli.main")
+
+
+def test_nothing_imports_ext_proc_but_its_own_command() -> None:
+    wrong = sorted(
+        f"{module}:{line} imports {written}"
+        for module, line, written, imported in project_imports()
+        if imported.split(".")[0] == "ext_proc"
+        and not any(module == a or module.startswith(f"{a}.") for a in EXT_PROC_IMPORTERS)
+    )
+    assert not wrong, ("the decision is the core's (kvgate.routing); import it from there:\n"
+                       + "\n".join(wrong))
+
+
+def test_the_tools_reach_the_decision_through_the_core() -> None:
+    """The simulator and bench run kvgate's modes with the core's pipeline, never a service's."""
+    reached: dict[str, set[str]] = {"simulator": set(), "bench": set()}
+    for module, _, _, imported in project_imports():
+        tool = module.split(".")[0]
+        if tool in reached:
+            reached[tool].add(imported.split(".")[0] if imported.split(".")[0] != "kvgate"
+                              else ".".join(imported.split(".")[:2]))
+    for tool, targets in reached.items():
+        assert "ext_proc" not in targets, (tool, targets)
+        assert "kvgate.routing" in targets, f"{tool} no longer routes with kvgate.routing"
+    # The simulator's kvgate modes are the pipeline itself.
+    routing = {imported for module, _, _, imported in project_imports()
+               if module == "simulator.routing"}
+    assert {"kvgate.routing.Pipeline", "kvgate.routing.GatedPolicy"} <= routing

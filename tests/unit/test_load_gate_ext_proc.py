@@ -1,23 +1,24 @@
 """The load gate as ext_proc runs it (pure parts): moves recorded in bindings, the metrics page
-reader, the Decider moving a session off a busy engine, and the handler's prompt estimate."""
+reader, the pipeline moving a session off a busy engine, and the handler's prompt estimate."""
 
 from __future__ import annotations
 
 import json
 
-from ext_proc.decide import Decider, Outcome
-from ext_proc.engine_load import read_load
-from ext_proc.handling import RequestHandler
 from ext_proc.metrics import ExtProcMetrics
-from ext_proc.sources import SessionSources
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.model import Binding
 from kvgate.config import load_text
+from kvgate.contract import vllm
 from kvgate.contract.states import MoveReason
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig, LoadGate
-from kvgate.placement.live import EndpointLoad, LoadBoard
+from kvgate.placement.gate import GateConfig
+from kvgate.placement.live import LoadBoard, ObservedLoad
+from kvgate.routing import GatedPolicy, Outcome, Pipeline
+from kvgate.routing.engine_load import LOAD_GAUGES
+from kvgate.routing.handler import RequestHandler
+from kvgate.routing.sources import SessionSources
 
 CONFIG = load_text("pools: [{name: p, kv_pool: a, endpoints: [10.0.0.1:1, 10.0.0.2:1]}]\n")
 
@@ -34,6 +35,10 @@ def test_binding_records_its_last_move_and_reads_records_without_it() -> None:
     # A reason this version does not know (a newer writer's) is no reason, not a lost binding.
     newer = Binding.decode("p/s", b'{"endpoint": "e:1", "moved_at": 5, "reason": "x"}', 1)
     assert (newer.endpoint, newer.move_reason, newer.moved_at) == ("e:1", None, 0.0)
+
+
+def read_load(text: str) -> dict[str, float]:
+    return vllm.read_samples(text, LOAD_GAUGES)
 
 
 def test_read_load_sums_label_sets_and_ignores_lookalikes() -> None:
@@ -73,12 +78,12 @@ class Clock:
         return self.now
 
 
-def _gated(enabled: bool = True) -> tuple[Decider, RecordingStore, LoadBoard, Clock]:
+def _gated(enabled: bool = True) -> tuple[Pipeline, RecordingStore, LoadBoard, Clock]:
     clock = Clock()
     board = LoadBoard(max_age_s=2.0)
     store = RecordingStore()
-    gate = LoadGate(EngineCost(), GateConfig(enabled=enabled), board)
-    decider = Decider(store, EndpointDirectory(CONFIG), 4.0, gate=gate, clock=clock)
+    policy = GatedPolicy(EngineCost(), GateConfig(enabled=enabled), board, clock=clock)
+    decider = Pipeline(store, EndpointDirectory(CONFIG), 4.0, policy=policy)
     return decider, store, board, clock
 
 
@@ -91,25 +96,25 @@ async def test_a_session_on_a_busy_engine_moves_to_its_ddr_sibling_with_reason_l
     clock.now += 5.0
     assert (await decider.decide("p", b"s1", 2000)).outcome is Outcome.STICKY
     # Its engine reports 20 s of queued prefill; the sibling is idle: it moves.
-    board.observe(home, EndpointLoad(at=clock.now, backlog_s=20.0, waiting=10))
+    board.observe(home, ObservedLoad(at=clock.now, backlog_s=20.0, waiting=10))
     moved = await decider.decide("p", b"s1", 2000)
     assert (moved.outcome, moved.endpoints[0], moved.reason) == (
         Outcome.REBIND, sibling, MoveReason.LOAD)
     assert [(b.endpoint, b.move_reason) for b in store.moves] == [(sibling, MoveReason.LOAD)]
     # Hysteresis: its new engine becomes as busy, yet it stays during the cooldown.
-    board.observe(sibling, EndpointLoad(at=clock.now, backlog_s=40.0))
-    board.observe(home, EndpointLoad(at=clock.now, backlog_s=0.0))
+    board.observe(sibling, ObservedLoad(at=clock.now, backlog_s=40.0))
+    board.observe(home, ObservedLoad(at=clock.now, backlog_s=0.0))
     assert (await decider.decide("p", b"s1", 2000)).outcome is Outcome.STICKY
     # A report older than max_age_s counts for nothing.
     clock.now += 31.0
-    board.observe(sibling, EndpointLoad(at=clock.now - 3.0, backlog_s=1000.0))
+    board.observe(sibling, ObservedLoad(at=clock.now - 3.0, backlog_s=1000.0))
     assert (await decider.decide("p", b"s1", 2000)).outcome is Outcome.STICKY
 
 
 async def test_gate_disabled_keeps_static_stickiness() -> None:
     decider, _, board, clock = _gated(enabled=False)
     home = (await decider.decide("p", b"s1", 2000)).endpoints[0]
-    board.observe(home, EndpointLoad(at=clock.now, backlog_s=100.0))
+    board.observe(home, ObservedLoad(at=clock.now, backlog_s=100.0))
     again = await decider.decide("p", b"s1", 2000)
     assert (again.outcome, again.endpoints[0]) == (Outcome.STICKY, home)
 
@@ -122,12 +127,13 @@ async def test_handler_estimates_the_prompt_from_content_length_and_counts_rebin
     headers = {"x-session-id": b"s1", "content-length": b"40000"}
     first = await handler.decide(None, headers, None)
     home = first.endpoints[0]
-    seen = decider.recent.get("p", first.session or "")
+    assert isinstance(decider.policy, GatedPolicy)
+    seen = decider.policy.recent.get("p", first.session or "")
     assert seen is not None and seen.tokens == 10_000  # 40,000 bytes / 4
     clock.now += 5.0  # the next turn, once this one's prefill is done
     assert (await handler.decide(None, headers, None)).outcome is Outcome.STICKY
     clock.now += 5.0
-    board.observe(home, EndpointLoad(at=clock.now, backlog_s=30.0))
+    board.observe(home, ObservedLoad(at=clock.now, backlog_s=30.0))
     assert (await handler.decide(None, headers, None)).reason is MoveReason.LOAD
     sample = metrics.registry.get_sample_value
     assert sample("kvgate_ext_proc_rebinds_total", {"reason": "load"}) == 1.0

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import pytest
 
+from kvgate.contract.states import EndpointState
 from kvgate.placement import session_hash
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig, LoadGate, PromptSize
+from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import candidates
 from kvgate.placement.view import Member, PoolView
+from kvgate.routing.gated import GatedPolicy, Move
+from kvgate.routing.policy import Known, Placing, PromptSize
+from kvgate.routing.recent import Seen
 
 HASH = session_hash(b"session-1")
 COST = EngineCost()  # 5,000 tokens/s, c0 20 ms, 256 KiB/token over 20 GB/s
@@ -26,8 +30,36 @@ def _ring_order(view: PoolView) -> list[str]:
     return list(candidates(view, HASH, {}, 1.25))
 
 
-def _gate(config: GateConfig | None = None, board: LoadBoard | None = None) -> LoadGate:
-    return LoadGate(COST, config or GateConfig(), board or LoadBoard())
+class _Gate:
+    """The gated policy asked one question at a time, at a given instant."""
+
+    def __init__(self, config: GateConfig, board: LoadBoard) -> None:
+        self.now = 0.0
+        self.policy = GatedPolicy(COST, config, board, clock=lambda: self.now)
+
+    def place(self, view: PoolView, hash_value: int, loads: dict[str, int], load_factor: float,
+              now: float, size: PromptSize) -> str | None:
+        self.now = now
+        known = Known(now, size.prompt_tokens, Seen(size.context_tokens, None))
+        return self.policy.place(Placing(view, hash_value, loads, load_factor), known,
+                                 prefer_kv_pool=None, exclude=None)
+
+    def reconsider(self, view: PoolView, current: str, hash_value: int, loads: dict[str, int],
+                   load_factor: float, now: float, size: PromptSize,
+                   moved_at: float | None = None) -> Move | None:
+        """The move, through the policy's own checks (state, threshold, cooldown)."""
+        known = Known(now, size.prompt_tokens, Seen(size.context_tokens, moved_at))
+        placing = Placing(view, hash_value, loads, load_factor)
+        state = view.state(current) or EndpointState.FAILED
+        if self.policy.reconsider(placing, current, state, known) is None:
+            return None
+        # The figures behind the verdict (the same computation, asked again).
+        return self.policy.move(placing, current, self.policy.board.backlog_s(current, now),
+                                known)
+
+
+def _gate(config: GateConfig | None = None, board: LoadBoard | None = None) -> _Gate:
+    return _Gate(config or GateConfig(), board or LoadBoard())
 
 
 def _queue(board: LoadBoard, address: str, seconds: float, now: float = 0.0) -> None:

@@ -13,8 +13,8 @@ from control_plane.resources.session_filters import (
     body_session_filters,
     buffer_limit,
 )
-from ext_proc.sources import IMPLICIT_PREFIX, SessionSources, Source
 from kvgate.config.model import Session
+from kvgate.routing.sources import IMPLICIT_PREFIX, SessionSources, Source
 
 
 def _wrapped(session: Session) -> list[extension_matcher_pb2.ExtensionWithMatcher]:

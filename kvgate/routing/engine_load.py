@@ -27,35 +27,13 @@ import aiohttp
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from ext_proc.recent import PrefillMix
-from kvgate.placement.live import EndpointLoad, LoadBoard
+from kvgate.contract import vllm
+from kvgate.placement.live import LoadBoard, ObservedLoad
+from kvgate.routing.recent import PrefillMix
 
 log = structlog.get_logger("kvgate.ext_proc")
 
-WAITING = "vllm:num_requests_waiting"
-RUNNING = "vllm:num_requests_running"
-KV_USAGE = "vllm:kv_cache_usage_perc"
-_WANTED = (WAITING, RUNNING, KV_USAGE)
-
-
-def read_load(text: str) -> dict[str, float]:
-    """The three gauges from a Prometheus text page, each summed over its label sets. A line
-    scan, not a full parse: a real vLLM page is tens of KB of histograms this skips."""
-    sums: dict[str, float] = {}
-    for name in _WANTED:
-        at = text.find(name)
-        while at != -1:
-            # A sample line starts with the name, followed by labels or a space.
-            after = text[at + len(name):at + len(name) + 1]
-            if (at == 0 or text[at - 1] == "\n") and after in ("{", " "):
-                end = text.find("\n", at)
-                line = text[at:] if end == -1 else text[at:end]
-                try:
-                    sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-                except (IndexError, ValueError):
-                    pass
-            at = text.find(name, at + len(name))
-    return sums
+LOAD_GAUGES = (vllm.NUM_REQUESTS_WAITING, vllm.NUM_REQUESTS_RUNNING, vllm.KV_CACHE_USAGE_PERC)
 
 
 class EngineScrapeMetrics:
@@ -119,9 +97,9 @@ class EngineLoadScraper:
             return
         self._failing.discard(address)
         self._metrics.ok.inc()
-        sums = read_load(text)
-        waiting = int(sums.get(WAITING, 0.0))
-        self._board.observe(address, EndpointLoad(
+        sums = vllm.read_samples(text, LOAD_GAUGES)
+        waiting = int(sums.get(vllm.NUM_REQUESTS_WAITING, 0.0))
+        self._board.observe(address, ObservedLoad(
             at=self._clock(), backlog_s=waiting * self._mix.mean_s,
-            running=int(sums.get(RUNNING, 0.0)), waiting=waiting,
-            kv_usage=sums.get(KV_USAGE, 0.0)))
+            running=int(sums.get(vllm.NUM_REQUESTS_RUNNING, 0.0)), waiting=waiting,
+            kv_usage=sums.get(vllm.KV_CACHE_USAGE_PERC, 0.0)))

@@ -1,5 +1,6 @@
-"""One request-headers decision, apart from any transport: find the session, ask the Decider,
-count it. Every failure maps to "no pin" here, so both transports answer alike."""
+"""The pipeline's entry: one request's headers → its session (`sources`) and prompt estimate →
+the decision (`pipeline`) → counted. Every failure maps to "no pin" here, so ext_proc's two
+transports, which call this and nothing else, answer alike."""
 
 from __future__ import annotations
 
@@ -8,27 +9,62 @@ from collections.abc import Mapping
 
 import structlog
 from google.protobuf import struct_pb2
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from ext_proc.decide import Decider, Decision, DecisionError, Outcome
-from ext_proc.metrics import ExtProcMetrics
-from ext_proc.sources import SessionSources, Source
 from kvgate.contract.states import MoveReason
+from kvgate.routing.decision import Decision, DecisionError, Outcome
+from kvgate.routing.pipeline import Pipeline
+from kvgate.routing.sources import SessionSources, Source
 
 log = structlog.get_logger("kvgate.ext_proc")
 
 
+class DecisionMetrics:
+    """The decisions' Prometheus metrics (ext_proc's page: `kvgate_ext_proc_*`), in a registry
+    owned by the caller (no global state)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.decisions = Counter(
+            "kvgate_ext_proc_decisions", "Routing decisions by outcome",
+            ["outcome"], registry=self.registry,
+        )
+        self.session_sources = Counter(
+            "kvgate_ext_proc_session_sources", "Where each request's session id came from",
+            ["source"], registry=self.registry,
+        )
+        self.latency = Histogram(
+            "kvgate_ext_proc_decision_seconds", "Time to decide one request",
+            buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1),
+            registry=self.registry,
+        )
+        self.rebinds = Counter(
+            "kvgate_ext_proc_rebinds", "Sessions this replica moved to another endpoint, by "
+            "reason (failed, drained: their endpoint left; load: the load gate found a DDR-pool "
+            "sibling that answers sooner; manual is the control plane's)", ["reason"],
+            registry=self.registry,
+        )
+        for reason in MoveReason:
+            self.rebinds.labels(reason.value)
+        for outcome in Outcome:
+            self.decisions.labels(outcome.value)
+        for source in Source:
+            self.session_sources.labels(source.value)
+
+
 class RequestHandler:
-    """Shared by the gRPC and the HTTP transport: (pool, headers, body metadata) → Decision."""
+    """Called by ext_proc's gRPC and HTTP transports: (pool, headers, body metadata) →
+    Decision."""
 
     def __init__(
         self,
-        decider: Decider,
+        pipeline: Pipeline,
         sources: SessionSources,
-        metrics: ExtProcMetrics,
+        metrics: DecisionMetrics,
         default_pool: str | None,
         *, bytes_per_token: float | None = None,
     ) -> None:
-        self._decider = decider
+        self._pipeline = pipeline
         self._sources = sources
         self._metrics = metrics
         self.default_pool = default_pool
@@ -52,7 +88,7 @@ class RequestHandler:
                 raise DecisionError("route carries no pool and more than one pool is configured")
             found = self._sources.pick(headers, body)
             self._source_counters[found.source].inc()
-            decision = await self._decider.decide(pool, found.raw or None,
+            decision = await self._pipeline.decide(pool, found.raw or None,
                                                   self._prompt_tokens(headers))
         except DecisionError as exc:
             log.warning("decision_failed", pool=pool, error=str(exc))

@@ -1,0 +1,25 @@
+"""The routing decision as one pipeline: session → filter → score → pick → commit.
+
+- `pipeline.Pipeline`: the decision for one request (ext_proc's transports and the simulator
+  call it and nothing else);
+- `policy`: the policy interface, and `StaticPolicy` (stickiness on the ring);
+- `gated.GatedPolicy`: the load gate (filter: ring candidates under the load bound; score:
+  `terms`; pick: the least estimate), with its booking hook (`booking.Ledger`);
+- `recent`: what the gate remembers between requests; `engine_load`: its live load feed.
+"""
+
+from kvgate.routing.decision import (
+    Decision,
+    DecisionError,
+    NoActiveEndpoint,
+    Outcome,
+    UnknownPool,
+)
+from kvgate.routing.gated import GatedPolicy
+from kvgate.routing.pipeline import Pipeline
+from kvgate.routing.policy import STATIC, Policy, PromptSize, StaticPolicy
+
+__all__ = [
+    "STATIC", "Decision", "DecisionError", "GatedPolicy", "NoActiveEndpoint", "Outcome",
+    "Pipeline", "Policy", "PromptSize", "StaticPolicy", "UnknownPool",
+]

@@ -1,0 +1,60 @@
+"""The gate's accountant: once a request is routed, book the prefill it adds to its engine on
+the load board (and in the mean a waiting request is priced at), and remember its session's size
+for the next turn."""
+
+from __future__ import annotations
+
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.live import LoadBoard
+from kvgate.placement.view import PoolView
+from kvgate.routing.policy import Known
+from kvgate.routing.recent import PrefillMix, RecentSessions
+
+
+class Ledger:
+    """A :class:`~kvgate.routing.policy.BookingHook` over one load board."""
+
+    def __init__(self, cost: EngineCost, board: LoadBoard, recent: RecentSessions,
+                 mix: PrefillMix) -> None:
+        self._cost = cost
+        self._board = board
+        self._recent = recent
+        self._mix = mix
+
+    def _book(self, endpoint: str, now: float, prefill_s: float,
+              ready_at: float | None = None) -> None:
+        self._board.routed(endpoint, now, prefill_s, ready_at)
+        self._mix.add(prefill_s)
+
+    def kept(self, pool: str, session: str, endpoint: str, known: Known) -> None:
+        """A session that stays: its context is in its engine's HBM."""
+        # Read from the tuple, not `known.size`: no object is made on the sticky path.
+        prompt, seen = known.prompt_tokens, known.seen
+        context = 0 if seen is None else seen.tokens
+        if prompt > 0:  # unknown size (no body, chunked): nothing booked, as in routed()
+            self._book(endpoint, known.now, self._cost.prefill_s(prompt - context))
+        tokens = max(prompt, context)
+        if seen is None or seen.tokens != tokens:  # unchanged: nothing written on this path
+            self._recent.remember(pool, session, tokens, None)
+
+    def routed(self, pool: str, session: str, view: PoolView, endpoint: str,
+               previous: str | None, known: Known, *, moved: bool) -> None:
+        """A session placed (new, or moved): where its context comes from sets the work."""
+        size, now, cost = known.size, known.now, self._cost
+        context = size.context_tokens
+        moved_at = now if moved else None
+        if size.prompt_tokens <= 0:
+            # A request of unknown size (no body: /v1/models; a chunked body) books nothing:
+            # guessing would build a backlog from requests that may prefill nothing. Its
+            # engine's own report still counts.
+            self._recent.remember(pool, session, context, moved_at)
+            return
+        if previous == endpoint:  # its context is in this engine's HBM
+            self._book(endpoint, now, cost.prefill_s(size.prompt_tokens - context))
+        elif previous is not None and view.kv_pool_of(previous) == view.kv_pool_of(endpoint):
+            # Moved within its DDR pool: the context is read from DDR first.
+            self._book(endpoint, now, cost.prefill_s(size.prompt_tokens - context),
+                       ready_at=now + cost.transfer_s(context))
+        else:
+            self._book(endpoint, now, cost.prefill_s(size.prompt_tokens))
+        self._recent.remember(pool, session, max(size.prompt_tokens, context), moved_at)

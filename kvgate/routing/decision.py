@@ -1,0 +1,40 @@
+"""What the pipeline answers for one request, and the failures it reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kvgate.contract.states import MoveReason
+
+
+class Outcome(StrEnum):
+    STICKY = "sticky"
+    NEW = "new"
+    REBIND = "rebind"
+    SESSIONLESS = "sessionless"
+    UNBOUND = "unbound"  # no binding made (queue full, binding cap): Envoy's ring places it
+    ERROR = "error"
+
+
+class DecisionError(Exception):
+    """A request kvgate cannot place; the gateway degrades to Envoy's own ring for it."""
+
+
+class UnknownPool(DecisionError):
+    pass
+
+
+class NoActiveEndpoint(DecisionError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    outcome: Outcome
+    endpoints: tuple[str, ...] = ()  # primary first, then the retry fallback
+    session: str | None = None
+    reason: MoveReason | None = None  # why a REBIND moved the session
+
+
+SESSIONLESS = Decision(Outcome.SESSIONLESS)

@@ -1,0 +1,145 @@
+"""The load gate: filter → score → pick, with estimated TTFT (`kvgate.routing.terms`) as the
+score, and the booking that keeps its load board and memory of sessions current.
+
+- A new session is scored over its first `candidates` endpoints under the load bound in ring
+  order (its KV pool's ring first), and goes to the least estimated TTFT; ties keep ring order,
+  so with no load anywhere it lands where Envoy's ring would put it.
+- A bound session stays unless a sibling in its DDR pool would answer sooner by more than
+  `min_saving_s` and `min_saving_ratio` of its engine's estimate: there, its context costs only
+  a DDR read, which overlaps the sibling's queue. With `miss_safe` (the default) the move must
+  also be no slower if the pool has lost the context and the sibling prefills it all (a pool
+  evicts a long session's early blocks while they live in HBM; it can be down). A session that
+  moved stays put for `cooldown_s` (hysteresis: no flapping between two busy siblings).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+
+from kvgate.contract.states import EndpointState
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.gate import GateConfig
+from kvgate.placement.live import LoadBoard
+from kvgate.placement.pick import LoadBound, candidates
+from kvgate.routing.booking import Ledger
+from kvgate.routing.policy import BookingHook, Known, Placing, PromptSize
+from kvgate.routing.recent import PrefillMix, RecentSessions
+from kvgate.routing.terms import Candidate, Estimate, Term, default_terms
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """The gate's verdict for a bound session that should move: where, and the two estimates."""
+
+    endpoint: str
+    stay_s: float
+    move_s: float
+
+
+class GatedPolicy:
+    """Scores endpoints by estimated TTFT from a :class:`LoadBoard`; books what it routes."""
+
+    def __init__(
+        self, cost: EngineCost, config: GateConfig, board: LoadBoard, *,
+        clock: Callable[[], float] = time.monotonic, recent: RecentSessions | None = None,
+        mix: PrefillMix | None = None, terms: Sequence[Term] | None = None,
+    ) -> None:
+        self.cost = cost
+        self.config = config
+        self.board = board
+        self.clock = clock  # the load board's clock
+        self.recent = recent if recent is not None else RecentSessions()
+        self.mix = mix if mix is not None else PrefillMix()  # what booked requests cost
+        self.estimate = Estimate(default_terms(cost, config) if terms is None else terms)
+        self.hooks: tuple[BookingHook, ...] = (Ledger(cost, board, self.recent, self.mix),)
+
+    def known(self, pool: str, session: str, prompt_tokens: int) -> Known:
+        return Known(self.clock(), prompt_tokens, self.recent.get(pool, session))
+
+    def forget(self, address: str) -> None:
+        self.board.forget(address)
+
+    def score(self, address: str, now: float, size: PromptSize, *, hbm_tokens: int = 0,
+              ddr_tokens: int = 0) -> float:
+        """Estimated TTFT of a request of `size` sent to `address` at `now`."""
+        return self.estimate.seconds(Candidate(
+            address, self.board.backlog_s(address, now), size.prompt_tokens, hbm_tokens,
+            ddr_tokens))
+
+    def place(self, placing: Placing, known: Known, *, prefer_kv_pool: str | None,
+              exclude: str | None) -> str | None:
+        """The least estimated TTFT among the first candidates under the load bound."""
+        p = placing
+        found = candidates(p.view, p.hash_value, p.loads, p.load_factor,
+                           prefer_kv_pool=prefer_kv_pool, exclude=exclude)
+        if not self.config.enabled:
+            return next(found, None)
+        now, size = self.clock(), known.size  # placed once its turn to write comes
+        view = p.view
+
+        def ddr(address: str) -> int:
+            # Re-placed within its KV pool, the session's context is read from DDR there.
+            return (size.context_tokens if prefer_kv_pool is not None
+                    and view.kv_pool_of(address) == prefer_kv_pool else 0)
+
+        return _least((address, self.score(address, now, size, ddr_tokens=ddr(address)))
+                      for address in islice(found, self.config.candidates))[0]
+
+    def reconsider(self, placing: Placing, endpoint: str, state: EndpointState,
+                   known: Known) -> str | None:
+        """A DDR-pool sibling that answers sooner by enough, for a session on an active
+        endpoint; None: it stays."""
+        config, now = self.config, known.now
+        if state is not EndpointState.ACTIVE or not config.enabled:
+            return None
+        # Moving saves at most this engine's backlog (the prefill is the same anywhere): under
+        # the threshold nothing else is looked at, so the sticky path stays O(1).
+        backlog = self.board.backlog_s(endpoint, now)
+        if backlog < config.min_saving_s:
+            return None
+        moved_at = None if known.seen is None else known.seen.moved_at
+        if moved_at is not None and now - moved_at < config.cooldown_s:
+            return None
+        move = self.move(placing, endpoint, backlog, known)
+        return None if move is None else move.endpoint
+
+    def move(self, placing: Placing, current: str, backlog: float, known: Known) -> Move | None:
+        """The DDR-pool sibling a session on `current` (with `backlog` seconds queued) should
+        move to, if moving saves enough; cooldown and threshold are `reconsider`'s."""
+        view, config, now, size = placing.view, self.config, known.now, known.size
+        kv_pool = view.kv_pool_of(current)
+        same_kv = view.ring_for(kv_pool, current) if kv_pool is not None else None
+        whole = view.ring_for(None, None)
+        if same_kv is None or whole is None or same_kv is whole:
+            return None  # no sibling shares its DDR pool
+        bound = LoadBound(view, whole, placing.loads, placing.load_factor, extra=0)
+        stay = self.estimate.seconds(Candidate(current, backlog, size.prompt_tokens,
+                                               hbm_tokens=size.context_tokens))
+        siblings = (a for a in same_kv.ring.walk(placing.hash_value)
+                    if a != current and bound.admits(a))
+        best, best_s = _least(
+            (address, self.score(address, now, size, ddr_tokens=size.context_tokens))
+            for address in islice(siblings, config.candidates))
+        if best is None:
+            return None
+        saving = stay - best_s
+        if saving < config.min_saving_s or saving < config.min_saving_ratio * stay:
+            return None
+        if config.miss_safe and self.score(best, now, size) > stay:
+            # The pool may have lost the context (evicted, down, restarted): then the sibling
+            # prefills it all. Only a move that is no worse even so is taken.
+            return None
+        return Move(best, stay, best_s)
+
+
+def _least(scored: Iterable[tuple[str, float]]) -> tuple[str | None, float]:
+    """The pick: the lowest estimate, the first of equals (ring order)."""
+    best: str | None = None
+    best_s = float("inf")
+    for address, seconds in scored:
+        if seconds < best_s:
+            best, best_s = address, seconds
+    return best, best_s

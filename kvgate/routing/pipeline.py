@@ -1,0 +1,165 @@
+"""The routing decision, apart from any transport: session → filter → score → pick → commit.
+
+Choose first, commit after: placement is computed from the local view, then committed through
+the binding store, whose answer (possibly a concurrent replica's earlier binding) is final. The
+policy (`kvgate.routing.policy`) chooses; its booking hooks run once the request is routed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Protocol
+
+from kvgate.bindings.model import Binding, binding_key
+from kvgate.bindings.store import BindingStore, Unbound
+from kvgate.contract.states import EndpointState, MoveReason
+from kvgate.placement import fallback_for, session_hash
+from kvgate.placement.view import PoolView
+from kvgate.routing.decision import (
+    SESSIONLESS,
+    Decision,
+    NoActiveEndpoint,
+    Outcome,
+    UnknownPool,
+)
+from kvgate.routing.policy import STATIC, Known, Placing, Policy
+from kvgate.session import SessionIds
+
+# A binding to an endpoint in these states stays; a failed or removed one's is re-placed.
+_KEEPS_SESSIONS = (EndpointState.ACTIVE, EndpointState.DRAINING)
+
+
+class Directory(Protocol):
+    """Each pool's current view (kvgate.endpoints.EndpointDirectory, or a simulator's)."""
+
+    def view(self, pool: str) -> PoolView: ...
+
+
+class Pipeline:
+    """One decision per request: `decide(pool, session, prompt_tokens)`."""
+
+    def __init__(
+        self, store: BindingStore, directory: Directory, load_factor: float,
+        *, policy: Policy = STATIC, max_bindings: int = 0,
+        on_unbound: Callable[[str, str, Unbound], None] = lambda pool, session, why: None,
+    ) -> None:
+        self._store = store
+        self._directory = directory
+        self._load_factor = load_factor
+        self._max_bindings = max_bindings  # per pool; 0: no cap
+        self._on_unbound = on_unbound
+        self._inflight: dict[str, asyncio.Future[Binding]] = {}  # placements being written
+        self._sessions = SessionIds()
+        self.policy = policy
+
+    async def decide(self, pool: str, raw_session: bytes | None,
+                     prompt_tokens: int = 0) -> Decision:
+        """`prompt_tokens`: an estimate of the request's prompt size (0: unknown), which a
+        load-aware policy prices the request with."""
+        session = self._sessions.normalize(raw_session) if raw_session is not None else None
+        if session is None:
+            return SESSIONLESS
+        view = self._directory.view(pool)
+        if not view.members:
+            raise UnknownPool(f"no endpoints known for pool {pool!r}")
+        hash_value = session_hash(raw_session or b"")
+        binding = self._store.get(pool, session)
+        if binding is None and not self._store.synced:
+            # Still loading (or the watch is lost): another replica may have bound it.
+            binding = await self._store.fetch(pool, session)
+        policy = self.policy
+        known = policy.known(pool, session, prompt_tokens)
+        state = None if binding is None else view.state(binding.endpoint)
+        target: str | None = None
+        if binding is not None and state in _KEEPS_SESSIONS:
+            assert state is not None
+            placing = Placing(view, hash_value, self._store.load(pool), self._load_factor)
+            target = policy.reconsider(placing, binding.endpoint, state, known)
+            if target is None:
+                self._store.touch(binding)
+                for hook in policy.hooks:
+                    hook.kept(pool, session, binding.endpoint, known)
+                return self._decision(Outcome.STICKY, view, hash_value, binding.endpoint,
+                                      session)
+        return await self._place(pool, session, view, hash_value, binding, state, known,
+                                 target)
+
+    async def _place(self, pool: str, session: str, view: PoolView, hash_value: int,
+                     binding: Binding | None, state: EndpointState | None, known: Known,
+                     target: str | None) -> Decision:
+        """A new session, one whose endpoint failed or left, or one the policy moves."""
+        reason: MoveReason | None = None
+        if target is not None:
+            reason = MoveReason.LOAD
+        elif binding is not None:
+            reason = MoveReason.FAILED if state is EndpointState.FAILED else MoveReason.DRAINED
+        outcome = Outcome.NEW if binding is None else Outcome.REBIND
+        previous = None if binding is None else binding.endpoint
+        try:
+            if binding is None and 0 < self._max_bindings <= self._store.count(pool):
+                # Existing bindings are never evicted for newcomers (session.max_bindings).
+                raise Unbound("max_bindings", f"pool {pool!r} holds "
+                              f"{self._store.count(pool)} bindings (session.max_bindings: "
+                              f"{self._max_bindings})")
+            binding = await self._commit(pool, session, hash_value, binding, known, target,
+                                         reason)
+        except Unbound as why:
+            self._on_unbound(pool, session, why)
+            return Decision(Outcome.UNBOUND, (), session)
+        if previous is not None and binding.endpoint == previous:
+            outcome, reason = Outcome.STICKY, None  # a concurrent decision kept it there
+        for hook in self.policy.hooks:
+            hook.routed(pool, session, view, binding.endpoint, previous, known,
+                        moved=reason is not None)
+        return self._decision(outcome, view, hash_value, binding.endpoint, session, reason)
+
+    @staticmethod
+    def _decision(outcome: Outcome, view: PoolView, hash_value: int, endpoint: str,
+                  session: str, reason: MoveReason | None = None) -> Decision:
+        fallback = fallback_for(view, hash_value, endpoint)
+        endpoints = (endpoint,) if fallback is None else (endpoint, fallback)
+        return Decision(outcome, endpoints, session, reason)
+
+    async def _commit(
+        self, pool: str, session: str, hash_value: int, current: Binding | None,
+        known: Known, target: str | None = None, reason: MoveReason | None = None,
+    ) -> Binding:
+        """One placement per session at a time: the same session's first requests arrive
+        together, and all of them wait for the one write. The write runs as its own task so a
+        request Envoy gives up on does not abandon it halfway. `target`: where the policy
+        moves it (else the policy places it now)."""
+        key = binding_key(pool, session)
+        task = self._inflight.get(key)
+        if task is None:
+            task = asyncio.ensure_future(
+                self._place_and_store(pool, session, hash_value, current, known, target,
+                                      reason))
+            self._inflight[key] = task
+            task.add_done_callback(lambda done: self._settle(key, done))
+        return await asyncio.shield(task)
+
+    def _settle(self, key: str, task: asyncio.Future[Binding]) -> None:
+        self._inflight.pop(key, None)
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure nobody awaited any more is not logged as lost
+
+    async def _place_and_store(
+        self, pool: str, session: str, hash_value: int, current: Binding | None,
+        known: Known, target: str | None, reason: MoveReason | None,
+    ) -> Binding:
+        if target is None:
+            # The view and counts as of this write's turn (an earlier write may have landed).
+            view = self._directory.view(pool)
+            placing = Placing(view, hash_value, self._store.load(pool), self._load_factor)
+            target = self.policy.place(
+                placing, known,
+                prefer_kv_pool=None if current is None else view.kv_pool_of(current.endpoint),
+                exclude=None if current is None else current.endpoint)
+        if target is None:
+            raise NoActiveEndpoint(f"pool {pool!r} has no active endpoint")
+        if current is None:
+            return await self._store.create(Binding(session, pool, target, hash=hash_value))
+        # Memory keeps no ring hash per binding; the stored value carries it for the failover.
+        return await self._store.move(replace(current, hash=hash_value), target, reason)

@@ -1,0 +1,116 @@
+"""What the pipeline asks of a routing policy, and the static one (stickiness on the ring with
+bounded load: no clock, no size, nothing booked).
+
+A policy answers three questions: what it knows of a request (`known`), whether a session bound
+to an active or draining endpoint should move (`reconsider`), and where a new or re-placed
+session goes (`place`). Its booking hooks (`hooks`) run once a request is routed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
+
+from kvgate.contract.states import EndpointState
+from kvgate.placement.pick import place
+from kvgate.placement.view import PoolView
+from kvgate.routing.recent import Seen
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSize:
+    """What the router can tell of a request before it is sent (token estimates; 0 unknown)."""
+
+    prompt_tokens: int = 0  # this request's prompt
+    context_tokens: int = 0  # what its session's engine already holds of it (its last prompt)
+
+
+class Known(NamedTuple):
+    """What a policy knows of one request when it decides: the instant on its clock, the
+    prompt's estimated size, and what it remembers of the session. (A tuple: it is made for
+    every request, sticky ones included, and a tuple is the cheapest record to make.)"""
+
+    now: float = 0.0
+    prompt_tokens: int = 0  # 0: unknown
+    seen: Seen | None = None
+
+    @property
+    def size(self) -> PromptSize:
+        """The prompt, and what its session's engine holds of it (its last prompt)."""
+        return PromptSize(self.prompt_tokens, 0 if self.seen is None else self.seen.tokens)
+
+
+NOTHING_KNOWN = Known()
+
+
+class Placing(NamedTuple):
+    """Where a session is being placed: its pool's view, ring hash and session counts."""
+
+    view: PoolView
+    hash_value: int
+    loads: Mapping[str, int]
+    load_factor: float
+
+
+class BookingHook(Protocol):
+    """Runs once a request is routed (after its binding is committed, or kept)."""
+
+    def kept(self, pool: str, session: str, endpoint: str, known: Known) -> None:
+        """The request stays with its session's engine (no binding written)."""
+        ...
+
+    def routed(self, pool: str, session: str, view: PoolView, endpoint: str,
+               previous: str | None, known: Known, *, moved: bool) -> None:
+        """The request was placed on `endpoint` (`previous`: its session's endpoint before;
+        `moved`: the policy or a failure moved it)."""
+        ...
+
+
+class Policy(Protocol):
+    """How sessions are placed and kept; the pipeline does the rest."""
+
+    hooks: tuple[BookingHook, ...]
+
+    def known(self, pool: str, session: str, prompt_tokens: int) -> Known:
+        """What this policy needs of the request; `prompt_tokens` 0 when unknown."""
+        ...
+
+    def reconsider(self, placing: Placing, endpoint: str, state: EndpointState,
+                   known: Known) -> str | None:
+        """Where a session bound to `endpoint` (active or draining) should move, or None."""
+        ...
+
+    def place(self, placing: Placing, known: Known, *, prefer_kv_pool: str | None,
+              exclude: str | None) -> str | None:
+        """A new (or re-placed) session's endpoint; None when the pool has no active one."""
+        ...
+
+    def forget(self, address: str) -> None:
+        """An endpoint failed or left: what the policy knew of its load no longer holds."""
+        ...
+
+
+class StaticPolicy:
+    """Static stickiness: a bound session stays; placement is the ring's first endpoint under
+    the load bound (its KV pool first)."""
+
+    hooks: tuple[BookingHook, ...] = ()
+
+    def known(self, pool: str, session: str, prompt_tokens: int) -> Known:
+        return NOTHING_KNOWN  # nothing read, nothing allocated on the sticky path
+
+    def reconsider(self, placing: Placing, endpoint: str, state: EndpointState,
+                   known: Known) -> str | None:
+        return None
+
+    def place(self, placing: Placing, known: Known, *, prefer_kv_pool: str | None,
+              exclude: str | None) -> str | None:
+        return place(placing.view, placing.hash_value, placing.loads, placing.load_factor,
+                     prefer_kv_pool=prefer_kv_pool, exclude=exclude)
+
+    def forget(self, address: str) -> None:
+        pass
+
+
+STATIC = StaticPolicy()
