@@ -18,6 +18,7 @@ from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.placement.view import Member, PoolView
 from kvgate.routing import STATIC, DecisionError, GatedPolicy, Pipeline, Policy
+from kvgate.routing.recent import PrefillMix
 from simulator.observe import Scrape
 
 POOL = "sim"
@@ -169,29 +170,20 @@ class ScrapedBoard(LoadBoard):
     """The load gate's :class:`LoadBoard`, its observations taken from the engines' scrapes
     when the gate looks at an engine (the scrape as of the last refresh tick, aged by the
     board as any observation). vLLM's gauges give no seconds of work: the waiting requests
-    are priced at the mean prefill this router has booked (its own estimate), the running ones
-    at nothing (their prefill is under way or done)."""
+    are priced as ext_proc's scraper prices them (kvgate.routing.engine_load), at the gate's
+    `PrefillMix` of what this router booked; the running ones at nothing (their prefill is
+    under way or done)."""
 
-    def __init__(self, metrics: Metrics, max_age_s: float = 2.0,
-                 default_prefill_s: float = 0.02) -> None:
+    def __init__(self, metrics: Metrics, mix: PrefillMix, max_age_s: float = 2.0) -> None:
         super().__init__(max_age_s)
         self._metrics = metrics
-        self._default_prefill_s = default_prefill_s
-        self.booked = 0
-        self.booked_s = 0.0
-
-    def routed(self, address: str, now: float, prefill_s: float, ready_at: float | None = None,
-               ) -> None:
-        super().routed(address, now, prefill_s, ready_at)
-        self.booked += 1
-        self.booked_s += prefill_s
+        self._mix = mix  # the gated policy's: its booking hook adds every booked prefill
 
     def observed(self, address: str, now: float) -> ObservedLoad | None:
         scrape = self._metrics.scrape(address, now)
         if scrape is not None:
-            mean = self.booked_s / self.booked if self.booked else self._default_prefill_s
-            self.observe(address, ObservedLoad(scrape.at, scrape.waiting * mean, scrape.running,
-                                               scrape.waiting, scrape.kv_usage))
+            self.observe(address, ObservedLoad(scrape.at, scrape.waiting * self._mix.mean_s,
+                                               scrape.running, scrape.waiting, scrape.kv_usage))
         return super().observed(address, now)
 
 
@@ -216,7 +208,8 @@ def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[],
     # As `kvgate up` describes an emulated fleet: one shared DDR pool, or one HBM each.
     kv_pools = (["ddr-pool"] * len(addresses) if mode.ddr_pool
                 else [f"hbm-{i}" for i in range(len(addresses))])
-    board = ScrapedBoard(metrics, setup.max_age_s, setup.cost.prefill_overhead_s)
-    policy: Policy = (GatedPolicy(setup.cost, setup.gate, board, clock=clock)
+    mix = PrefillMix()
+    board = ScrapedBoard(metrics, mix, setup.max_age_s)
+    policy: Policy = (GatedPolicy(setup.cost, setup.gate, board, clock=clock, mix=mix)
                       if mode.load_aware else STATIC)
     return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, policy)
