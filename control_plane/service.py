@@ -313,7 +313,8 @@ class ControlPlaneService:
             return self._reload_failed("the config makes an inconsistent Envoy snapshot: "
                                        + "; ".join(problems))
         try:
-            state = await sync_membership(self._etcd, config, self._options.identity, claim=True)
+            state = await sync_membership(self._etcd, config, self._options.identity, claim=True,
+                                          before_write=self._membership_writing)
         except MembershipConflict as exc:
             return self._reload_failed(str(exc))
         except EtcdError as exc:
@@ -336,6 +337,12 @@ class ControlPlaneService:
                  membership_generation=None if state.stored is None else state.stored.generation,
                  records_changed=state.changed)
         return True
+
+    def _membership_writing(self) -> None:
+        """The reload's write is about to leave: the endpoints mirror may show its records before
+        etcd's reply reaches `reload`, so a failed reload's error is cleared first and no reader
+        ever sees the new membership beside it. Should the write fail, the error is set again."""
+        self.last_reload_error = None
 
     def _reload_failed(
         self, reason: str, problems: list[str] | None = None, kind: str | None = None

@@ -218,7 +218,7 @@ class EngineServer:
             if request.transport is not None:
                 request.transport.abort()
             return web.Response(status=503)
-        if not request.path.startswith("/admin/"):
+        if request.path.startswith("/v1/"):  # inference only: probes and scrapes would overwrite it
             self._last_headers = {k.lower(): v for k, v in request.headers.items()}
             self._last_path = request.path
         try:

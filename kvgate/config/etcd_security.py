@@ -13,7 +13,7 @@ from pathlib import Path as FilePath
 from typing import Any
 
 from kvgate.config.fields import Fields, Path
-from kvgate.config.model import EtcdAuth, EtcdTls
+from kvgate.config.sections.etcd import EtcdAuth, EtcdTls
 
 PASSWORD_ENV = "KVGATE_ETCD_PASSWORD"
 MAX_FILE_BYTES = 1 << 20  # a certificate bundle or a password is a few KiB

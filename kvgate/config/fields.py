@@ -5,10 +5,11 @@ from __future__ import annotations
 import ipaddress
 import re
 from collections.abc import Callable
+from pathlib import Path as FilePath
 from typing import Any, TypeVar
 
+from kvgate.config.address import HostPort
 from kvgate.config.errors import PathPart, Problem
-from kvgate.config.model import HostPort
 
 T = TypeVar("T")
 Path = tuple[PathPart, ...]
@@ -27,7 +28,8 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 class Fields:
     """Collects problems while reading; callers check `problems` once at the end."""
 
-    def __init__(self) -> None:
+    def __init__(self, base: FilePath | None = None) -> None:
+        self.base = base or FilePath.cwd()  # relative file names in values are from here
         self.problems: list[Problem] = []
         self.warnings: list[Problem] = []
 

@@ -88,9 +88,13 @@ async def sync_membership(
     claim: bool,
     clock: Callable[[], float] = time.time,
     attempts: int = 20,
+    before_write: Callable[[], None] | None = None,
 ) -> MembershipState:
     """Makes etcd's endpoint records match `config` if this replica may (see the module's doc);
-    `claim` is True for a reload. Raises MembershipConflict, or EtcdError from etcd."""
+    `claim` is True for a reload. Raises MembershipConflict, or EtcdError from etcd.
+
+    `before_write` runs right before each write is sent (never when nothing is to be written):
+    from then on etcd's watchers, this replica's own mirror included, may see the new records."""
     prefix = config.etcd.prefix
     digest = membership_digest(config)
     base: int | None = None  # the generation this write replaces
@@ -118,6 +122,8 @@ async def sync_membership(
             head = Write(membership_key(prefix), written.encode())
         if head is None and not writes:
             return MembershipState(written, in_sync=True)
+        if before_write is not None:
+            before_write()
         if await _apply(client, membership_key(prefix), head_revision, head, writes, guards):
             return MembershipState(written, in_sync=True, changed=len(writes))
         # A guard failed: a record or the membership changed meanwhile. Read again and merge.

@@ -10,7 +10,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -19,8 +19,9 @@ from control_plane.admin.server import AdminServer
 from control_plane.operations import Operations
 from control_plane.status import ControlPlaneStatus
 from kvgate.config.model import HostPort
-from kvgate.endpoints.records import record_key
+from kvgate.endpoints.records import EndpointRecord, record_key
 from kvgate.etcd import EtcdClient
+from kvgate.etcd.client import Guard, Write
 from kvgate.runtime.child import Child
 from kvgate.runtime.ports import free_ports
 from stack.local import grpc_serving
@@ -129,9 +130,29 @@ async def test_a_reload_etcd_refuses_changes_nothing_and_applies_once_etcd_answe
         assert service.config == config  # nothing applied in memory
         assert c.address not in service.directory.states()["coder"]
         assert service.cache.current.version == served  # nor sent to Envoy
+        # The order a reader may rely on: the failed reload's error is gone before the new
+        # endpoint shows. The endpoints mirror may apply etcd's event before the write's reply
+        # reaches the reload (a busy machine does it): the reply is made late here, and the
+        # error is read at the moment the record lands.
+        errors_when_seen: list[str | None] = []
+        set_record, commit = service.directory.set_record, service._etcd.commit
+
+        def spying(record: EndpointRecord) -> None:
+            if record.address == c.address:
+                errors_when_seen.append(service.last_reload_error)
+            set_record(record)
+
+        async def late_reply(guards: Sequence[Guard], writes: Sequence[Write]) -> int | None:
+            revision = await commit(guards, writes)
+            await asyncio.sleep(0.5)
+            return revision
+
+        service.directory.set_record = spying  # type: ignore[method-assign]
+        service._etcd.commit = late_reply  # type: ignore[method-assign]
         await etcd.start()
         # The reload task retries etcd's refusals by itself, with backoff.
         await eventually(lambda: c.address in service.directory.states()["coder"], within=30)
+        assert errors_when_seen and set(errors_when_seen) == {None}, errors_when_seen
         assert service.last_reload_error is None
         client = EtcdClient([etcd.endpoint])
         try:

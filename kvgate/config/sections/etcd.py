@@ -1,0 +1,77 @@
+"""`etcd:` where bindings and endpoint states live, and how kvgate authenticates to it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.config.address import HostPort
+from kvgate.config.fields import Fields, Path
+from kvgate.config.schema import Address, Custom, ListOf, Section, key
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """TLS to etcd (`etcd.tls`): absolute paths of PEM files, checked when the config is read."""
+
+    ca: str | None = key(Custom(Fields.string, "file"), "the PEM CA that signed etcd's "
+                         "certificate", default=None, default_doc="the system's CAs")
+    cert: str | None = key(Custom(Fields.string, "file"), "a PEM client certificate (chain), for "
+                           "an etcd with `--client-cert-auth`; with `key`", default=None)
+    key: str | None = key(Custom(Fields.string, "file"), "the client certificate's unencrypted "
+                          "PEM key; with `cert`", default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdAuth:
+    """etcd user authentication (`etcd.auth`). The password itself is never in the config: it is
+    read from `password_file`, else from the KVGATE_ETCD_PASSWORD environment variable."""
+
+    username: str = key(Custom(Fields.string, "string"), "the etcd user kvgate authenticates as",
+                        default="", default_doc="required")
+    password_file: str | None = key(
+        Custom(Fields.string, "file"), "the password (one line; a final newline is dropped); "
+        "without it, the environment variable `KVGATE_ETCD_PASSWORD`. Never in the YAML itself",
+        default=None)
+
+
+def _endpoints(f: Fields, value: Any, path: Path) -> tuple[HostPort, ...]:
+    items = f.sequence(value, path)
+    if isinstance(value, list) and not items:
+        f.error(path, "must name at least one etcd endpoint (or be omitted)")
+    return tuple(hp for i, v in enumerate(items)
+                 if (hp := f.host_port(v, (*path, i), require_ip=False)) is not None)
+
+
+def _prefix(f: Fields, value: Any, path: Path) -> str | None:
+    prefix = f.string(value, path)
+    if prefix is not None and not (prefix.startswith("/") and prefix.endswith("/")):
+        f.error(path, f"must start and end with '/', got {prefix!r}")
+    return prefix
+
+
+def _tls(f: Fields, value: Any, path: Path) -> EtcdTls | None:
+    from kvgate.config.etcd_security import read_tls
+
+    return read_tls(f, value, path, f.base)
+
+
+def _auth(f: Fields, value: Any, path: Path) -> EtcdAuth | None:
+    from kvgate.config.etcd_security import read_auth
+
+    return read_auth(f, value, path, f.base)
+
+
+@dataclass(frozen=True, slots=True)
+class Etcd:
+    endpoints: tuple[HostPort, ...] | None = key(
+        ListOf(Address(), _endpoints), "etcd `host:port` list; omitted under `kvgate up`: an "
+        "embedded etcd is started", default=None, default_doc="*(none)*")
+    prefix: str = key(Custom(_prefix, "string starting and ending with `/`"),
+                      "every key kvgate writes lives under it", default="/kvgate/v1/")
+    tls: EtcdTls | None = key(
+        Section(EtcdTls, _tls), "TLS to etcd (`{}`: the system's CAs). Relative paths are from "
+        "the YAML file's folder; the files are read and checked when the config is (readable, "
+        "PEM, key fits certificate)", default=None, default_doc="*(none: plaintext)*")
+    auth: EtcdAuth | None = key(Section(EtcdAuth, _auth), "etcd user authentication",
+                                default=None, default_doc="*(none)*")

@@ -1,0 +1,100 @@
+"""`placement:` bounded load, the load gate and the engines' speed it prices with.
+
+The gate's thresholds take their defaults from kvgate.placement.gate.GateConfig and the
+engines' speed is kvgate.placement.cost.EngineCost itself (its keys described here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kvgate.config.fields import Fields, Path
+from kvgate.config.schema import (
+    Boolean,
+    Duration,
+    Integer,
+    Key,
+    Number,
+    Scaled,
+    Section,
+    Size,
+    describe,
+    key,
+)
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.gate import GateConfig
+
+_GATE = GateConfig()  # its defaults are the YAML's
+
+
+@dataclass(frozen=True, slots=True)
+class LoadGateConfig:
+    """`placement.load_gate`: the gate's thresholds (kvgate.placement.gate.GateConfig) and how
+    ext_proc feeds it (live load from the engines' metrics, prompt size from content-length)."""
+
+    enabled: bool = key(
+        Boolean(), "the load gate: a bound session moves to a sibling in its DDR pool when that "
+        "answers sooner; new sessions go to the least estimated TTFT among their ring "
+        "candidates. `false`: static stickiness, exactly as before (nothing scraped, "
+        "`content-length` not forwarded)", default=_GATE.enabled)
+    min_saving_s: float = key(Duration(0.0, 3600.0), "a move must save at least this much "
+                              "estimated TTFT ...", default=_GATE.min_saving_s)
+    min_saving_ratio: float = key(Number(0.0, 1.0), "... and at least this share of the "
+                                  "session's estimate on its own engine",
+                                  default=_GATE.min_saving_ratio)
+    cooldown_s: float = key(Duration(0.0, 86400.0), "a session the gate moved stays put this "
+                            "long (no flapping between two busy siblings)",
+                            default=_GATE.cooldown_s)
+    candidates: int = key(Integer(1, 1024), "endpoints scored per decision, in ring order (1: "
+                          "plain ring placement for new sessions)", default=_GATE.candidates)
+    miss_safe: bool = key(
+        Boolean(), "a move must also be no slower if the DDR pool has lost the session's "
+        "context (evicted while it lived in HBM, or the pool is down) and the sibling prefills "
+        "it all; `false` prices every move as a DDR read", default=_GATE.miss_safe)
+    refresh_s: float = key(Duration(0.01, 60.0), "how often each ext_proc replica scrapes every "
+                           "active engine's `/metrics`", default=0.1)
+    max_load_age_s: float = key(Duration(0.01, 3600.0), "an engine's report older than this "
+                                "counts for nothing (at least `refresh_s`)", default=2.0)
+    bytes_per_token: float = key(Number(0.1, 1000.0), "request body bytes per prompt token: the "
+                                 "prompt-size estimate from `content-length`", default=4.0)
+
+    def gate(self) -> GateConfig:
+        return GateConfig(self.enabled, self.min_saving_s, self.min_saving_ratio,
+                          self.cooldown_s, self.candidates, self.miss_safe)
+
+
+def _check_gate(f: Fields, gate: LoadGateConfig, path: Path) -> None:
+    if (gate.max_load_age_s < gate.refresh_s and not f.failed((*path, "refresh_s"))
+            and not f.failed((*path, "max_load_age_s"))):
+        f.error((*path, "max_load_age_s"),
+                f"must be at least refresh_s ({gate.refresh_s:g}s), got {gate.max_load_age_s:g}s:"
+                " every engine report would be stale before the next one arrives")
+
+
+describe(
+    EngineCost,
+    prefill_tokens_per_s=Key(Number(1.0, 1e9), "the engines' prefill rate (tokens/s)"),
+    prefill_overhead_s=Key(Duration(0.0, 600.0), "a prefill's fixed cost: scheduling, "
+                           "sampling, the first step's launch"),
+    kv_bytes_per_token=Key(Size(1, 1 << 30), "KV cache bytes per token"),
+    ddr_gbps=Key(Number(0.001, 1e6), "one device's link from the DDR pool (GB/s)"),
+    transfer_fixed_s=Key(Scaled(0.0, 60_000.0, 1000.0, "ms"), "a DDR transfer's fixed cost: "
+                         "pool lookup, RDMA set-up, scatter into the paged cache",
+                         name="transfer_fixed_ms"),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    load_factor: float = key(
+        Number(1.0, 100.0), "bounded load: no endpoint holds more than this × its weighted "
+        "share of the pool's sessions (1.0 = perfectly even), also when sessions move",
+        default=1.25)
+    load_gate: LoadGateConfig = key(Section(LoadGateConfig, check=_check_gate),
+                                    "the load gate's thresholds and feed",
+                                    factory=LoadGateConfig)
+    engine_cost: EngineCost = key(
+        Section(EngineCost), "the engines' speed the gate prices requests with. Defaults are "
+        "the emulator's engine (a 32B-class model on one device). `kvgate up` with an emulated "
+        "fleet passes the emulator's figures at its `--time-scale` (and scales `min_saving_s` "
+        "and `cooldown_s` with it) unless the YAML sets `engine_cost`", factory=EngineCost)
