@@ -12,7 +12,7 @@ One definition for the emulator (``kvgate emulate``, ``kvgate up``'s fleet) and 
 - eviction: least recently used at watermarks (or only when full), or leases with a TTL and a
   share of the blocks evicted at a time, oldest lease first.
 
-Every rule cites the code it is taken from in ``SOURCES`` below and in docs/benchmarks.md ("The
+Every rule cites the code it is taken from in ``SOURCES`` below and in docs/pool-profiles.md ("The
 DDR pool as the connectors fill it"); a rule changed for any other reason is a defect.
 """
 
@@ -90,7 +90,7 @@ class PoolProfile:
                 "chunk_tokens": self.chunk_tokens}
 
 
-# Each rule from the code named beside it; docs/benchmarks.md ("The DDR pool as the connectors
+# Each rule from the code named beside it; docs/pool-profiles.md ("The DDR pool as the connectors
 # fill it") gives the versions and lines. Pins held for the few milliseconds between a lookup
 # and its load or save are not modelled.
 LMCACHE = PoolProfile(

@@ -7,7 +7,7 @@ does not say which side streams, so `Process` is served by a unary handler: it r
 message and sends the answer, the initial metadata and the OK status as a single batch. Envoy
 sees exactly a stream closed right after its answer, and the server does one completion-queue
 round trip less per request than a streaming handler (measured: ~20 % fewer system calls and
-~14 % more decisions per CPU-second; README, "Performance").
+~14 % more decisions per CPU-second; docs/performance.md, "Performance").
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Keys: `{prefix}membership` → {"generation", "digest", "by", "at"} and the endpoint records
 `{prefix}endpoints/{pool}/{ip:port}` (kvgate.endpoints.records).
 
-Who writes (README, Operations, "Who writes membership"):
+Who writes (docs/operating.md, "Who writes membership"):
 - the first control plane ever to start against the prefix (no membership key): generation 1;
 - a control plane whose file was reloaded (SIGHUP or a change of the file): generation + 1; a
   reload is the operator saying "this file is now the newest";

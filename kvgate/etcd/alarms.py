@@ -54,7 +54,7 @@ class EtcdAlarmWatch:
             log.error("etcd_alarm", alarm=alarm, db_bytes=size, db_in_use_bytes=in_use,
                       effect="etcd refuses every write until the alarm is disarmed" if alarm ==
                       "NOSPACE" else "see etcd's documentation",
-                      fix="README, Operations: etcd out of space (compact, defrag, disarm)")
+                      fix="docs/operating.md: etcd out of space (compact, defrag, disarm)")
         for alarm in sorted(set(self.alarms) - set(alarms)):
             log.info("etcd_alarm_cleared", alarm=alarm)
         for alarm in set(alarms) | set(self.alarms) | set(KNOWN_ALARMS):

@@ -46,7 +46,7 @@ class EtcdDeadline(EtcdUnavailable):
 
 class EtcdNoSpace(EtcdError):
     """The NOSPACE alarm is raised: reads and deletes work, writes fail until an operator
-    compacts, defragments and disarms it (README, Operations)."""
+    compacts, defragments and disarms it (docs/operating.md, etcd out of space)."""
 
     kind = EtcdErrorKind.NO_SPACE
 

@@ -182,8 +182,8 @@ def ext_procs_table(s: pb.StatusResponse) -> str:
 
 def _trouble_lines(s: pb.StatusResponse) -> list[str]:
     """etcd alarms, etcd errors by kind and failing background tasks: nothing when all is well."""
-    lines = [f"etcd alarm     {alarm}: etcd refuses writes until it is disarmed (README, "
-             "Operations)" for alarm in s.etcd_alarms]
+    lines = [f"etcd alarm     {alarm}: etcd refuses writes until it is disarmed "
+             "(docs/operating.md, etcd out of space)" for alarm in s.etcd_alarms]
     lines.extend(f"etcd errors    {e.kind} ×{e.count}, last {moment(e.last_at)}: {e.error}"
                  for e in s.etcd_errors)
     lines.extend(f"task failing   {t.task}: restarted {t.restarts}×, last {moment(t.failed_at)}: "

@@ -95,7 +95,8 @@ async def test_nospace_is_named_survived_and_recovered_from(
             assert "etcd alarm     NOSPACE" in text.out
             assert status["etcd_db_bytes"] >= ETCD_SMALL_QUOTA * 0.9  # full, and shown
 
-            # The operator's fix (README, Operations): free space, compact, defragment, disarm.
+            # The operator's fix (docs/operating.md, etcd out of space): free space, compact,
+            # defragment, disarm.
             lease_before = await _lease_of(operator, prefix, used)
             await operator.delete_prefix(f"{prefix}junk/".encode())
             await operator.compact()

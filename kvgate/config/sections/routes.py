@@ -100,9 +100,10 @@ def read_routes(f: Fields, value: Any, path: Path) -> tuple[Route, ...]:
 
 ROUTES = ListOf(Section(Route, _read_route), read_routes)
 
-# Without `routes:`, a one-pool gateway serves these and nothing else (README, "Routes"): the
-# OpenAI-compatible inference API as vLLM serves it. Not its /metrics, /health, /tokenize,
-# profiling, sleep, LoRA loading (/v1/load_lora_adapter is under /v1/ too) or any admin path.
+# Without `routes:`, a one-pool gateway serves these and nothing else (docs/operating.md,
+# "Routes"): the OpenAI-compatible inference API as vLLM serves it. Not its /metrics, /health,
+# /tokenize, profiling, sleep, LoRA loading (/v1/load_lora_adapter is under /v1/ too) or any
+# admin path.
 INFERENCE_PATHS = (
     "/v1/chat/completions",
     "/v1/completions",
