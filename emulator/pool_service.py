@@ -12,8 +12,9 @@ Endpoints (JSON; hashes are unsigned 64-bit integers):
 - ``POST /v1/finish``  the same and ``"answer": [h, ...]`` -> ``{"inserted": m}``: a request is
   over (decode blocks, end-of-request refresh, as the profile says)
 - ``POST /v1/insert``  ``{"hashes": [h, ...]}`` -> ``{"inserted": k}``, k = new blocks
-- either answers 503 while the pool is down (``--pool-fail``)
-- ``GET /v1/stats`` -> counters and occupancy; ``GET /health`` -> ``ok``
+- each answers 503 while the pool is down (``--pool-fail``)
+- ``GET /v1/stats`` -> the connector profile's name, counters and occupancy
+- ``GET /health`` -> ``ok``
 - ``GET /metrics`` -> the same as Prometheus text (``kvgate_ddr_pool_*``)
 """
 
@@ -269,7 +270,8 @@ async def _finish(request: web.Request) -> web.Response:
 
 
 async def _stats(request: web.Request) -> web.Response:
-    return web.json_response(request.app[POOL_KEY].stats())
+    host = request.app[POOL_KEY]
+    return web.json_response({**host.stats(), "connector": host.pool.profile.name})
 
 
 async def _health(request: web.Request) -> web.Response:

@@ -47,6 +47,23 @@ def test_simulate_replays_a_trace_with_failure_and_drain(tmp_path: Path) -> None
     assert document["modes"]["affinity+ddr"]["requests"] > 0
 
 
+def test_the_pool_connector_is_chosen_by_name_and_recorded(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["simulate", "--engines", "2", "--sessions", "20", "--duration-s", "300",
+                 "--modes", "affinity+ddr", "--pool-connector", "mooncake", "--out",
+                 str(tmp_path), "--quiet", "--no-oracle"])
+    assert code == 0
+    workload = json.loads((tmp_path / "simulate-bank-coding.json").read_text())["workload"]
+    assert workload["pool_connector"] == "mooncake"
+    assert workload["pool_profile"]["eviction"] == "lease"
+    assert workload["pool_watermarks"] == [0.9, 0.9]  # the connector's, none given
+    with pytest.raises(SystemExit) as exit_info:
+        main(["simulate", "--pool-connector", "memcache"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--pool-connector" in err and "ascend-store" in err and "memcache" in err
+
+
 def test_bad_event_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["simulate", "--fail", "one@two"])

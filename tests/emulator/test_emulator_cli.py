@@ -50,14 +50,16 @@ def port_open(address: str) -> bool:
 def test_cli_serves_writes_ready_file_and_stops_on_sigterm(tmp_path: Path, entry: str) -> None:
     ready = tmp_path / "ready.json"
     cmd = [*ENTRY_POINTS[entry], "--instances", "2", "--port", "0", "--time-scale", "0",
-           "--hbm-tokens", "10000", "--ready-file", str(ready)]  # fmt: skip
+           "--hbm-tokens", "10000", "--pool-connector", "lmcache",
+           "--ready-file", str(ready)]  # fmt: skip
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         info = wait_for_file(ready, proc)
         assert info["pid"] == proc.pid
         assert len(info["engines"]) == 2 and info["pool_url"].startswith("http://127.0.0.1:")
         engine = info["engines"][0]
-        body = json.dumps({"prompt": "hello " * 40, "max_tokens": 2}).encode()
+        # 800 tokens: whole 256-token chunks, which is all LMCache stores
+        body = json.dumps({"prompt": "hello " * 400, "max_tokens": 2}).encode()
         req = urllib.request.Request(
             f"http://{engine}/v1/completions", data=body,
             headers={"Content-Type": "application/json"},
@@ -66,7 +68,8 @@ def test_cli_serves_writes_ready_file_and_stops_on_sigterm(tmp_path: Path, entry
             assert resp.headers["x-engine-id"] == engine
             assert json.loads(resp.read())["usage"]["completion_tokens"] == 2
         with urllib.request.urlopen(f"{info['pool_url']}/v1/stats", timeout=30) as resp:
-            assert json.loads(resp.read())["blocks"] > 0
+            stats = json.loads(resp.read())
+            assert stats["blocks"] > 0 and stats["connector"] == "lmcache"
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:
