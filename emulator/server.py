@@ -23,7 +23,7 @@ from aiohttp import web
 from emulator.clock import EmulatedClock
 from emulator.engine_model import Admission, EngineModel
 from emulator.kv_events import KvEventLog, session_id
-from emulator.metrics import CONTENT_TYPE, make_registry, render
+from emulator.metrics import CONTENT_TYPE, make_registry, render, stats_body
 from emulator.openai_api import (
     ApiError,
     ChunkWriter,
@@ -277,22 +277,8 @@ class EngineServer:
         return web.json_response({"path": self._last_path, "headers": self._last_headers})
 
     async def _stats(self, request: web.Request) -> web.Response:
-        model = self.model
-        stats = model.stats
-        running, waiting = model.occupancy(self.clock.now())
-        return web.json_response({
-            "engine_id": self.engine_id,
-            "requests": stats.requests,
-            "prefix_cache_queries": stats.prefix_cache_queries,
-            "prefix_cache_hits": stats.prefix_cache_hits,
-            "external_prefix_cache_queries": stats.external_prefix_cache_queries,
-            "external_prefix_cache_hits": stats.external_prefix_cache_hits,
-            "hbm_blocks": len(model.cache),
-            "hbm_capacity_blocks": model.cache.capacity_blocks,
-            "running": running,
-            "waiting": waiting,
-            "fault": self.fault,
-        })  # fmt: skip
+        body = stats_body(self.model, self.clock.now())
+        return web.json_response({"engine_id": self.engine_id, **body, "fault": self.fault})
 
     # ---- completions -----------------------------------------------------------------------
 
