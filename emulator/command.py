@@ -168,6 +168,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="write {engines, pool_url, pid} as JSON here once everything listens",
     )
     a("--log-level", default="info", choices=["debug", "info", "warning", "error"])  # fmt: skip
+    _add_table(parser.add_argument_group("KV cache events (vLLM's --kv-events-config, ZMQ)"),
+               KV_EVENT_FLAGS, d)
+
+
+# (flag, type, help) of option groups declared as tables; each default is EmulatorOptions'
+# field of the same name.
+FlagRow = tuple[str, type, str]
+KV_EVENT_FLAGS: tuple[FlagRow, ...] = (
+    ("--kv-events-port", int, "publish each instance's KV cache events as vLLM does (ZMQ PUB on "
+     "tcp://HOST:PORT): the first instance's port, the others use the next ones; 0 = off"),
+    ("--kv-events-replay-port", int, "vLLM's replay socket (ROUTER): the first instance's "
+     "port, the others use the next ones; 0 = none"),
+    ("--kv-events-topic", str, "topic of every KV event message"),
+)
+
+
+def _add_table(group: argparse._ArgumentGroup, rows: tuple[FlagRow, ...],
+               defaults: EmulatorOptions) -> None:
+    for flag, kind, text in rows:
+        group.add_argument(flag, type=kind, default=getattr(defaults, _dest(flag)),
+                           help=f"{text} (%(default)s)")
+
+
+def _dest(flag: str) -> str:
+    """``--kv-events-port`` -> ``kv_events_port`` (argparse's and EmulatorOptions' name)."""
+    return flag.removeprefix("--").replace("-", "_")
 
 
 def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
@@ -205,6 +231,7 @@ def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
         engine_id=args.engine_id,
         max_model_len=args.max_model_len,
         processes=args.processes,
+        **{_dest(flag): getattr(args, _dest(flag)) for flag, _, _ in KV_EVENT_FLAGS},
     )
 
 

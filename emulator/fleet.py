@@ -18,6 +18,8 @@ from aiohttp import web
 from emulator.clock import EmulatedClock
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import EngineModel
+from emulator.kv_events import KvEventLog
+from emulator.kv_events_zmq import KvEventPublisher
 from emulator.options import EmulatorOptions
 from emulator.pool_faults import PoolFaults
 from emulator.pool_host import PoolHost
@@ -40,6 +42,7 @@ class Fleet:
         self.pool_url: str | None = None
         self._pool_client: PoolClient | None = None
         self._pool_runner: web.AppRunner | None = None
+        self.publishers: list[KvEventPublisher] = []  # KV events, one per instance when asked
 
     @property
     def engines(self) -> list[str]:
@@ -86,8 +89,10 @@ class Fleet:
         config = opts.engine_config()
         for i in range(opts.instances):
             index = opts.first_index + i  # its place in the whole fleet (emulator.processes)
+            model = EngineModel(config)
+            events = await self._start_kv_events(model, i) if opts.kv_events_port else None
             server = EngineServer(
-                EngineModel(config),
+                model,
                 self.clock,
                 self._pool_client,
                 host=opts.host,
@@ -96,14 +101,31 @@ class Fleet:
                 index=index,
                 seed=opts.seed + index,
                 max_model_len=opts.max_model_len,
+                kv_events=events,
             )
             self.servers.append(server)
             await server.start()
+
+    async def _start_kv_events(self, model: EngineModel, i: int) -> KvEventLog:
+        """Instance ``i``'s KV event log, its cache's observer, published on the ports given."""
+        opts = self.options
+        events = KvEventLog(opts.block_size)
+        model.cache.observer = events
+        publisher = KvEventPublisher(
+            events, opts.host, opts.kv_events_port + i, topic=opts.kv_events_topic,
+            replay_port=opts.kv_events_replay_port + i if opts.kv_events_replay_port else None,
+            step_s=opts.decode_ms_per_token / 1000.0 * opts.time_scale)
+        self.publishers.append(publisher)
+        await publisher.start()
+        return events
 
     async def stop(self) -> None:
         """Stop every instance, then the pool. Safe to call twice."""
         for server in self.servers:
             await server.stop()
+        for publisher in self.publishers:
+            await publisher.close()
+        self.publishers.clear()
         if self._pool_runner is not None:
             await self._pool_runner.cleanup()
             self._pool_runner = None

@@ -9,6 +9,7 @@ because one process hosts several instances.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -110,3 +111,20 @@ def make_registry(model: EngineModel, now: Callable[[], float]) -> CollectorRegi
 def render(registry: CollectorRegistry) -> bytes:
     """Prometheus text exposition of ``registry``."""
     return generate_latest(registry)
+
+
+def stats_body(model: EngineModel, now: float) -> dict[str, Any]:
+    """``GET /admin/stats``'s counters, HBM blocks and occupancy (the server adds who it is)."""
+    stats = model.stats
+    running, waiting = model.occupancy(now)
+    return {
+        "requests": stats.requests,
+        "prefix_cache_queries": stats.prefix_cache_queries,
+        "prefix_cache_hits": stats.prefix_cache_hits,
+        "external_prefix_cache_queries": stats.external_prefix_cache_queries,
+        "external_prefix_cache_hits": stats.external_prefix_cache_hits,
+        "hbm_blocks": len(model.cache),
+        "hbm_capacity_blocks": model.cache.capacity_blocks,
+        "running": running,
+        "waiting": waiting,
+    }

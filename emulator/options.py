@@ -53,6 +53,9 @@ class EmulatorOptions:
     max_model_len: int = DEFAULT_MAX_MODEL_LEN  # what /tokenize reports (prompts are not cut)
     processes: int = 1  # processes serving the instances (emulator.processes)
     first_index: int = 0  # index of this process's first instance in the whole fleet
+    kv_events_port: int = 0  # first instance's KV event PUB port, the others follow; 0 = off
+    kv_events_replay_port: int = 0  # ... and replay (ROUTER) port; 0 = no replay socket
+    kv_events_topic: str = "kv"
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad option."""
@@ -88,6 +91,12 @@ class EmulatorOptions:
             (1 <= self.processes <= self.instances,
              f"processes must be between 1 and the instances ({self.instances})"),
             (self.first_index >= 0, "first_index must be >= 0"),
+            (0 <= self.kv_events_port <= 65535 - (self.instances - 1),
+             "kv_events_port out of range"),
+            (0 <= self.kv_events_replay_port <= 65535 - (self.instances - 1),
+             "kv_events_replay_port out of range"),
+            (not self.kv_events_replay_port or self.kv_events_port > 0,
+             "kv_events_replay_port needs kv_events_port"),
         ]
         for ok, message in checks:
             if not ok:

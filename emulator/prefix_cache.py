@@ -13,7 +13,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import xxhash
 
@@ -45,6 +45,23 @@ def block_hashes(tokens: Sequence[int], block_size: int, root: int = 0) -> list[
 def max_hit_blocks(num_tokens: int, block_size: int) -> int:
     """Most leading blocks a prompt of ``num_tokens`` may take from cache (the n-1 rule)."""
     return max(0, num_tokens - 1) // block_size
+
+
+class CacheObserver(Protocol):
+    """Hears what the cache stores and evicts, in order (vLLM's KV cache events' facts).
+
+    Called synchronously from the cache's own methods; an observer must not call back into it.
+    """
+
+    def stored(self, hashes: Sequence[int], start: int) -> None:
+        """``hashes[start:]`` were just cached (``hashes``: every block the request holds, so
+        ``hashes[start - 1]`` is the first new block's parent when ``start`` > 0)."""
+
+    def removed(self, hashes: Sequence[int]) -> None:
+        """``hashes`` were evicted, in the order they left (the first left first)."""
+
+    def cleared(self) -> None:
+        """Every cached block was dropped at once (:meth:`PrefixCache.reset`)."""
 
 
 class _Run:
@@ -91,6 +108,8 @@ class PrefixCache:
         self.evictions = 0
         self.version = 0  # goes up whenever the set of cached blocks changes
         self._splits = 0  # runs cut in two so far
+        # Hears stores and evictions (KV events); None costs one attribute test per change.
+        self.observer: CacheObserver | None = None
 
     def __len__(self) -> int:
         return self._cached
@@ -154,6 +173,9 @@ class PrefixCache:
         self.reserved_blocks += extra_blocks
         if new or extra_blocks:
             self._evict()
+        if new and self.observer is not None:
+            # After the evictions that made room for them, as vLLM allocates then caches.
+            self.observer.stored(hashes, pos)
         return Hold(self._splits, held)
 
     def _split(self, run: _Run, size: int) -> _Run:
@@ -212,6 +234,7 @@ class PrefixCache:
         self._cached -= excess
         self.evictions += excess
         self.version += 1
+        gone: list[int] | None = [] if self.observer is not None else None
         while excess > 0:
             if not _queued(queue[0]):
                 queue.popleft()
@@ -219,12 +242,32 @@ class PrefixCache:
             run = queue[0][0]
             blocks = run.blocks
             if len(blocks) > excess:  # its tail goes first
+                if gone is not None:
+                    gone.extend(reversed(blocks[len(blocks) - excess :]))
                 del blocks[len(blocks) - excess :]
-                return
+                break
             queue.popleft()
             excess -= len(blocks)
+            if gone is not None:
+                gone.extend(reversed(blocks))
             del self._runs[blocks[0]]
             run.place = 0
+        if gone and self.observer is not None:
+            self.observer.removed(gone)
+
+    def reset(self) -> bool:
+        """Drop every cached block, as vLLM's ``reset_prefix_cache``: only when no running
+        request holds any (else nothing changes and the answer is False)."""
+        if self.pinned_blocks:
+            return False
+        self._runs.clear()
+        self._queue.clear()
+        self._cached = self._free = 0
+        self.version += 1
+        self._splits += 1  # holds taken before are void
+        if self.observer is not None:
+            self.observer.cleared()
+        return True
 
     @property
     def pinned_blocks(self) -> int:

@@ -55,12 +55,19 @@ def share_options(options: EmulatorOptions, share: range, pool_url: str | None) 
     ports = _ports(options)
     mine = dataclasses.replace(
         options, instances=len(share), port=0, first_index=share.start, processes=1,
-        ports=tuple(ports[share.start:share.stop]) if ports else ())
+        ports=tuple(ports[share.start:share.stop]) if ports else (),
+        kv_events_port=_offset(options.kv_events_port, share.start),
+        kv_events_replay_port=_offset(options.kv_events_replay_port, share.start))
     if share.start == 0:
         return dataclasses.replace(mine, ddr_tokens=options.pool_tokens)
     if options.no_ddr_pool:
         return mine
     return dataclasses.replace(mine, pool_url=pool_url, pool_fail=(), pool_slow=(), pool_port=0)
+
+
+def _offset(port: int, first: int) -> int:
+    """The port of instance ``first`` when the first instance's is ``port`` (0 stays off)."""
+    return port + first if port else 0
 
 
 def _to_json(options: EmulatorOptions) -> str:

@@ -1,7 +1,8 @@
 """One emulated engine instance: vLLM's HTTP surface over an :class:`EngineModel`.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE or not), ``GET /v1/models``,
-``POST /tokenize``, ``POST /detokenize``, ``GET /health``, ``GET /metrics``; admin:
+``POST /tokenize``, ``POST /detokenize``, ``GET /health``, ``GET /metrics``,
+``POST /reset_prefix_cache`` (vLLM's dev-mode endpoint); admin:
 ``POST|GET /admin/fault``, ``GET /admin/last-request-headers``, ``GET /admin/stats``. Every
 response carries ``x-engine-id``.
 """
@@ -21,7 +22,8 @@ from aiohttp import web
 
 from emulator.clock import EmulatedClock
 from emulator.engine_model import Admission, EngineModel
-from emulator.metrics import CONTENT_TYPE, make_registry, render
+from emulator.kv_events import KvEventLog, session_id
+from emulator.metrics import CONTENT_TYPE, make_registry, render, stats_body
 from emulator.openai_api import (
     ApiError,
     ChunkWriter,
@@ -79,8 +81,10 @@ class EngineServer:
         seed: int = 0,
         tokenizer: Tokenizer | None = None,
         max_model_len: int = DEFAULT_MAX_MODEL_LEN,
+        kv_events: KvEventLog | None = None,
     ) -> None:
         self.model = model
+        self.kv_events = kv_events  # the cache's observer, told each request's tokens
         self.clock = clock
         self.pool = pool
         self.host = host
@@ -120,6 +124,7 @@ class EngineServer:
         app.router.add_post("/detokenize", self._detokenize)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_post("/admin/fault", self._set_fault)
         app.router.add_get("/admin/fault", self._get_fault)
         app.router.add_get("/admin/last-request-headers", self._last_request_headers)
@@ -263,26 +268,17 @@ class EngineServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(body=render(self._registry), headers={"Content-Type": CONTENT_TYPE})
 
+    async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """Empty the HBM cache, as vLLM does, unless a running request holds blocks."""
+        self.model.usage(self.clock.now())  # unpin what has finished by now
+        return web.json_response({"success": self.model.cache.reset()})
+
     async def _last_request_headers(self, request: web.Request) -> web.Response:
         return web.json_response({"path": self._last_path, "headers": self._last_headers})
 
     async def _stats(self, request: web.Request) -> web.Response:
-        model = self.model
-        stats = model.stats
-        running, waiting = model.occupancy(self.clock.now())
-        return web.json_response({
-            "engine_id": self.engine_id,
-            "requests": stats.requests,
-            "prefix_cache_queries": stats.prefix_cache_queries,
-            "prefix_cache_hits": stats.prefix_cache_hits,
-            "external_prefix_cache_queries": stats.external_prefix_cache_queries,
-            "external_prefix_cache_hits": stats.external_prefix_cache_hits,
-            "hbm_blocks": len(model.cache),
-            "hbm_capacity_blocks": model.cache.capacity_blocks,
-            "running": running,
-            "waiting": waiting,
-            "fault": self.fault,
-        })  # fmt: skip
+        body = stats_body(self.model, self.clock.now())
+        return web.json_response({"engine_id": self.engine_id, **body, "fault": self.fault})
 
     # ---- completions -----------------------------------------------------------------------
 
@@ -313,7 +309,8 @@ class EngineServer:
         if not tokens:
             return _json_error("the prompt is empty", 400, "prompt")
         pieces = filler(self.seed, key, req.max_tokens)
-        admission = await self._admit(tokens, req.max_tokens, pieces)
+        session = session_id(body, request.headers) if self.kv_events is not None else None
+        admission = await self._admit(tokens, req.max_tokens, pieces, session)
         try:
             if req.stream:
                 return await self._stream(request, req, admission, pieces)
@@ -324,7 +321,8 @@ class EngineServer:
         finally:
             await self._finished(admission)
 
-    async def _admit(self, tokens: list[int], max_tokens: int, pieces: list[str]) -> Admission:
+    async def _admit(self, tokens: list[int], max_tokens: int, pieces: list[str],
+                     session: str | None = None) -> Admission:
         arrived = self.clock.now()
         probe = self.model.probe(arrived, tokens)
         ddr: int | None = None
@@ -335,7 +333,10 @@ class EngineServer:
             except Exception as exc:  # an unreachable pool is a miss, as with a real connector
                 log.warning("pool_lookup_failed", engine_id=self.engine_id, error=str(exc))
                 ddr = 0
-        answer = self.model.output_hashes(tokens, probe, self.tokenizer.encode("".join(pieces)))
+        output = self.tokenizer.encode("".join(pieces))
+        answer = self.model.output_hashes(tokens, probe, output)
+        if self.kv_events is not None:  # the blocks it caches now carry these tokens
+            self.kv_events.expect(tokens, output, len(probe.hashes), session)
         # The transfer was timed by the pool; TTFT counts from the arrival.
         return self.model.admit(self.clock.now(), probe, max_tokens, ddr, answer,
                                 arrival=arrived if self.pool is not None else None)

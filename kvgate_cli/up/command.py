@@ -57,6 +57,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default %(default)s, the bank's stack)",
     )
     parser.add_argument(
+        "--kv-events-port", type=int, default=0, metavar="PORT",
+        help="emulated engines only: each publishes vLLM's KV cache events (ZMQ PUB), the "
+        "first on PORT, the others on the next ports; 0 = off (default %(default)s)",
+    )
+    parser.add_argument(
         "--ports", metavar="auto|BASE",
         help="take every port of the stack from the OS ('auto') or consecutive from BASE "
         "(gateway, Envoy admin, xDS, admin API, ext_proc metrics, ext_proc), instead of the "
@@ -129,7 +134,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"kvgate up: --emulator-processes must be between 1 and --emulated "
               f"({args.emulated}), got {args.emulator_processes}", file=sys.stderr)
         return 1
+    if not 0 <= args.kv_events_port <= 65535 - max(0, args.emulated - 1):
+        print(f"kvgate up: --kv-events-port out of range for {args.emulated} engines: "
+              f"{args.kv_events_port}", file=sys.stderr)
+        return 1
     return asyncio.run(_up(config, args))
+
+
+def emulator_args(args: argparse.Namespace) -> tuple[str, ...]:
+    """What ``kvgate emulate`` is told, beyond its ports, when kvgate up runs the fleet."""
+    return ("--time-scale", args.time_scale, "--processes", str(args.emulator_processes),
+            "--pool-connector", args.pool_connector,
+            "--kv-events-port", str(args.kv_events_port))
 
 
 def _with_upstream_header(config: Config, name: str) -> Config:
@@ -154,9 +170,7 @@ async def _up(config: Config, args: argparse.Namespace) -> int:
     stack = Stack(
         config, workdir.path, report=_say,
         emulated_engines=0 if config.pools else args.emulated,
-        emulator_args=("--time-scale", args.time_scale,
-                       "--processes", str(args.emulator_processes),
-                       "--pool-connector", args.pool_connector),
+        emulator_args=emulator_args(args),
     )
     try:
         return await _run(stack, stop)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -323,3 +324,21 @@ def test_up_refuses_more_emulator_processes_than_engines(
     assert main(["up", "--emulated", "2", "--emulator-processes", "3"]) == 1
     assert "--emulator-processes must be between 1 and --emulated (2), got 3" in (
         capsys.readouterr().err)
+
+
+def test_up_passes_the_kv_events_port_to_its_emulated_fleet(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from emulator.command import add_arguments, options_from_args
+    from kvgate_cli.main import main
+    from kvgate_cli.up.command import add_arguments as up_arguments
+    from kvgate_cli.up.command import emulator_args
+
+    up = argparse.ArgumentParser()
+    up_arguments(up)
+    emulate = argparse.ArgumentParser()
+    add_arguments(emulate)
+    for given, published in ((["--kv-events-port", "7400"], 7400), ([], 0)):
+        argv = emulator_args(up.parse_args(given))
+        assert options_from_args(emulate.parse_args(list(argv))).kv_events_port == published
+    assert main(["up", "--emulated", "4", "--kv-events-port", "65533"]) == 1
+    assert "--kv-events-port out of range for 4 engines" in capsys.readouterr().err
