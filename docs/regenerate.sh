@@ -2,7 +2,7 @@
 # Every committed simulation and plan in docs/results, regenerated from a clone (the results of
 # `kvgate bench --compare` and `kvgate profile` are not here: they run the real stack, see
 # docs/benchmarks.md). Then `python docs/render_results.py` puts the tables into the docs and
-# `python bench/pool_sweep.py render` draws the load sweep's charts.
+# `python bench/pool_sweep.py` builds the profile table and the load sweep (tables and charts).
 #
 #   docs/regenerate.sh [GROUP...]    groups: results plans sweep profiles load load-profiles
 #                                    (default: all of them, in that order)
