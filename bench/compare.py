@@ -7,6 +7,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from bench.client import DriveOptions, DriveResult, drive
 from emulator.options import EmulatorOptions
@@ -61,14 +62,20 @@ class RunPorts:
 
 def gateway_config(header: str, ports: RunPorts) -> Config:
     """No pools, so the Stack starts the emulated fleet itself."""
-    listener, admin, xds, api, ext_proc, metrics = ports.gateway
-    return load_text(json.dumps({
+    return load_text(json.dumps(gateway_settings(header, ports.gateway)), require_pools=False)
+
+
+def gateway_settings(header: str, ports: Sequence[int]) -> dict[str, Any]:
+    """A gateway's config on loopback: its six ports (listener, Envoy admin, xDS, admin API,
+    ext_proc, ext_proc's metrics) and the session header; no pools (the caller adds them)."""
+    listener, admin, xds, api, ext_proc, metrics = ports
+    return {
         "listener": {"port": listener},
         "envoy_admin": {"port": admin},
         "control_plane": {"xds": f"127.0.0.1:{xds}", "admin": f"127.0.0.1:{api}"},
         "ext_proc": {"address": [f"127.0.0.1:{ext_proc}"], "metrics": f"127.0.0.1:{metrics}"},
         "session": {"headers": [header]},
-    }), require_pools=False)
+    }
 
 
 def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> Stack:

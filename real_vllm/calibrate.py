@@ -27,7 +27,7 @@ from pathlib import Path
 import aiohttp
 
 from bench.client import DriveOptions, DriveResult, RequestSample, drive
-from bench.compare import CompareOptions, compare
+from bench.compare import GATEWAY_PORTS, CompareOptions, compare, gateway_settings
 from emulator.options import EmulatorOptions
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
@@ -135,13 +135,8 @@ def calibration_workload(seed: int, sessions: int = 16,
 
 def real_config(addresses: Sequence[str], header: str = "x-session-id") -> Config:
     """A gateway on free ports in front of ``addresses``, each engine its own KV pool."""
-    listener, admin, xds, api, ext_proc, metrics = free_ports(6)
     return load_text(json.dumps({
-        "listener": {"port": listener},
-        "envoy_admin": {"port": admin},
-        "control_plane": {"xds": f"127.0.0.1:{xds}", "admin": f"127.0.0.1:{api}"},
-        "ext_proc": {"address": [f"127.0.0.1:{ext_proc}"], "metrics": f"127.0.0.1:{metrics}"},
-        "session": {"headers": [header]},
+        **gateway_settings(header, free_ports(GATEWAY_PORTS)),
         "pools": [{"name": "real", "kv_pool": "none",
                    "endpoints": [{"address": a, "kv_pool": f"hbm-{i}"}
                                  for i, a in enumerate(addresses)],
