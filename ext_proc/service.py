@@ -21,7 +21,7 @@ from kvgate.bindings.store import BindingStore, Unbound
 from kvgate.config.model import Config, HostPort
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdAuthError, EtcdClient, EtcdError, PrefixMirror
-from kvgate.etcd.client import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PAGE_SIZE
+from kvgate.etcd.connection import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PAGE_SIZE
 from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
 from kvgate.observability.http import MetricsServer
