@@ -18,11 +18,12 @@ from aiohttp import web
 from emulator.clock import EmulatedClock
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import EngineModel
+from emulator.listen import bind_socket
 from emulator.options import EmulatorOptions
 from emulator.pool_faults import PoolFaults
 from emulator.pool_host import PoolHost
 from emulator.pool_service import HttpPoolClient, LocalPoolClient, PoolClient, make_pool_app
-from emulator.server import EngineServer, bind_socket
+from emulator.server import EngineServer
 
 log = structlog.get_logger("emulator.fleet")
 
