@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import aiohttp
 
 from bench.engine_metrics import CacheCounters, scrape, scrape_each
-from experiment.report import ModeStats
+from benchkit.report import ModeStats
 from workload.model import Request, Workload
 from workload.text import TextMaker
 

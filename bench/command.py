@@ -23,12 +23,12 @@ from bench.client import (
 )
 from bench.compare import CompareOptions, check_modes, compare, ports_needed
 from bench.extra_headers import Header, check_headers, header_names, parse_header, read_header_file
+from benchkit.fleet_options import add_fleet_arguments
+from benchkit.inputs import InputError, engines_and_workload
+from benchkit.modes import parse_modes
+from benchkit.report import markdown_table, result_document, write_outputs
 from emulator.command import time_scale
 from emulator.options import EmulatorOptions
-from experiment.fleet_options import add_fleet_arguments
-from experiment.inputs import InputError, engines_and_workload
-from experiment.modes import parse_modes
-from experiment.report import markdown_table, result_document, write_outputs
 from kvgate.runtime.child import ChildFailed
 from kvgate.runtime.ports import NoFreePorts, PortRange, parse_port_range
 from workload.cli import add_workload_arguments

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.client import DriveOptions, DriveResult, drive
+from benchkit.fleet_options import emulator_flags
+from benchkit.modes import ALL_MODES
 from emulator.options import EmulatorOptions
-from experiment.fleet_options import emulator_flags
-from experiment.modes import ALL_MODES
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.ports import PortRange, ReservedPorts

@@ -10,16 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emulator.options import EmulatorOptions
-from experiment.fleet_options import add_fleet_arguments
-from experiment.inputs import InputError, engines_and_workload
-from experiment.modes import parse_simulated_modes
-from experiment.report import (
+from benchkit.fleet_options import add_fleet_arguments
+from benchkit.inputs import InputError, engines_and_workload
+from benchkit.modes import parse_simulated_modes
+from benchkit.report import (
     ModeStats,
     markdown_table,
     result_document,
     write_outputs,
 )
+from emulator.options import EmulatorOptions
 from kvgate.placement.gate import GateConfig
 from kvgate.runtime.collector import collector_paused
 from simulator.parallel import simulate_modes

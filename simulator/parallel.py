@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
 from typing import TypeAlias
 
-from experiment.report import ModeStats
+from benchkit.report import ModeStats
 from kvgate.contract.modes import RoutingMode
 from simulator.run import SimConfig, simulate
 from workload.hashing import PromptBlocks

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from benchkit.report import ModeStats
 from emulator.options import EmulatorOptions
-from experiment.report import ModeStats
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.gate import GateConfig
 from simulator.routing import RouterSetup

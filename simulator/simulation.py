@@ -11,11 +11,11 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, NoReturn, TypeAlias
 
+from benchkit.report import ModeStats, percentile
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import Admission, EngineConfig, EngineModel, Probe
 from emulator.pool_faults import PoolFaults
 from emulator.transfer import TransferModel
-from experiment.report import ModeStats, percentile
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState
 from simulator.estimate import PromptEstimate
