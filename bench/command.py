@@ -29,8 +29,8 @@ from benchkit.modes import parse_modes
 from benchkit.report import markdown_table, result_document, write_outputs
 from emulator.command import time_scale
 from emulator.options import EmulatorOptions
-from kvgate.runtime.child import ChildFailed
-from kvgate.runtime.ports import NoFreePorts, PortRange, parse_port_range
+from kvgate.runtime.children.child import ChildFailed
+from kvgate.runtime.children.ports import NoFreePorts, PortRange, parse_port_range
 from workload.cli import add_workload_arguments
 from workload.hashing import oracle_hit_rate
 from workload.model import Workload

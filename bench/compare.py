@@ -15,7 +15,7 @@ from benchkit.modes import ALL_MODES
 from emulator.options import EmulatorOptions
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.ports import PortRange, ReservedPorts
+from kvgate.runtime.children.ports import PortRange, ReservedPorts
 from stack.engine_speed import for_emulated_fleet
 from stack.local import Stack
 from workload.model import Workload

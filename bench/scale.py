@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.scale_inprocess import flush_rate, writes_per_epoch
 from bench.scale_report import markdown
 from bench.scale_system import Bench
-from kvgate.runtime.child import Child
+from kvgate.runtime.children.child import Child
 
 
 async def run(args: argparse.Namespace, children: list[Child]) -> dict[str, Any]:

@@ -28,9 +28,9 @@ from kvgate.bindings.leases import EpochLeases
 from kvgate.bindings.model import Binding
 from kvgate.etcd import EtcdClient
 from kvgate.etcd.scan import scan
-from kvgate.runtime.child import Child
-from kvgate.runtime.etcd import embedded_etcd, etcd_ready
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.child import Child
+from kvgate.runtime.children.etcd import embedded_etcd, etcd_ready
+from kvgate.runtime.children.ports import free_ports
 from kvgate.session import normalize_session
 from stack.local import grpc_serving
 

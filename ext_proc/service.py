@@ -32,7 +32,7 @@ from kvgate.routing import STATIC, GatedPolicy, Pipeline, Policy
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
 from kvgate.routing.handler import RequestHandler
 from kvgate.routing.sources import SessionSources
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.ext_proc")
 

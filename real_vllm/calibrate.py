@@ -31,7 +31,7 @@ from bench.compare import GATEWAY_PORTS, CompareOptions, compare, gateway_settin
 from emulator.options import EmulatorOptions
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.ports import free_ports
 from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL, RealFleet
 from stack.local import Stack
 from workload.bank import BankCodingOptions, bank_coding

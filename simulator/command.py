@@ -21,7 +21,7 @@ from benchkit.report import (
 )
 from emulator.options import EmulatorOptions
 from kvgate.placement.gate import GateConfig
-from kvgate.runtime.collector import collector_paused
+from kvgate.runtime.tasks.collector import collector_paused
 from simulator.parallel import simulate_modes
 from simulator.run import LOAD_REFRESH_S, PROMPT_ERROR, FleetEvent, SimConfig
 from workload.cli import add_workload_arguments

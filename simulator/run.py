@@ -25,8 +25,8 @@ given and returns is in ``simulator.setup`` (re-exported here, where callers loo
 from __future__ import annotations
 
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.collector import collector_paused
-from kvgate.runtime.loop import run as run_loop
+from kvgate.runtime.tasks.collector import collector_paused
+from kvgate.runtime.tasks.loop import run as run_loop
 from simulator.setup import (
     LOAD_REFRESH_S,
     PROMPT_ERROR,

@@ -11,7 +11,7 @@ from kvgate.bindings.bulk import write_bindings
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.model import Binding
 from kvgate.etcd import EtcdClient
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 
 SMALL_MESSAGE = 128 * 1024
 SMALL_PAGE = 200
