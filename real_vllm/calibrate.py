@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -68,7 +69,7 @@ async def _one(http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: i
     sent = time.perf_counter()
     first = last = None
     tokens = 0
-    usage: dict[str, object] = {}
+    usage: dict[str, Any] = {}  # parsed JSON
     async with http.post(f"{url}/v1/completions", json=body) as reply:
         reply.raise_for_status()
         async for line in reply.content:
@@ -83,8 +84,7 @@ async def _one(http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: i
                 usage = chunk["usage"]
     assert first is not None and last is not None and usage, "no answer streamed"
     details = usage.get("prompt_tokens_details") or {}
-    return Sample(int(usage["prompt_tokens"]),  # type: ignore[call-overload]
-                  int(details.get("cached_tokens") or 0),  # type: ignore[union-attr]
+    return Sample(int(usage["prompt_tokens"]), int(details.get("cached_tokens") or 0),
                   first - sent, tokens, last - first)
 
 
