@@ -1,3 +1,3 @@
 """`kvgate bench`: the workload through a real gateway, or through each routing mode of a fleet
-it starts (`--compare`); its results and reports are experiment's, shared with `kvgate simulate`.
+it starts (`--compare`); its results and reports are benchkit's, shared with `kvgate simulate`.
 """

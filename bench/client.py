@@ -18,17 +18,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
 from bench.engine_metrics import CacheCounters, scrape, scrape_each
-from experiment.report import ModeStats
+from benchkit.report import ModeStats
 from workload.model import Request, Workload
 from workload.text import TextMaker
+
+if TYPE_CHECKING:  # only with the bench extra, imported when a progress bar is wanted
+    from tqdm import tqdm
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,11 +138,6 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
     scale = o.time_scale or 1.0
     sent = time.perf_counter()
     arrival = (sent - origin) / scale
-    first: float | None = None
-    last = 0.0
-    usage: dict[str, Any] | None = None  # parsed JSON
-    tokens = 0
-    text: list[str] = []
     try:
         async with http.post(f"{o.url}/v1/completions", json=body,
                              headers=headers) as response:
@@ -150,21 +148,7 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
                 await response.read()
                 raise aiohttp.ClientResponseError(response.request_info, (),
                                                   status=response.status)
-            async for line in response.content:
-                if not line.startswith(b"data: "):
-                    continue
-                payload = line[6:].strip()
-                if payload == b"[DONE]":
-                    break
-                chunk = json.loads(payload)
-                if choices := chunk.get("choices"):
-                    tokens += 1
-                    text.append(str(choices[0].get("text") or ""))
-                    last = time.perf_counter()
-                    if first is None:
-                        first = last
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
+            stream = await _read_stream(response)
     except (aiohttp.ClientError, TimeoutError, ValueError):
         if measured:
             result.stats.error(arrival)
@@ -172,13 +156,14 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
     finally:
         sent_event.set()
     done = time.perf_counter()
+    first, usage = stream.first, stream.usage
     if first is None or usage is None:
         if measured:
             result.stats.error(arrival)
         return None
     if engine is not None:
         result.engines[engine] = result.engines.get(engine, 0) + 1
-    result.output_tokens += tokens
+    result.output_tokens += stream.tokens
     if measured:
         details = usage.get("prompt_tokens_details") or {}
         cached = int(details.get("cached_tokens") or 0)
@@ -186,8 +171,41 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
                          int(usage["prompt_tokens"]), cached)
         result.samples.append(RequestSample(
             int(usage["prompt_tokens"]), cached,
-            (first - sent) / scale, tokens, (last - first) / scale))
-    return "".join(text)
+            (first - sent) / scale, stream.tokens, (stream.last - first) / scale))
+    return "".join(stream.text)
+
+
+@dataclass(slots=True)
+class _Stream:
+    """What a streamed completion brought: its chunks' text, when the first and the last came
+    (perf_counter), and the usage the server reported (None: it did not)."""
+
+    tokens: int = 0
+    text: list[str] = field(default_factory=list)
+    first: float | None = None
+    last: float = 0.0
+    usage: dict[str, Any] | None = None  # parsed JSON
+
+
+async def _read_stream(response: aiohttp.ClientResponse) -> _Stream:
+    """Read an SSE completion to its ``[DONE]`` (ValueError: a chunk is not JSON)."""
+    stream = _Stream()
+    async for line in response.content:
+        if not line.startswith(b"data: "):
+            continue
+        payload = line[6:].strip()
+        if payload == b"[DONE]":
+            break
+        chunk = json.loads(payload)
+        if choices := chunk.get("choices"):
+            stream.tokens += 1
+            stream.text.append(str(choices[0].get("text") or ""))
+            stream.last = time.perf_counter()
+            if stream.first is None:
+                stream.first = stream.last
+        if chunk.get("usage"):
+            stream.usage = chunk["usage"]
+    return stream
 
 
 async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
@@ -199,17 +217,12 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
     following = workload.next_turns()
     connector = aiohttp.TCPConnector(limit=2000, force_close=False)
     timeout = aiohttp.ClientTimeout(total=o.timeout_s)
-    bar = None
-    if o.progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(requests), desc=o.label, unit="req", mininterval=0.5, leave=False)
+    bar = _progress(o, len(requests))
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         found = await _first_model(http, o)
         model = o.model or found
         # Per-engine counters over the whole run: attribution when no header names engines.
         at_start = await scrape_each(http, o.engines) if o.engines else None
-        tasks: set[asyncio.Task[None]] = set()
         start = time.perf_counter()
         warmup_sent: list[asyncio.Event] = []
         # The fleet's counters before the first measured request (every sender waits for it).
@@ -241,19 +254,7 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
                 await asyncio.sleep((requests[i].think_s or 0.0) * o.time_scale)
                 answer = await send(i, answer)  # the next prompt resends the answer it got
 
-        for i, request in enumerate(requests):
-            if request.think_s is not None:
-                continue  # sent by its session after the previous answer
-            delay = start + request.arrival * o.time_scale - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            else:
-                result.late_s = max(result.late_s, -delay)
-            task = asyncio.create_task(session(i))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        while tasks:
-            await asyncio.gather(*list(tasks))
+        await _open_sessions(requests, o.time_scale, start, result, session)
         counted = None if before is None else before.result()
         if counted is not None:
             after = await scrape(http, o.engines)
@@ -264,6 +265,35 @@ async def drive(workload: Workload, o: DriveOptions) -> DriveResult:
         bar.close()
     _split(result)
     return result
+
+
+def _progress(o: DriveOptions, total: int) -> tqdm[NoReturn] | None:
+    if not o.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=o.label, unit="req", mininterval=0.5, leave=False)
+
+
+async def _open_sessions(requests: Sequence[Request], time_scale: float, start: float,
+                         result: DriveResult,
+                         session: Callable[[int], Coroutine[Any, Any, None]]) -> None:
+    """Start each session at its first request's arrival (counting how late the sender fell
+    behind); returns once every session has ended."""
+    tasks: set[asyncio.Task[None]] = set()
+    for i, request in enumerate(requests):
+        if request.think_s is not None:
+            continue  # sent by its session after the previous answer
+        delay = start + request.arrival * time_scale - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        else:
+            result.late_s = max(result.late_s, -delay)
+        task = asyncio.create_task(session(i))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    while tasks:
+        await asyncio.gather(*list(tasks))
 
 
 async def _counters_after(http: aiohttp.ClientSession, engines: Sequence[str],

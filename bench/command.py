@@ -7,9 +7,10 @@ import argparse
 import asyncio
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from bench.client import (
@@ -21,17 +22,18 @@ from bench.client import (
     redact_url,
 )
 from bench.compare import CompareOptions, check_modes, compare, ports_needed
-from bench.extra_headers import check_headers, header_names, parse_header, read_header_file
+from bench.extra_headers import Header, check_headers, header_names, parse_header, read_header_file
+from benchkit.fleet_options import add_fleet_arguments
+from benchkit.inputs import InputError, engines_and_workload
+from benchkit.modes import parse_modes
+from benchkit.report import markdown_table, result_document, write_outputs
 from emulator.command import time_scale
 from emulator.options import EmulatorOptions
-from experiment.fleet_options import add_fleet_arguments
-from experiment.inputs import InputError, engines_and_workload
-from experiment.modes import parse_modes
-from experiment.report import markdown_table, result_document, write_outputs
-from kvgate.runtime.child import ChildFailed
-from kvgate.runtime.ports import NoFreePorts, PortRange, parse_port_range
+from kvgate.runtime.children.child import ChildFailed
+from kvgate.runtime.children.ports import NoFreePorts, PortRange, parse_port_range
 from workload.cli import add_workload_arguments
 from workload.hashing import oracle_hit_rate
+from workload.model import Workload
 
 DEFAULT_ENGINES = 4
 DEFAULT_BLOCK_FOR_ORACLE = 16  # a real vLLM's block, when the engines' block size is unknown
@@ -98,45 +100,17 @@ def run(args: argparse.Namespace) -> int:
         f"{workload.duration:.0f} emulated s ({workload.duration * args.time_scale:.0f} s wall)")
     progress = not args.quiet and sys.stderr.isatty()
     if args.compare:
-        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
-        options = CompareOptions(engine, workdir, progress, header=args.session_header,
-                                 port_range=args.port_range, session_in=args.session_in,
-                                 extra_headers=headers)
-        try:
-            compared = asyncio.run(compare(workload, args.modes, options, say))
-        except (NoFreePorts, ChildFailed) as exc:
-            print(f"kvgate bench: {exc}", file=sys.stderr)
-            return 1
-        results = {str(mode): result for mode, result in compared.items()}
+        results = _run_compare(args, engine, workload, headers, progress, say)
         block = engine.block_size
     else:
-        engines = [u.strip() for u in (args.engine_urls or "").split(",") if u.strip()]
-        drive_options = DriveOptions(args.gateway.rstrip("/"), args.time_scale,
-                                     args.session_header, args.model, engines, progress=progress,
-                                     session_in=args.session_in,
-                                     extra_headers=headers,
-                                     engine_headers=(args.upstream_header.lower(),
-                                                     "x-engine-id"))
-        try:
-            results = {"gateway": asyncio.run(drive(workload, drive_options))}
-        except GatewayUnreachable as exc:
-            print(f"kvgate bench: cannot use the gateway: {exc}", file=sys.stderr)
-            return 1
+        results = _run_gateway(args, workload, headers, progress, say)
         block = args.block_size
-        served = results["gateway"].engines
-        say("requests per engine: " + (", ".join(f"{e} {n}" for e, n in sorted(served.items()))
-                                       if served else "unknown (no upstream header and no "
-                                       "--engine-urls)"))
+    if results is None:
+        return 1
     fleet_size = engine.instances if args.compare else _engines_seen(args, results)
     measured = [workload.measured(r) for r in workload.requests]
     oracle = oracle_hit_rate(workload.requests, block or DEFAULT_BLOCK_FOR_ORACLE, measured)
-    describe = {**workload.describe, "engines": fleet_size, "block_size": block,
-                "time_scale": args.time_scale, "session_in": args.session_in,
-                "extra_headers": header_names(headers),  # names only: a value may be a secret
-                **({"emulator_processes": engine.processes,
-                    "pool_connector": engine.pool_connector} if args.compare else {}),
-                "tool": "kvgate bench"
-                + (" --compare" if args.compare else f" --gateway {redact_url(args.gateway)}")}
+    describe = _describe(args, workload, engine, fleet_size, block, headers)
     endpoints = next((r.endpoints for r in results.values() if r.endpoints), None)
     if endpoints:
         describe["endpoints"] = endpoints  # `kvgate simulate --addresses` reproduces placements
@@ -151,6 +125,56 @@ def run(args: argparse.Namespace) -> int:
                                   {m: s.ttfts for m, s in stats.items()}, title):
             say(f"wrote {path}")
     return 0
+
+
+def _run_compare(args: argparse.Namespace, engine: EmulatorOptions, workload: Workload,
+                 headers: tuple[Header, ...], progress: bool,
+                 say: Callable[[str], None]) -> dict[str, DriveResult] | None:
+    """Each mode in front of its own emulated fleet; None (said why) when one cannot start."""
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
+    options = CompareOptions(engine, workdir, progress, header=args.session_header,
+                             port_range=args.port_range, session_in=args.session_in,
+                             extra_headers=headers)
+    try:
+        compared = asyncio.run(compare(workload, args.modes, options, say))
+    except (NoFreePorts, ChildFailed) as exc:
+        print(f"kvgate bench: {exc}", file=sys.stderr)
+        return None
+    return {str(mode): result for mode, result in compared.items()}
+
+
+def _run_gateway(args: argparse.Namespace, workload: Workload, headers: tuple[Header, ...],
+                 progress: bool, say: Callable[[str], None]) -> dict[str, DriveResult] | None:
+    """The workload against a running gateway; None (said why) when it cannot be used."""
+    engines = [u.strip() for u in (args.engine_urls or "").split(",") if u.strip()]
+    drive_options = DriveOptions(args.gateway.rstrip("/"), args.time_scale,
+                                 args.session_header, args.model, engines, progress=progress,
+                                 session_in=args.session_in,
+                                 extra_headers=headers,
+                                 engine_headers=(args.upstream_header.lower(), "x-engine-id"))
+    try:
+        results = {"gateway": asyncio.run(drive(workload, drive_options))}
+    except GatewayUnreachable as exc:
+        print(f"kvgate bench: cannot use the gateway: {exc}", file=sys.stderr)
+        return None
+    served = results["gateway"].engines
+    say("requests per engine: " + (", ".join(f"{e} {n}" for e, n in sorted(served.items()))
+                                   if served else "unknown (no upstream header and no "
+                                   "--engine-urls)"))
+    return results
+
+
+def _describe(args: argparse.Namespace, workload: Workload, engine: EmulatorOptions,
+              fleet_size: int | None, block: int | None,
+              headers: tuple[Header, ...]) -> dict[str, Any]:
+    """What was run, for the result's header."""
+    return {**workload.describe, "engines": fleet_size, "block_size": block,
+            "time_scale": args.time_scale, "session_in": args.session_in,
+            "extra_headers": header_names(headers),  # names only: a value may be a secret
+            **({"emulator_processes": engine.processes,
+                "pool_connector": engine.pool_connector} if args.compare else {}),
+            "tool": "kvgate bench"
+            + (" --compare" if args.compare else f" --gateway {redact_url(args.gateway)}")}
 
 
 def _port_range(text: str) -> PortRange:

@@ -7,14 +7,15 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from bench.client import DriveOptions, DriveResult, drive
+from benchkit.fleet_options import emulator_flags
+from benchkit.modes import ALL_MODES
 from emulator.options import EmulatorOptions
-from experiment.fleet_options import emulator_flags
-from experiment.modes import ALL_MODES
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.ports import PortRange, ReservedPorts
+from kvgate.runtime.children.ports import PortRange, ReservedPorts
 from stack.engine_speed import for_emulated_fleet
 from stack.local import Stack
 from workload.model import Workload
@@ -61,14 +62,20 @@ class RunPorts:
 
 def gateway_config(header: str, ports: RunPorts) -> Config:
     """No pools, so the Stack starts the emulated fleet itself."""
-    listener, admin, xds, api, ext_proc, metrics = ports.gateway
-    return load_text(json.dumps({
+    return load_text(json.dumps(gateway_settings(header, ports.gateway)), require_pools=False)
+
+
+def gateway_settings(header: str, ports: Sequence[int]) -> dict[str, Any]:
+    """A gateway's config on loopback: its six ports (listener, Envoy admin, xDS, admin API,
+    ext_proc, ext_proc's metrics) and the session header; no pools (the caller adds them)."""
+    listener, admin, xds, api, ext_proc, metrics = ports
+    return {
         "listener": {"port": listener},
         "envoy_admin": {"port": admin},
         "control_plane": {"xds": f"127.0.0.1:{xds}", "admin": f"127.0.0.1:{api}"},
         "ext_proc": {"address": [f"127.0.0.1:{ext_proc}"], "metrics": f"127.0.0.1:{metrics}"},
         "session": {"headers": [header]},
-    }), require_pools=False)
+    }
 
 
 def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> Stack:

@@ -40,9 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvgate.config import Config, load_text
 from kvgate.config.model import HostPort
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.child import Child
-from kvgate.runtime.envoy import envoy_binary, envoy_ready
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.child import Child
+from kvgate.runtime.children.envoy import envoy_binary, envoy_ready
+from kvgate.runtime.children.ports import free_ports
 from stack.local import Stack
 
 LUA = """

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,27 +94,42 @@ def profiles_document() -> dict[str, Any]:
     return {"default_profile": DEFAULT, "scenarios": scenarios}
 
 
+def _head(columns: Sequence[str], first: str = "mode") -> list[str]:
+    """A Markdown table's header and rule: ``first``, then ``columns`` right-aligned."""
+    return [f"| {first} | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
+
+
+def _mode_rows(modes: Iterable[str], columns: Sequence[Mapping[str, Any]],
+               zero_ddr: bool) -> list[str]:
+    """A row a mode: in each column (a run's figures by mode), TTFT p99 (s) / DDR read per
+    request (GB), "–" where the mode did not run; a zero DDR read is shown only if ``zero_ddr``."""
+    rows = []
+    for mode in modes:
+        cells = []
+        for figures in columns:
+            f = figures.get(mode)
+            if f is None:
+                cells.append("–")
+                continue
+            ddr = f["ddr_bytes_per_request_mean"]
+            cells.append(f"{f['ttft_p99_s']:.2f}"
+                         + (f" / {ddr / GB:.2f}" if ddr or zero_ddr else ""))
+        rows.append(f"| {mode} | " + " | ".join(cells) + " |")
+    return rows
+
+
 def profiles_markdown(document: dict[str, Any]) -> str:
     lines = ["# Key figures under each connector profile", "",
              "TTFT p99 (s) / DDR read per request (GB); kvgate is `affinity+ddr`. "
              f"`{DEFAULT}` is the default (the committed results).", ""]
     for scenario in document["scenarios"].values():
         profiles = [p for p in PROFILES if p in scenario["profiles"]]
-        lines += [f"**{scenario['title']}**", "",
-                  "| mode | " + " | ".join(f"`{p}`" for p in profiles) + " |",
-                  "|---|" + "---:|" * len(profiles)]
-        for mode in DDR_MODES:
-            cells = []
-            for p in profiles:
-                f = scenario["profiles"][p]["modes"].get(mode)
-                cells.append("–" if f is None else
-                             f"{f['ttft_p99_s']:.2f} / {f['ddr_bytes_per_request_mean'] / GB:.2f}")
-            lines.append(f"| {mode} | " + " | ".join(cells) + " |")
-        lines.append("")
+        lines += [f"**{scenario['title']}**", "", *_head([f"`{p}`" for p in profiles]),
+                  *_mode_rows(DDR_MODES, [scenario["profiles"][p]["modes"] for p in profiles],
+                              zero_ddr=True), ""]
         targets = {p: scenario["profiles"][p].get("targets") for p in profiles}
         if any(targets.values()):
-            lines += ["| target | " + " | ".join(f"`{p}`" for p in profiles) + " |",
-                      "|---|" + "---:|" * len(profiles)]
+            lines += _head([f"`{p}`" for p in profiles], "target")
             rows = (("kvgate's p99 ÷ the no-queue bound", "vs_bound", "{:.2f}"),
                     ("kvgate's p99 ÷ the best other mode's", "vs_best_other", "{:.3f}"),
                     ("kvgate's DDR bytes ÷ round_robin+ddr's", "ddr_vs_round_robin", "{:.2f}"),
@@ -179,16 +195,9 @@ def load_markdown(document: dict[str, Any]) -> str:
     lines = [f"# Load sweep: {title}", "",
              f"TTFT p99 (s) / DDR read per request (GB), `{DEFAULT}` profile; the default load "
              f"is {document['default_sessions']} sessions.", "",
-             "| mode | " + " | ".join(f"{p['sessions']}" for p in points) + " |",
-             "|---|" + "---:|" * len(points)]
-    for mode in modes:
-        cells = []
-        for p in points:
-            f = p["profiles"][DEFAULT]["modes"].get(mode)
-            ddr = f and f["ddr_bytes_per_request_mean"]
-            cells.append("–" if f is None else f"{f['ttft_p99_s']:.2f}"
-                         + (f" / {ddr / GB:.2f}" if ddr else ""))
-        lines.append(f"| {mode} | " + " | ".join(cells) + " |")
+             *_head([f"{p['sessions']}" for p in points]),
+             *_mode_rows(modes, [p["profiles"][DEFAULT]["modes"] for p in points],
+                         zero_ddr=False)]
     bound = [p["profiles"][DEFAULT].get("no_queue_ttft_p99_s") for p in points]
     lines.append("| no-queue bound | " + " | ".join(
         "–" if b is None else f"{b:.2f}" for b in bound) + " |")

@@ -18,7 +18,7 @@ from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.index import session_key
 from kvgate.bindings.model import Binding
 from kvgate.etcd import EtcdClient
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 
 
 class _Replica:

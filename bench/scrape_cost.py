@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
 from kvgate.routing.recent import PrefillMix
-from kvgate.runtime.child import Child
+from kvgate.runtime.children.child import Child
 
 
 async def measure(engines: int, rounds: int, work: Path) -> tuple[float, float]:

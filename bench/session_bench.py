@@ -36,9 +36,9 @@ from bench.gateway_bench import upstream_bootstrap
 from kvgate.config import Config, load_text
 from kvgate.config.model import HostPort
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.child import Child
-from kvgate.runtime.envoy import envoy_binary, envoy_ready
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.child import Child
+from kvgate.runtime.children.envoy import envoy_binary, envoy_ready
+from kvgate.runtime.children.ports import free_ports
 from stack.local import Stack
 
 SESSIONS = 100

@@ -3,7 +3,7 @@
 import sys
 
 from control_plane.command import add_arguments, run
-from kvgate.runtime.entry import run_alone
+from kvgate.runtime.tasks.entry import run_alone
 
 if __name__ == "__main__":
     sys.exit(run_alone("python -m control_plane", __doc__, add_arguments, run))

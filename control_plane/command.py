@@ -16,7 +16,7 @@ from kvgate.config.fields import Fields
 from kvgate.config.flags import address_flag, etcd_flag, load_or_report
 from kvgate.etcd.security import EtcdSecurityError
 from kvgate.observability.logs import configure_logging
-from kvgate.runtime.serve import serve_until_signalled
+from kvgate.runtime.tasks.serve import serve_until_signalled
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

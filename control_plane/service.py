@@ -2,7 +2,7 @@
 any side effect → etcd membership → etcd mirrors → snapshot cache → ADS → leader election,
 health checks, failover; config reloads on SIGHUP or file change. Stopped in reverse order.
 
-Every background task runs under one supervisor (kvgate.runtime.supervisor): a task that fails
+Every background task runs under one supervisor (kvgate.runtime.tasks.supervisor): a task that fails
 is logged, counted, shown in `kvgate status` and restarted with backoff.
 """
 
@@ -47,7 +47,7 @@ from kvgate.etcd.client import WatchEvent, wait_until_ready
 from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
 from kvgate.observability.http import MetricsServer
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.control_plane")
 

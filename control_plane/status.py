@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from kvgate.etcd.mirror import MirrorStatus
 from kvgate.etcd.observed import EtcdErrorSeen
-from kvgate.runtime.supervisor import TaskFailure
+from kvgate.runtime.tasks.supervisor import TaskFailure
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 import sys
 
 from emulator.command import add_arguments, run
-from kvgate.runtime.entry import run_alone
+from kvgate.runtime.tasks.entry import run_alone
 
 if __name__ == "__main__":
     sys.exit(run_alone("python -m emulator", __doc__, add_arguments, run))

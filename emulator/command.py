@@ -18,8 +18,8 @@ from emulator.options import EmulatorOptions
 from emulator.pool_faults import pool_window
 from emulator.pool_profiles import PROFILES
 from emulator.processes import Workers, share_options, shares
-from kvgate.runtime.child import ChildFailed
-from kvgate.runtime.loop import run as run_loop
+from kvgate.runtime.children.child import ChildFailed
+from kvgate.runtime.tasks.loop import run as run_loop
 
 log = structlog.get_logger("emulator.command")
 

@@ -214,45 +214,19 @@ class EngineModel:
         bs = self.config.block_size
         cache = self.cache
         self._advance(self._prefill_start(now))
-        # The cache may have changed while the caller awaited the pool: re-match, and count as
-        # DDR hits only the pool blocks beyond what HBM has now.
-        if probe.cache_version is not None and probe.cache_version == cache.version:
-            hbm_blocks = probe.hbm_blocks
-        else:
-            hbm_blocks = cache.match(probe.hashes, probe.limit_blocks)
-        ddr_end = probe.hbm_blocks + (ddr_hit_blocks or 0)
-        ddr_blocks = max(0, ddr_end - hbm_blocks)
-        hit_blocks = hbm_blocks + ddr_blocks
+        hbm_blocks, ddr_blocks = self._hits(probe, ddr_hit_blocks)
         n = probe.num_tokens
-        computed = n - hit_blocks * bs
+        computed = n - (hbm_blocks + ddr_blocks) * bs
         # The partial last block and the rest of the answer take blocks too, never cached.
         total_blocks = -(-(n + max_tokens) // bs)
         held = [*probe.hashes, *output_hashes] if output_hashes else probe.hashes
         extra = max(0, total_blocks - len(held))
         hold = cache.acquire(held, extra)
-
-        timing = self.config.timing
-        prefill_s = timing.prefill_seconds(computed, 0 if arrival is not None else ddr_blocks * bs)
-        decode_s = timing.decode_seconds(max_tokens)
-        if self.config.queueing:
-            slot = self.scheduler.schedule(now, prefill_s, decode_s)
-        else:
-            slot = Slot(now, now, now, now + prefill_s, now + prefill_s + decode_s)
-        if arrival is not None:
-            slot = slot._replace(arrival=arrival)
+        slot = self._schedule(now, computed, 0 if arrival is not None else ddr_blocks * bs,
+                              max_tokens, arrival)
         self._inflight += 1
-
-        stats = self.stats
-        stats.requests += 1
-        stats.prompt_tokens += n
-        stats.generation_tokens += max_tokens
-        stats.prefix_cache_queries += n
-        stats.prefix_cache_hits += hbm_blocks * bs
-        if ddr_hit_blocks is not None:
-            stats.external_prefix_cache_queries += n
-            stats.external_prefix_cache_hits += ddr_blocks * bs
-        # Known at admission because the schedule is closed-form.
-        stats.ttft.observe(slot.ttft)
+        self._count(n, max_tokens, hbm_blocks * bs,
+                    None if ddr_hit_blocks is None else ddr_blocks * bs, slot)
         self._tickets += 1
         admission = Admission(
             hashes=held,
@@ -271,6 +245,48 @@ class EngineModel:
         self._pinned[self._tickets] = admission
         heapq.heappush(self._unpin_at, (slot.finish, self._tickets))
         return admission
+
+    def _hits(self, probe: Probe, ddr_hit_blocks: int | None) -> tuple[int, int]:
+        """``(HBM blocks, DDR blocks)`` the prompt hits now. The cache may have changed while
+        the caller awaited the pool: re-match, and count as DDR hits only the pool blocks
+        beyond what HBM has now."""
+        if probe.cache_version is not None and probe.cache_version == self.cache.version:
+            hbm_blocks = probe.hbm_blocks
+        else:
+            hbm_blocks = self.cache.match(probe.hashes, probe.limit_blocks)
+        ddr_end = probe.hbm_blocks + (ddr_hit_blocks or 0)
+        return hbm_blocks, max(0, ddr_end - hbm_blocks)
+
+    def _schedule(self, now: float, computed: int, ddr_tokens: int, max_tokens: int,
+                  arrival: float | None) -> Slot:
+        """The request's slot: prefill of ``computed`` tokens (plus ``ddr_tokens`` loaded inside
+        it), then the decode; its TTFT counts from ``arrival`` when given."""
+        timing = self.config.timing
+        prefill_s = timing.prefill_seconds(computed, ddr_tokens)
+        decode_s = timing.decode_seconds(max_tokens)
+        if self.config.queueing:
+            slot = self.scheduler.schedule(now, prefill_s, decode_s)
+        else:
+            slot = Slot(now, now, now, now + prefill_s, now + prefill_s + decode_s)
+        if arrival is not None:
+            slot = slot._replace(arrival=arrival)
+        return slot
+
+    def _count(self, prompt_tokens: int, max_tokens: int, hbm_hit_tokens: int,
+               ddr_hit_tokens: int | None, slot: Slot) -> None:
+        """vLLM's counters for one admitted request (``ddr_hit_tokens`` None: no pool, so the
+        external counters stay still, as in vLLM without a connector)."""
+        stats = self.stats
+        stats.requests += 1
+        stats.prompt_tokens += prompt_tokens
+        stats.generation_tokens += max_tokens
+        stats.prefix_cache_queries += prompt_tokens
+        stats.prefix_cache_hits += hbm_hit_tokens
+        if ddr_hit_tokens is not None:
+            stats.external_prefix_cache_queries += prompt_tokens
+            stats.external_prefix_cache_hits += ddr_hit_tokens
+        # Known at admission because the schedule is closed-form.
+        stats.ttft.observe(slot.ttft)
 
     def finish(self, admission: Admission) -> None:
         """The response is over or abandoned: unpin its blocks now if the schedule has not.

@@ -20,11 +20,12 @@ from emulator.ddr_pool import DdrPool
 from emulator.engine_model import EngineModel
 from emulator.kv_events import KvEventLog
 from emulator.kv_events_zmq import KvEventPublisher
+from emulator.listen import bind_socket
 from emulator.options import EmulatorOptions
 from emulator.pool_faults import PoolFaults
 from emulator.pool_host import PoolHost
 from emulator.pool_service import HttpPoolClient, LocalPoolClient, PoolClient, make_pool_app
-from emulator.server import EngineServer, bind_socket
+from emulator.server import EngineServer
 
 log = structlog.get_logger("emulator.fleet")
 

@@ -26,6 +26,24 @@ from kvgate.contract import vllm
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+# vLLM's counters: name, help text, the ``EngineStats`` field that holds the value.
+_COUNTERS = (
+    (vllm.PREFIX_CACHE_QUERIES, "Prefix cache queries, in terms of number of queried tokens.",
+     "prefix_cache_queries"),
+    (vllm.PREFIX_CACHE_HITS, "Prefix cache hits, in terms of number of cached tokens.",
+     "prefix_cache_hits"),
+    (vllm.EXTERNAL_PREFIX_CACHE_QUERIES,
+     "External prefix cache queries from KV connector, in terms of queried tokens.",
+     "external_prefix_cache_queries"),
+    (vllm.EXTERNAL_PREFIX_CACHE_HITS,
+     "External prefix cache hits from KV connector, in terms of cached tokens.",
+     "external_prefix_cache_hits"),
+    (vllm.PROMPT_TOKENS, "Number of prefill tokens processed.", "prompt_tokens"),
+    (vllm.GENERATION_TOKENS, "Number of generation tokens processed.", "generation_tokens"),
+    (vllm.REQUEST_SUCCESS, "Count of successfully processed requests.", "requests"),
+)  # fmt: skip
+
+
 class EngineCollector(Collector):
     """Collects one instance's vLLM metrics, labelled with ``model_name``."""
 
@@ -39,53 +57,27 @@ class EngineCollector(Collector):
         stats = model.stats
         labels = ["model_name"]
         values = [model.config.model]
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+        for name, doc, field in _COUNTERS:
             family = CounterMetricFamily(name, doc, labels=labels)
-            family.add_metric(values, value)
-            return family
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, doc, labels=labels)
-            family.add_metric(values, value)
-            return family
-
-        yield counter(
-            vllm.PREFIX_CACHE_QUERIES,
-            "Prefix cache queries, in terms of number of queried tokens.",
-            stats.prefix_cache_queries,
-        )
-        yield counter(
-            vllm.PREFIX_CACHE_HITS,
-            "Prefix cache hits, in terms of number of cached tokens.",
-            stats.prefix_cache_hits,
-        )
-        yield counter(
-            vllm.EXTERNAL_PREFIX_CACHE_QUERIES,
-            "External prefix cache queries from KV connector, in terms of queried tokens.",
-            stats.external_prefix_cache_queries,
-        )
-        yield counter(
-            vllm.EXTERNAL_PREFIX_CACHE_HITS,
-            "External prefix cache hits from KV connector, in terms of cached tokens.",
-            stats.external_prefix_cache_hits,
-        )
-        yield counter(vllm.PROMPT_TOKENS, "Number of prefill tokens processed.",
-                      stats.prompt_tokens)  # fmt: skip
-        yield counter(vllm.GENERATION_TOKENS, "Number of generation tokens processed.",
-                      stats.generation_tokens)  # fmt: skip
-        yield counter(vllm.REQUEST_SUCCESS, "Count of successfully processed requests.",
-                      stats.requests)  # fmt: skip
+            family.add_metric(values, getattr(stats, field))
+            yield family
         now = self._now()
         running, waiting = model.occupancy(now)
-        yield gauge(vllm.NUM_REQUESTS_RUNNING,
-                    "Number of requests in model execution batches.", running)  # fmt: skip
-        yield gauge(vllm.NUM_REQUESTS_WAITING,
-                    "Number of requests waiting to be processed.", waiting)  # fmt: skip
-        yield gauge(vllm.KV_CACHE_USAGE_PERC,
-                    "KV-cache usage. 1 means 100 percent usage.", model.usage(now))  # fmt: skip
+        for name, doc, value in (
+            (vllm.NUM_REQUESTS_RUNNING, "Number of requests in model execution batches.",
+             running),
+            (vllm.NUM_REQUESTS_WAITING, "Number of requests waiting to be processed.", waiting),
+            (vllm.KV_CACHE_USAGE_PERC, "KV-cache usage. 1 means 100 percent usage.",
+             model.usage(now)),
+        ):  # fmt: skip
+            gauge = GaugeMetricFamily(name, doc, labels=labels)
+            gauge.add_metric(values, value)
+            yield gauge
+        yield self._ttft(labels, values)
 
-        hist = stats.ttft
+    def _ttft(self, labels: list[str], values: list[str]) -> HistogramMetricFamily:
+        """The TTFT histogram, its buckets cumulative as Prometheus wants them."""
+        hist = self._model.stats.ttft
         buckets: list[tuple[str, float]] = []
         cumulative = 0
         for bound, count in zip(hist.bounds, hist.counts, strict=False):
@@ -98,7 +90,7 @@ class EngineCollector(Collector):
             labels=labels,
         )
         family.add_metric(values, buckets, hist.total)
-        yield family
+        return family
 
 
 def make_registry(model: EngineModel, now: Callable[[], float]) -> CollectorRegistry:

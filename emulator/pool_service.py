@@ -20,7 +20,7 @@ Endpoints (JSON; hashes are unsigned 64-bit integers):
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import aiohttp
@@ -219,54 +219,43 @@ def _down(exc: PoolUnavailable) -> web.Response:
                    "code": 503}}, status=503)
 
 
-async def _lookup(request: web.Request) -> web.Response:
-    body = await _read_body(request)
-    if isinstance(body, web.Response):
-        return body
+_PoolOp = Callable[[PoolHost, dict[str, Any]], Awaitable[Any]]
+
+
+def _pool_handler(key: str, op: _PoolOp) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """A POST handler: the body checked (400), ``op`` run on the pool, its answer sent as
+    ``{key: answer}``, or 503 while the pool is down."""
+
+    async def handle(request: web.Request) -> web.Response:
+        body = await _read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            answer = await op(request.app[POOL_KEY], body)
+        except PoolUnavailable as exc:
+            return _down(exc)
+        return web.json_response({key: answer})
+
+    return handle
+
+
+async def _lookup(host: PoolHost, body: dict[str, Any]) -> int:
     hashes, device, skip = body["hashes"], body.get("device"), body.get("skip", 0)
-    host = request.app[POOL_KEY]
-    try:
-        hits = (host.lookup(hashes, skip) if device is None
-                else await host.load(hashes, device, skip))
-    except PoolUnavailable as exc:
-        return _down(exc)
-    return web.json_response({"hits": hits})
+    return (host.lookup(hashes, skip) if device is None
+            else await host.load(hashes, device, skip))
 
 
-async def _insert(request: web.Request) -> web.Response:
-    body = await _read_body(request)
-    if isinstance(body, web.Response):
-        return body
-    try:
-        return web.json_response({"inserted": request.app[POOL_KEY].insert(body["hashes"])})
-    except PoolUnavailable as exc:
-        return _down(exc)
+async def _insert(host: PoolHost, body: dict[str, Any]) -> int:
+    return host.insert(body["hashes"])
 
 
-async def _store(request: web.Request) -> web.Response:
-    body = await _read_body(request)
-    if isinstance(body, web.Response):
-        return body
-    host = request.app[POOL_KEY]
-    try:
-        inserted = host.store(body["hashes"], body.get("hbm_blocks", 0),
-                              body.get("ddr_blocks", 0))
-    except PoolUnavailable as exc:
-        return _down(exc)
-    return web.json_response({"inserted": inserted})
+async def _store(host: PoolHost, body: dict[str, Any]) -> int:
+    return host.store(body["hashes"], body.get("hbm_blocks", 0), body.get("ddr_blocks", 0))
 
 
-async def _finish(request: web.Request) -> web.Response:
-    body = await _read_body(request)
-    if isinstance(body, web.Response):
-        return body
-    try:
-        inserted = request.app[POOL_KEY].finish(body["hashes"], body.get("answer", []),
-                                                body.get("hbm_blocks", 0),
-                                                body.get("ddr_blocks", 0))
-    except PoolUnavailable as exc:
-        return _down(exc)
-    return web.json_response({"inserted": inserted})
+async def _finish(host: PoolHost, body: dict[str, Any]) -> int:
+    return host.finish(body["hashes"], body.get("answer", []), body.get("hbm_blocks", 0),
+                       body.get("ddr_blocks", 0))
 
 
 async def _stats(request: web.Request) -> web.Response:
@@ -290,10 +279,10 @@ def make_pool_app(host: PoolHost) -> web.Application:
     registry = CollectorRegistry(auto_describe=False)  # per app: never the global registry
     registry.register(PoolCollector(host))
     app[REGISTRY_KEY] = registry
-    app.router.add_post("/v1/lookup", _lookup)
-    app.router.add_post("/v1/insert", _insert)
-    app.router.add_post("/v1/store", _store)
-    app.router.add_post("/v1/finish", _finish)
+    app.router.add_post("/v1/lookup", _pool_handler("hits", _lookup))
+    app.router.add_post("/v1/insert", _pool_handler("inserted", _insert))
+    app.router.add_post("/v1/store", _pool_handler("inserted", _store))
+    app.router.add_post("/v1/finish", _pool_handler("inserted", _finish))
     app.router.add_get("/v1/stats", _stats)
     app.router.add_get("/health", _health)
     app.router.add_get("/metrics", _metrics)

@@ -6,7 +6,7 @@ The process started by the user serves the first share of the instances and host
 each other process (a worker: ``python -m emulator.processes OPTIONS READY``) serves its share
 and reaches the pool over HTTP. Every instance keeps its place in the whole fleet (its index, for
 ``{index}``, its seed and its device link to the pool). Workers die with the process that started
-them (:mod:`kvgate.runtime.child`), and stop with it.
+them (:mod:`kvgate.runtime.children.child`), and stop with it.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import structlog
 
 from emulator.options import EmulatorOptions
-from kvgate.runtime.child import Child, ChildFailed
+from kvgate.runtime.children.child import Child, ChildFailed
 
 log = structlog.get_logger("emulator.processes")
 READY_WITHIN_S = 60.0
@@ -152,7 +152,7 @@ class Workers:
 
 def _worker(spec: Path, ready: Path, log_level: str) -> int:
     from emulator.command import configure_logging, serve  # the command module imports this one
-    from kvgate.runtime.loop import run as run_loop
+    from kvgate.runtime.tasks.loop import run as run_loop
 
     configure_logging(log_level)
     return run_loop(serve(_from_json(spec.read_text()), ready, log_level))

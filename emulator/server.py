@@ -23,6 +23,7 @@ from aiohttp import web
 from emulator.clock import EmulatedClock
 from emulator.engine_model import Admission, EngineModel
 from emulator.kv_events import KvEventLog, session_id
+from emulator.listen import bind_socket
 from emulator.metrics import CONTENT_TYPE, make_registry, render, stats_body
 from emulator.openai_api import (
     ApiError,
@@ -49,20 +50,6 @@ log = structlog.get_logger("emulator.server")
 
 def _json_error(message: str, status: int, param: str | None = None) -> web.Response:
     return web.json_response(error_body(message, status, param), status=status)
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """A listening-ready TCP socket on ``host:port`` (port 0 = any free port)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.setblocking(False)
-    except OSError:
-        sock.close()
-        raise
-    return sock
 
 
 class EngineServer:

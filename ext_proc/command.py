@@ -10,8 +10,8 @@ from kvgate.config.fields import Fields
 from kvgate.config.flags import address_flag, etcd_flag, load_or_report
 from kvgate.etcd.security import EtcdSecurityError
 from kvgate.observability.logs import configure_logging
-from kvgate.runtime.loop import run as run_loop
-from kvgate.runtime.serve import serve_until_signalled
+from kvgate.runtime.tasks.loop import run as run_loop
+from kvgate.runtime.tasks.serve import serve_until_signalled
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

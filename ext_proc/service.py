@@ -21,7 +21,7 @@ from kvgate.bindings.store import BindingStore, Unbound
 from kvgate.config.model import Config, HostPort
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdAuthError, EtcdClient, EtcdError, PrefixMirror
-from kvgate.etcd.client import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PAGE_SIZE
+from kvgate.etcd.connection import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PAGE_SIZE
 from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
 from kvgate.observability.http import MetricsServer
@@ -32,7 +32,7 @@ from kvgate.routing import STATIC, GatedPolicy, Pipeline, Policy
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
 from kvgate.routing.handler import RequestHandler
 from kvgate.routing.sources import SessionSources
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.ext_proc")
 

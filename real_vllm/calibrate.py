@@ -23,15 +23,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
 from bench.client import DriveOptions, DriveResult, RequestSample, drive
-from bench.compare import CompareOptions, compare
+from bench.compare import GATEWAY_PORTS, CompareOptions, compare, gateway_settings
 from emulator.options import EmulatorOptions
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.ports import free_ports
 from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL, RealFleet
 from stack.local import Stack
 from workload.bank import BankCodingOptions, bank_coding
@@ -68,7 +69,7 @@ async def _one(http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: i
     sent = time.perf_counter()
     first = last = None
     tokens = 0
-    usage: dict[str, object] = {}
+    usage: dict[str, Any] = {}  # parsed JSON
     async with http.post(f"{url}/v1/completions", json=body) as reply:
         reply.raise_for_status()
         async for line in reply.content:
@@ -83,8 +84,7 @@ async def _one(http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: i
                 usage = chunk["usage"]
     assert first is not None and last is not None and usage, "no answer streamed"
     details = usage.get("prompt_tokens_details") or {}
-    return Sample(int(usage["prompt_tokens"]),  # type: ignore[call-overload]
-                  int(details.get("cached_tokens") or 0),  # type: ignore[union-attr]
+    return Sample(int(usage["prompt_tokens"]), int(details.get("cached_tokens") or 0),
                   first - sent, tokens, last - first)
 
 
@@ -135,13 +135,8 @@ def calibration_workload(seed: int, sessions: int = 16,
 
 def real_config(addresses: Sequence[str], header: str = "x-session-id") -> Config:
     """A gateway on free ports in front of ``addresses``, each engine its own KV pool."""
-    listener, admin, xds, api, ext_proc, metrics = free_ports(6)
     return load_text(json.dumps({
-        "listener": {"port": listener},
-        "envoy_admin": {"port": admin},
-        "control_plane": {"xds": f"127.0.0.1:{xds}", "admin": f"127.0.0.1:{api}"},
-        "ext_proc": {"address": [f"127.0.0.1:{ext_proc}"], "metrics": f"127.0.0.1:{metrics}"},
-        "session": {"headers": [header]},
+        **gateway_settings(header, free_ports(GATEWAY_PORTS)),
         "pools": [{"name": "real", "kv_pool": "none",
                    "endpoints": [{"address": a, "kv_pool": f"hbm-{i}"}
                                  for i, a in enumerate(addresses)],

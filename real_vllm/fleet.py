@@ -14,8 +14,8 @@ from pathlib import Path
 
 import aiohttp
 
-from kvgate.runtime.child import Child, ChildFailed
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.child import Child, ChildFailed
+from kvgate.runtime.children.ports import free_ports
 from real_vllm.install import VllmEnv
 
 SERVED_MODEL = "kvgate-tiny-llama"

@@ -10,18 +10,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emulator.options import EmulatorOptions
-from experiment.fleet_options import add_fleet_arguments
-from experiment.inputs import InputError, engines_and_workload
-from experiment.modes import parse_simulated_modes
-from experiment.report import (
+from benchkit.fleet_options import add_fleet_arguments
+from benchkit.inputs import InputError, engines_and_workload
+from benchkit.modes import parse_simulated_modes
+from benchkit.report import (
     ModeStats,
     markdown_table,
     result_document,
     write_outputs,
 )
+from emulator.options import EmulatorOptions
 from kvgate.placement.gate import GateConfig
-from kvgate.runtime.collector import collector_paused
+from kvgate.runtime.tasks.collector import collector_paused
 from simulator.parallel import simulate_modes
 from simulator.run import LOAD_REFRESH_S, PROMPT_ERROR, FleetEvent, SimConfig
 from workload.cli import add_workload_arguments
@@ -91,28 +91,56 @@ def run(args: argparse.Namespace) -> int:
     blocks = hashed(workload, options.block_size, args.jobs)
     print(f"prompts hashed into {options.block_size}-token blocks "
           f"({time.perf_counter() - built:.1f} s)", file=sys.stderr)
-    oracle = [0.0]
-    no_queue: list[float] = []
-
-    def compute_oracle() -> None:
-        if not args.no_oracle:
-            measured = [workload.measured(r) for r in workload.requests]
-            hits = oracle_hits(workload.requests, options.block_size, blocks)
-            total = sum(t for t, m in zip(blocks.tokens, measured, strict=True) if m)
-            oracle[0] = sum(h for h, m in zip(hits, measured, strict=True) if m) / (total or 1)
-            no_queue.extend(no_queue_ttfts(workload, options, blocks, hits))
+    oracle = _Oracle(workload, options, blocks, skip=args.no_oracle)
+    finished: list[str] = []
 
     def done(mode: str, seconds: float) -> None:
         finished.append(mode)
         print(f"  {mode}: {seconds:.1f} s ({len(finished)}/{len(args.modes)} modes)",
               file=sys.stderr, flush=True)
 
-    finished: list[str] = []
     print(f"simulating {len(args.modes)} modes, {min(args.jobs, len(args.modes))} at a time",
           file=sys.stderr, flush=True)
-    results = simulate_modes(workload, args.modes, config, args.jobs, blocks, compute_oracle,
-                             done)
+    results = simulate_modes(workload, args.modes, config, args.jobs, blocks, oracle, done)
     stats: dict[str, ModeStats] = {mode: s for mode, (s, _) in results.items()}
+    document = result_document(_describe(args, workload, options, config), stats,
+                               oracle.hit_rate, oracle.no_queue)
+    print(markdown_table(document))
+    print(f"simulated in {time.perf_counter() - started:.1f} s wall", file=sys.stderr)
+    if args.out is not None:
+        title = (f"kvgate simulate: {workload.name}, {options.instances} engines, "
+                 f"{len(workload.requests)} requests")
+        name = args.name or f"simulate-{workload.name}"
+        for path in write_outputs(args.out, name, document,
+                                  {m: s.ttfts for m, s in stats.items()}, title, oracle.no_queue):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+class _Oracle:
+    """The oracle hit rate and the no-queue bound, computed when called (in this process,
+    while the workers simulate); left at 0 and empty with ``skip``."""
+
+    def __init__(self, workload: Workload, options: EmulatorOptions, blocks: PromptBlocks,
+                 skip: bool) -> None:
+        self._workload, self._options, self._blocks, self._skip = workload, options, blocks, skip
+        self.hit_rate = 0.0
+        self.no_queue: list[float] = []
+
+    def __call__(self) -> None:
+        if self._skip:
+            return
+        workload, blocks = self._workload, self._blocks
+        measured = [workload.measured(r) for r in workload.requests]
+        hits = oracle_hits(workload.requests, self._options.block_size, blocks)
+        total = sum(t for t, m in zip(blocks.tokens, measured, strict=True) if m)
+        self.hit_rate = sum(h for h, m in zip(hits, measured, strict=True) if m) / (total or 1)
+        self.no_queue.extend(no_queue_ttfts(workload, self._options, blocks, hits))
+
+
+def _describe(args: argparse.Namespace, workload: Workload, options: EmulatorOptions,
+              config: SimConfig) -> dict[str, Any]:
+    """What was simulated, for the result's header."""
     describe = {**workload.describe, "engines": options.instances,
                 "block_size": options.block_size, "hbm_tokens": options.hbm_tokens,
                 "ddr_tokens": options.pool_tokens,
@@ -121,17 +149,7 @@ def run(args: argparse.Namespace) -> int:
                 "fail": [vars_of(e) for e in args.fail],
                 "drain": [vars_of(e) for e in args.drain], "tool": "kvgate simulate"}
     describe.update(router_description(config))
-    document = result_document(describe, stats, oracle[0], no_queue)
-    print(markdown_table(document))
-    print(f"simulated in {time.perf_counter() - started:.1f} s wall", file=sys.stderr)
-    if args.out is not None:
-        title = (f"kvgate simulate: {workload.name}, {options.instances} engines, "
-                 f"{len(workload.requests)} requests")
-        name = args.name or f"simulate-{workload.name}"
-        for path in write_outputs(args.out, name, document,
-                                  {m: s.ttfts for m, s in stats.items()}, title, no_queue):
-            print(f"wrote {path}", file=sys.stderr)
-    return 0
+    return describe
 
 
 def _check(args: argparse.Namespace, engines: int) -> None:

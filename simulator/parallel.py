@@ -7,14 +7,18 @@ import multiprocessing
 import queue
 import time
 from collections.abc import Callable, Sequence
+from multiprocessing.process import BaseProcess
+from typing import TypeAlias
 
-from experiment.report import ModeStats
+from benchkit.report import ModeStats
 from kvgate.contract.modes import RoutingMode
 from simulator.run import SimConfig, simulate
 from workload.hashing import PromptBlocks
 from workload.model import Workload
 
 Run = tuple[RoutingMode, SimConfig]
+# What a worker sends back: the run's index, its stats and seconds, or None and the error.
+_Results: TypeAlias = "multiprocessing.Queue[tuple[int, ModeStats | None, float | str]]"
 
 # Relative time of a mode's run (1,000 engines: about 37, 32, 20 and 15 s): the longest start
 # first, so the short ones fill in behind them instead of leaving one worker on a long run alone.
@@ -57,12 +61,19 @@ def simulate_runs(workload: Workload, runs: Sequence[Run], jobs: int,
             finished.append(_timed(workload, mode, config, blocks))
             report(index, finished[-1][1])
         return finished
+    return _in_workers(workload, runs, jobs, blocks, meanwhile, report)
+
+
+def _in_workers(workload: Workload, runs: Sequence[Run], jobs: int, blocks: PromptBlocks | None,
+                meanwhile: Callable[[], None] | None, report: Callable[[int, float], None],
+                ) -> list[tuple[ModeStats, float]]:
+    """``simulate_runs`` over ``jobs`` forked workers, the longest runs first."""
     ctx = multiprocessing.get_context("fork")
     todo: multiprocessing.Queue[int | None] = ctx.Queue()
     longest_first = sorted(range(len(runs)), key=lambda i: -_WORK.get(runs[i][0], 3))
     for queued in [*longest_first, *[None] * jobs]:  # None: no more runs for this worker
         todo.put(queued)
-    results: multiprocessing.Queue[tuple[int, ModeStats | None, float | str]] = ctx.Queue()
+    results: _Results = ctx.Queue()
 
     def work() -> None:
         while (index := todo.get()) is not None:
@@ -76,21 +87,10 @@ def simulate_runs(workload: Workload, runs: Sequence[Run], jobs: int,
     workers = [ctx.Process(target=work, daemon=True) for _ in range(jobs)]
     for worker in workers:
         worker.start()
-    done: dict[int, tuple[ModeStats, float]] = {}
     try:
         if meanwhile is not None:
             meanwhile()
-        while len(done) < len(runs):
-            try:
-                index, stats, extra = results.get(timeout=1.0)
-            except queue.Empty:
-                if not any(w.is_alive() for w in workers) and results.empty():
-                    raise RuntimeError("a simulation worker died") from None
-                continue
-            if stats is None:
-                raise RuntimeError(f"simulating {runs[index][0]} failed: {extra}")
-            done[index] = (stats, float(extra))
-            report(index, float(extra))
+        done = _gather(results, workers, runs, report)
     finally:
         for worker in workers:
             worker.join(timeout=5)
@@ -101,6 +101,24 @@ def simulate_runs(workload: Workload, runs: Sequence[Run], jobs: int,
             channel.close()
             channel.join_thread()
     return [done[i] for i in range(len(runs))]
+
+
+def _gather(results: _Results, workers: Sequence[BaseProcess], runs: Sequence[Run],
+            report: Callable[[int, float], None]) -> dict[int, tuple[ModeStats, float]]:
+    """Every run's result as the workers send it; an error if one failed or all died."""
+    done: dict[int, tuple[ModeStats, float]] = {}
+    while len(done) < len(runs):
+        try:
+            index, stats, extra = results.get(timeout=1.0)
+        except queue.Empty:
+            if not any(w.is_alive() for w in workers) and results.empty():
+                raise RuntimeError("a simulation worker died") from None
+            continue
+        if stats is None:
+            raise RuntimeError(f"simulating {runs[index][0]} failed: {extra}")
+        done[index] = (stats, float(extra))
+        report(index, float(extra))
+    return done
 
 
 def _timed(workload: Workload, mode: RoutingMode, config: SimConfig,

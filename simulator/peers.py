@@ -84,6 +84,14 @@ class _Peer:
         if state is EndpointState.FAILED:
             self.inflight.forget(address)
 
+    def _candidates(self, now: float) -> list[str]:
+        """The active engines, with the streams in flight brought up to ``now``; empty when
+        there is none (the request then goes nowhere, and nothing is advanced)."""
+        if not self._active:
+            return []
+        self.inflight.advance(now)
+        return self._active
+
     def _fresh(self, address: str, now: float) -> Scrape | None:
         scrape = self.metrics.scrape(address, now)
         return None if scrape is None or now - scrape.at > self.setup.max_age_s else scrape
@@ -125,10 +133,9 @@ class PrefixScoreRouter(_IndexedPeer):
     MAX_TTFT_PENALTY_S = 5.0
 
     async def route(self, ask: Ask, now: float) -> str | None:
-        candidates = self._active
+        candidates = self._candidates(now)
         if not candidates:
             return None
-        self.inflight.advance(now)
         hashes = ask.hashes
         total = len(hashes)
         match = {a: self.index.match(a, hashes) for a in candidates}
@@ -180,10 +187,9 @@ class KvCostRouter(_IndexedPeer):
     OVERLAP_SCORE_WEIGHT = 1.0
 
     async def route(self, ask: Ask, now: float) -> str | None:
-        candidates = self._active
+        candidates = self._candidates(now)
         if not candidates:
             return None
-        self.inflight.advance(now)
         hashes = ask.hashes
         blocks = math.ceil(ask.tokens / self.setup.block_size)
         active = self.inflight.amount
@@ -207,9 +213,8 @@ class BoundedHashRouter(_Peer):
         self._ring = EnvoyRing([(a, 1) for a in self._active])
 
     async def route(self, ask: Ask, now: float) -> str | None:
-        if not self._active:
+        if not self._candidates(now):
             return None
-        self.inflight.advance(now)
         load = self.inflight.requests
         bound = math.ceil(self.c * (sum(load.values()) + 1) / len(self._active))
         for address in self._ring.walk(session_hash(ask.session.encode())):

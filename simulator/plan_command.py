@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from benchkit.fleet_options import add_fleet_arguments, emulator_options
+from benchkit.inputs import InputError, engines_and_workload
 from emulator.options import EmulatorOptions
-from experiment.fleet_options import add_fleet_arguments, emulator_options
-from experiment.inputs import InputError, engines_and_workload
 from kvgate.contract.modes import RoutingMode
 from simulator.command import (
     add_router_arguments,

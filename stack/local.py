@@ -19,10 +19,10 @@ from kvgate.config.dump import to_yaml
 from kvgate.config.load import with_default_routes
 from kvgate.config.model import Config, Endpoint, Etcd, HostPort, Pool
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.child import Child, ChildFailed
-from kvgate.runtime.envoy import envoy_child, envoy_ready
-from kvgate.runtime.etcd import embedded_etcd, etcd_ready
-from kvgate.runtime.ports import free_ports, port_in_use
+from kvgate.runtime.children.child import Child, ChildFailed
+from kvgate.runtime.children.envoy import envoy_child, envoy_ready
+from kvgate.runtime.children.etcd import embedded_etcd, etcd_ready
+from kvgate.runtime.children.ports import free_ports, port_in_use
 
 
 @dataclass

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.runtime.child import Child
-from kvgate.runtime.etcd import embedded_etcd, etcd_ready
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.child import Child
+from kvgate.runtime.children.etcd import embedded_etcd, etcd_ready
+from kvgate.runtime.children.ports import free_ports
 from tests.support.upstreams import Upstream
 
 

@@ -18,7 +18,7 @@ import math
 import random
 from dataclasses import asdict, dataclass
 
-from workload.bank import generated, lognormal, start_time
+from workload.bank import arrival_problems, generated, lognormal, start_time
 from workload.model import Request, Segment, Workload
 
 HARNESS_KEY = 2  # the one system + tool-schema prefix every agent session shares
@@ -50,11 +50,8 @@ class AgenticCodingOptions:
     def problems(self) -> list[str]:
         """What is wrong, each with the option's flag name; empty when the options are usable."""
         o = self
-        checks = (
-            (o.sessions >= 0, "sessions", ">= 0"),
-            (o.duration_s > 0, "duration-s", "> 0"),
-            (o.ramp_s >= 0, "ramp-s", ">= 0"),
-            (0 < o.ramp_start <= 1, "ramp-start", "in (0, 1]"),
+        return arrival_problems(
+            o,
             (o.prefix_tokens >= 0, "agent-prefix-tokens", ">= 0"),
             (o.task_median_tokens > 0, "agent-task-median-tokens", "> 0"),
             (0 < o.target_min_tokens <= o.target_max_tokens, "agent-target-min-tokens",
@@ -69,7 +66,6 @@ class AgenticCodingOptions:
             (min(o.task_sigma, o.tool_output_sigma, o.answer_sigma, o.tool_sigma) >= 0,
              "agent-*-sigma", ">= 0"),
         )
-        return [f"--{flag} must be {rule}" for ok, flag, rule in checks if not ok]
 
 
 def _session(o: AgenticCodingOptions, index: int) -> list[Request]:

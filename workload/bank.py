@@ -17,7 +17,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from workload.model import Request, Segment, Workload
 
@@ -52,11 +52,8 @@ class BankCodingOptions:
     def problems(self) -> list[str]:
         """What is wrong, each with the option's flag name; empty when the options are usable."""
         o = self
-        checks = (
-            (o.sessions >= 0, "sessions", ">= 0"),
-            (o.duration_s > 0, "duration-s", "> 0"),
-            (o.ramp_s >= 0, "ramp-s", ">= 0"),
-            (0 < o.ramp_start <= 1, "ramp-start", "in (0, 1]"),
+        return arrival_problems(
+            o,
             (o.system_tokens >= 0, "system-tokens", ">= 0"),
             (o.context_median_tokens > 0, "context-median-tokens", "> 0"),
             (0 <= o.context_min_tokens <= o.context_max_tokens, "context-min-tokens",
@@ -71,7 +68,32 @@ class BankCodingOptions:
             (min(o.context_sigma, o.question_sigma, o.answer_sigma, o.think_sigma) >= 0,
              "*-sigma", ">= 0"),
         )
-        return [f"--{flag} must be {rule}" for ok, flag, rule in checks if not ok]
+
+
+class _Arrivals(Protocol):
+    """The session-arrival options every generated workload has."""
+
+    @property
+    def sessions(self) -> int: ...
+    @property
+    def duration_s(self) -> float: ...
+    @property
+    def ramp_s(self) -> float: ...
+    @property
+    def ramp_start(self) -> float: ...
+
+
+def arrival_problems(o: _Arrivals, *checks: tuple[bool, str, str]) -> list[str]:
+    """The arrival checks every workload shares, then ``checks`` (ok, flag, rule): each one
+    failed as a message naming its flag; empty when the options are usable."""
+    every = (
+        (o.sessions >= 0, "sessions", ">= 0"),
+        (o.duration_s > 0, "duration-s", "> 0"),
+        (o.ramp_s >= 0, "ramp-s", ">= 0"),
+        (0 < o.ramp_start <= 1, "ramp-start", "in (0, 1]"),
+        *checks,
+    )
+    return [f"--{flag} must be {rule}" for ok, flag, rule in every if not ok]
 
 
 def lognormal(rng: random.Random, median: float, sigma: float, low: float, high: float) -> float:

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from kvgate.runtime.collector import collector_paused
+from kvgate.runtime.tasks.collector import collector_paused
 from workload.agentic import AgenticCodingOptions, agentic_coding
 from workload.bank import BankCodingOptions, bank_coding
 from workload.model import Workload

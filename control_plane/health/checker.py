@@ -26,7 +26,7 @@ from control_plane.operations import EndpointLoad
 from kvgate.config.model import Config, Endpoint, Pool
 from kvgate.endpoints import EndpointRecords, UnknownEndpoint
 from kvgate.etcd import EtcdClient, EtcdError
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.health")
 

@@ -36,7 +36,7 @@ from kvgate.etcd import EtcdClient, EtcdError, KeyValue, PrefixMirror
 from kvgate.etcd.client import MAX_TXN_OPS, GuardedPut, WatchEvent
 from kvgate.etcd.errors import EtcdDeadline, EtcdLeaseNotFound
 from kvgate.etcd.mirror import MirrorState
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.bindings")
 

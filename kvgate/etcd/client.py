@@ -7,19 +7,18 @@ explicit deadline, watches surface stream loss as an exception, and several endp
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from aetcd.rpc import kv_pb2
 from aetcd.rpc import rpc_pb2 as rpc
-from aetcd.rpc import rpc_pb2_grpc as stubs
 
+from kvgate.etcd.connection import EtcdConnection
 from kvgate.etcd.errors import (
     EtcdError,
     EtcdErrorKind,
     EtcdUnavailable,
     from_message,
-    from_rpc_error,
 )
 from kvgate.etcd.records import (
     Guard,
@@ -31,111 +30,18 @@ from kvgate.etcd.records import (
     key_value,
     prefix_end,
 )
-from kvgate.etcd.security import EtcdSecurity, open_channel
 
-# Every prefix read comes in pages of at most this many keys, so no reply grows with the
-# prefix (kvgate's values are < 200 B: a page of bindings is ~150 KB).
-DEFAULT_PAGE_SIZE = 1000
-# The largest message this client accepts, set deliberately: pages are ~150 KB; the largest
-# watch reply kvgate's own writes make is one shard lease expiring (~600 KB at a million
-# sessions), or, to a watcher that fell behind, etcd's batch of up to 1,000 revisions of batched
-# transactions (100 bindings each: ~16 MB). Anything beyond is met by relisting in pages rather
-# than by parsing more in the event loop. (gRPC's default, 4 MiB, is what a 28,000-key listing
-# used to hit.)
-DEFAULT_MAX_MESSAGE_BYTES = 32 * 1024 * 1024
 # etcd refuses a transaction of more than --max-txn-ops (128 by default) operations.
 MAX_TXN_OPS = 100
 
 
-class EtcdClient:
+class EtcdClient(EtcdConnection):
     """One gRPC channel to the first reachable endpoint; rotates on UNAVAILABLE.
 
     Every failure is raised as a classified `EtcdError` (kvgate.etcd.errors) and also passed to
     `on_error`, which services use to count and show them. `security` (kvgate.etcd.security):
     TLS and an etcd user for every channel; None: plaintext, no user.
     """
-
-    def __init__(
-        self, endpoints: Sequence[str], timeout: float = 2.0,
-        on_error: Callable[[EtcdError], None] | None = None,
-        security: EtcdSecurity | None = None,
-        *, page_size: int = DEFAULT_PAGE_SIZE,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-    ) -> None:
-        if not endpoints:
-            raise ValueError("at least one etcd endpoint is required")
-        if page_size < 1 or max_message_bytes < 4096:
-            raise ValueError("page_size must be >= 1 and max_message_bytes >= 4096")
-        self.page_size = page_size
-        self._max_message_bytes = max_message_bytes
-        self._endpoints = list(endpoints)
-        self._index = 0
-        self._timeout = timeout
-        self._channel: grpc.aio.Channel | None = None  # opened on first use, inside the loop
-        self.on_error = on_error
-        self.security = security
-
-    @property
-    def endpoint(self) -> str:
-        return self._endpoints[self._index]
-
-    def _connect(self) -> None:
-        self._channel = open_channel(
-            self.endpoint,
-            options=[
-                ("grpc.keepalive_time_ms", 10_000),
-                ("grpc.keepalive_timeout_ms", 5_000),
-                ("grpc.initial_reconnect_backoff_ms", 200),
-                ("grpc.max_reconnect_backoff_ms", 2_000),
-                ("grpc.max_receive_message_length", self._max_message_bytes),
-                ("grpc.max_send_message_length", self._max_message_bytes),
-            ],
-            security=self.security,
-        )
-        self._kv = stubs.KVStub(self._channel)
-        self._watch = stubs.WatchStub(self._channel)
-        self._lease = stubs.LeaseStub(self._channel)
-        self._maintenance = stubs.MaintenanceStub(self._channel)
-
-    async def _rotate(self) -> None:
-        if len(self._endpoints) == 1 or self._channel is None:
-            return
-        old = self._channel
-        self._index = (self._index + 1) % len(self._endpoints)
-        self._connect()
-        await old.close()
-
-    async def close(self) -> None:
-        if self._channel is not None:
-            await self._channel.close()
-            self._channel = None
-
-    def _stubs(self) -> None:
-        if self._channel is None:
-            self._connect()
-
-    async def _call(
-        self, name: str, service: str, request: object, limit_s: float | None = None
-    ) -> object:
-        self._stubs()
-        method = getattr(getattr(self, service), name)
-        try:
-            return await method(request, timeout=limit_s or self._timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise await self._failed(exc, name) from None
-
-    async def _failed(self, exc: grpc.aio.AioRpcError, operation: str) -> EtcdError:
-        """Classifies a failed call, reports it, and moves on to the next endpoint if this one
-        is unreachable."""
-        error = from_rpc_error(exc, operation, self.endpoint)
-        if isinstance(error, EtcdUnavailable):
-            await self._rotate()
-        self._report(error)
-        return error
-
-    def _report(self, error: EtcdError) -> None:
-        if self.on_error is not None:
-            self.on_error(error)
 
     async def get_prefix(self, prefix: bytes) -> tuple[list[KeyValue], int]:
         """Every key under `prefix`, and the store revision they were read at (read in pages,

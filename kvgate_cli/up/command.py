@@ -1,7 +1,7 @@
 """`kvgate up`: etcd, control plane, ext_proc and Envoy on this machine, until Ctrl-C.
 
 SIGINT, SIGTERM and SIGHUP (a closed terminal) stop everything; the children also die with it
-when it is killed outright (kvgate.runtime.child). Its work directory goes with it.
+when it is killed outright (kvgate.runtime.children.child). Its work directory goes with it.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from kvgate.config import Config, ConfigError
 from kvgate.config.flags import report_warnings, with_engines
 from kvgate.config.load import check_file, load_text
 from kvgate.placement.cost import EngineCost
-from kvgate.runtime.child import ChildFailed
+from kvgate.runtime.children.child import ChildFailed
 from kvgate_cli.up import workdir as workdirs
 from kvgate_cli.up.engines import Unhealthy, unhealthy_engines
 from kvgate_cli.up.ports import PortsError, parse_ports, with_ports

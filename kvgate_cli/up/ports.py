@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from kvgate.config.model import Config, ControlPlane, HostPort
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.ports import free_ports
 
 AUTO = "auto"
 

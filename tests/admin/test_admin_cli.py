@@ -8,7 +8,7 @@ import time
 from kvgate.bindings.model import Binding
 from kvgate.endpoints import EndpointRecord
 from kvgate.endpoints.records import record_key
-from kvgate.runtime.ports import free_port
+from kvgate.runtime.children.ports import free_port
 from tests.admin.admin_helpers import (
     SESSION_A,
     SESSION_B,

@@ -7,6 +7,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -29,7 +30,7 @@ def write_trace(path: Path, conversations: int = 8, turns: int = 3, seed: int = 
     """A Mooncake-format trace: each conversation re-sends its history plus new blocks."""
     rng = random.Random(seed)
     next_id = 1
-    records = []
+    records: list[dict[str, Any]] = []  # JSON lines
     for c in range(conversations):
         ids = [0]  # shared system prompt block
         t = c * 2000

@@ -12,10 +12,10 @@ import pytest
 from bench_helpers import small_bank
 
 from bench.compare import CompareOptions, compare, ports_needed
+from benchkit.modes import ALL_MODES
 from emulator.options import EmulatorOptions
-from experiment.modes import ALL_MODES
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.ports import free_port
+from kvgate.runtime.children.ports import free_port
 from kvgate_cli.main import main
 from simulator.run import SimConfig, simulate_async
 

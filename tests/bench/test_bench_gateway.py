@@ -16,7 +16,7 @@ from bench.client import DriveOptions, GatewayUnreachable, drive
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.ports import free_port
+from kvgate.runtime.children.ports import free_port
 from kvgate_cli.main import main
 from simulator.run import SimConfig, simulate_async
 from workload.model import Request, Segment, Workload

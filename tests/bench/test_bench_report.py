@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from experiment.modes import parse_modes, parse_simulated_modes
-from experiment.report import (
+from benchkit.modes import parse_modes, parse_simulated_modes
+from benchkit.report import (
     ModeStats,
     markdown_table,
     percentile,

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from bench.client import DriveResult, RequestSample
+from benchkit.report import ModeStats
 from emulator.options import EmulatorOptions
-from experiment.report import ModeStats
 from kvgate.contract.modes import RoutingMode
 from real_vllm.calibrate import comparison, emulated, fit
 

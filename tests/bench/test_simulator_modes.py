@@ -5,8 +5,8 @@ from collections import defaultdict
 import pytest
 from bench_helpers import small_bank
 
+from benchkit.modes import ALL_MODES
 from emulator.options import EmulatorOptions
-from experiment.modes import ALL_MODES
 from kvgate.contract.modes import RoutingMode
 from simulator.run import FleetEvent, SimConfig, SimResult, simulate
 from simulator.sending import NEVER, SendOrder

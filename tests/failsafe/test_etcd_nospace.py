@@ -17,7 +17,7 @@ from kvgate.bindings.model import Binding
 from kvgate.endpoints.records import EndpointRecord, record_key
 from kvgate.etcd import EtcdClient, EtcdNoSpace
 from kvgate.etcd.observed import EtcdErrorLog
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 from tests.admin.admin_helpers import run_cli
 from tests.conftest import ETCD_SMALL_QUOTA
 from tests.failsafe.failsafe_helpers import (

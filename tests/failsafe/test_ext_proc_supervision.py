@@ -18,7 +18,7 @@ from kvgate.bindings.reattach import Reattachment
 from kvgate.config.model import HostPort
 from kvgate.endpoints import EndpointRecords, sync_membership
 from kvgate.etcd import EtcdClient, EtcdUnavailable
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 from tests.failsafe.failsafe_helpers import control_plane_config, fail_once, restarts
 from tests.support.polling import eventually
 

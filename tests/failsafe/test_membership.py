@@ -18,7 +18,7 @@ from kvgate.endpoints import EndpointRecords, MembershipConflict, sync_membershi
 from kvgate.endpoints.membership import read_membership
 from kvgate.endpoints.records import endpoints_prefix
 from kvgate.etcd import EtcdClient, KeyValue
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.ports import free_ports
 from tests.failsafe.failsafe_helpers import (
     control_plane_config,
     running_control_plane,

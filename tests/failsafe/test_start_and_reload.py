@@ -22,8 +22,8 @@ from kvgate.config.model import HostPort
 from kvgate.endpoints.records import EndpointRecord, record_key
 from kvgate.etcd import EtcdClient
 from kvgate.etcd.client import Guard, Write
-from kvgate.runtime.child import Child
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.child import Child
+from kvgate.runtime.children.ports import free_ports
 from stack.local import grpc_serving
 from tests.admin.admin_helpers import run_cli
 from tests.failsafe.failsafe_helpers import (

@@ -15,7 +15,7 @@ from kvgate.config import load_text
 from kvgate.endpoints import EndpointRecords
 from kvgate.endpoints.membership import sync_membership
 from kvgate.etcd import EtcdClient
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 from tests.support.polling import eventually
 from tests.support.stack import gateway_config, running_stack
 from tests.support.upstreams import Upstream

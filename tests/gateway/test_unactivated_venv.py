@@ -16,10 +16,10 @@ import httpx
 import pytest
 import yaml
 
-from kvgate.runtime.envoy import envoy_binary
-from kvgate.runtime.etcd import etcd_binary
-from kvgate.runtime.executables import ExecutableNotFound, find_executable
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.envoy import envoy_binary
+from kvgate.runtime.children.etcd import etcd_binary
+from kvgate.runtime.children.executables import ExecutableNotFound, find_executable
+from kvgate.runtime.children.ports import free_ports
 from tests.support.polling import eventually
 
 BIN = Path(sys.executable).parent  # the virtualenv's bin/ (sys.executable is not resolved)

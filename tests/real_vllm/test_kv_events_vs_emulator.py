@@ -27,7 +27,7 @@ import pytest_asyncio
 
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.ports import free_ports
 from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL, EngineOptions, RealFleet, default_cores
 from real_vllm.install import cache_root, ensure_installed
 from real_vllm.model import ensure_model

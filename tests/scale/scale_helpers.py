@@ -11,16 +11,16 @@ from kvgate.bindings.bulk import write_bindings
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.model import Binding
 from kvgate.etcd import EtcdClient
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 
 SMALL_MESSAGE = 128 * 1024
 SMALL_PAGE = 200
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
 
 
-def small_client(endpoint: str, **options: object) -> EtcdClient:
-    return EtcdClient([endpoint], page_size=SMALL_PAGE,  # type: ignore[arg-type]
-                      max_message_bytes=SMALL_MESSAGE, **options)
+def small_client(endpoint: str) -> EtcdClient:
+    """A client whose pages and messages are small, so that a few hundred keys need several."""
+    return EtcdClient([endpoint], page_size=SMALL_PAGE, max_message_bytes=SMALL_MESSAGE)
 
 
 def sessions(count: int, tag: str = "s") -> list[str]:

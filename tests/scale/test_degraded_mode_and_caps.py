@@ -26,7 +26,7 @@ from kvgate.etcd import EtcdClient, EtcdNoSpace
 from kvgate.etcd.errors import EtcdDeadline
 from kvgate.etcd.mirror import MirrorState
 from kvgate.routing import Outcome, Pipeline
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 from kvgate.session import normalize_session
 from tests.failsafe.failsafe_helpers import control_plane_config
 from tests.scale.scale_helpers import A, B

@@ -18,7 +18,7 @@ import yaml
 
 from kvgate.config.dump import to_dict
 from kvgate.config.model import Config, Etcd, EtcdAuth
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.ports import free_ports
 from kvgate.session import normalize_session
 from stack.local import grpc_serving
 from tests.support.polling import eventually

@@ -22,8 +22,8 @@ from google.protobuf import json_format
 from control_plane.resources import protos
 from control_plane.resources.session_filters import body_session_filters, buffer_limit
 from kvgate.config.model import HostPort, Session
-from kvgate.runtime.envoy import envoy_child, envoy_ready
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.envoy import envoy_child, envoy_ready
+from kvgate.runtime.children.ports import free_ports
 from kvgate.session import BODY_METADATA_NAMESPACE, IMPLICIT_KEY
 
 _ECHO = """

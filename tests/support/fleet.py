@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from kvgate.runtime.child import Child
+from kvgate.runtime.children.child import Child
 
 
 class EngineProcesses:

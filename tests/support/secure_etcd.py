@@ -15,9 +15,9 @@ from kvgate.config.model import Etcd, EtcdAuth, EtcdTls
 from kvgate.etcd import EtcdClient
 from kvgate.etcd.client import prefix_end
 from kvgate.etcd.security import EtcdSecurity, etcd_security, open_channel
-from kvgate.runtime.child import Child
-from kvgate.runtime.etcd import embedded_etcd, etcd_ready
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.child import Child
+from kvgate.runtime.children.etcd import embedded_etcd, etcd_ready
+from kvgate.runtime.children.ports import free_ports
 
 ROOT_PASSWORD = "r00t-pw-for-tests"
 USER = "kvgate"

@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from kvgate.config import Config, load_text
-from kvgate.runtime.ports import free_ports
+from kvgate.runtime.children.ports import free_ports
 from stack.local import Stack
 
 # Health settings for tests that are not about health: a probe may take up to 2 s and it takes

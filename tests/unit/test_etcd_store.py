@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.model import Binding
 from kvgate.etcd import EtcdClient
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 from tests.support.polling import eventually
 
 

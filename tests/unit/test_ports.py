@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from kvgate.runtime.ports import (
+from kvgate.runtime.children.ports import (
     NoFreePorts,
     ReservedPorts,
     free_ports,

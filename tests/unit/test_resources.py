@@ -19,7 +19,7 @@ from control_plane.resources.bootstrap import static_bootstrap, to_json
 from kvgate.config import load_file, load_text
 from kvgate.config.model import INFERENCE_PATHS, INFERENCE_PREFIXES
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.envoy import envoy_binary
+from kvgate.runtime.children.envoy import envoy_binary
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "kvgate.yaml"
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from kvgate.etcd.errors import EtcdNoSpace
-from kvgate.runtime.supervisor import Supervisor
+from kvgate.runtime.tasks.supervisor import Supervisor
 from tests.support.polling import eventually
 
 

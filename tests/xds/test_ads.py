@@ -20,7 +20,7 @@ from control_plane.xds.metrics import XdsMetrics
 from control_plane.xds.server import AdsServer, NodeRegistry
 from kvgate.config import Config
 from kvgate.config.model import HostPort
-from kvgate.runtime.envoy import envoy_child, envoy_ready
+from kvgate.runtime.children.envoy import envoy_child, envoy_ready
 from tests.support.polling import eventually
 from tests.support.stack import gateway_config, running_stack
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable
 
+from benchkit.fleet_options import emulator_options
+from benchkit.report import check_out_dir
 from emulator.options import EmulatorOptions
-from experiment.fleet_options import emulator_options
-from experiment.report import check_out_dir
 from workload.cli import workload_from_args
 from workload.model import Workload
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import aiohttp
 
 from kvgate.config.model import HostPort
-from kvgate.runtime.child import Child, ChildFailed
-from kvgate.runtime.executables import ExecutableNotFound, find_executable
+from kvgate.runtime.children.child import Child, ChildFailed
+from kvgate.runtime.children.executables import ExecutableNotFound, find_executable
 
 
 def envoy_binary() -> str:

@@ -4,6 +4,8 @@ model the same engines (the emulator's own options and defaults)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TypeVar
 
 from emulator.options import EmulatorOptions
 from emulator.pool_faults import pool_window
@@ -30,31 +32,28 @@ _FIELDS: tuple[tuple[str, type, str], ...] = (
     ("pool_low_watermark", float, "... down to this share (default: the connector's)"),
     ("max_num_seqs", int, "concurrent requests per engine"),
 )
+N = TypeVar("N", int, float)
 LIST_FIELDS = ("ddr_tokens", "node_gbps")  # `kvgate plan` tries several of each
 
 
 def float_list(text: str) -> list[float]:
     """``40,80,144`` -> ``[40.0, 80.0, 144.0]`` (an argparse type)."""
-    try:
-        values = [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated numbers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one number")
-    return values
-
+    return _number_list(text, float, "numbers", "number")
 
 
 def int_list(text: str) -> list[int]:
     """``8,12,16`` -> ``[8, 12, 16]`` (an argparse type)."""
+    return _number_list(text, int, "integers", "integer")
+
+
+def _number_list(text: str, kind: Callable[[str], N], plural: str, singular: str) -> list[N]:
     try:
-        values = [int(part) for part in text.split(",") if part.strip()]
+        values = [kind(part) for part in text.split(",") if part.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}") from None
+            f"expected comma-separated {plural}, got {text!r}") from None
     if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
+        raise argparse.ArgumentTypeError(f"expected at least one {singular}")
     return values
 
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from kvgate.etcd import EtcdClient, EtcdUnavailable
 from kvgate.etcd.security import EtcdSecurity
-from kvgate.runtime.child import Child, ChildFailed
-from kvgate.runtime.executables import ExecutableNotFound, find_executable
+from kvgate.runtime.children.child import Child, ChildFailed
+from kvgate.runtime.children.executables import ExecutableNotFound, find_executable
 
 
 def etcd_binary() -> str:

@@ -1,0 +1,70 @@
+"""What a simulation is given and what it returns: the fleet's events, the settings
+(``SimConfig``), the routers' model of the engines, and the per-request result."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from benchkit.report import ModeStats
+from emulator.options import EmulatorOptions
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.gate import GateConfig
+from simulator.routing import RouterSetup
+
+
+@dataclass(frozen=True, slots=True)
+class FleetEvent:
+    """``fail`` or ``drain`` engine ``engine`` (an index) at emulated time ``time``."""
+
+    kind: str
+    engine: int
+    time: float
+
+
+LOAD_REFRESH_S = 0.05
+PROMPT_ERROR = 0.25
+
+
+@dataclass(slots=True)
+class SimConfig:
+    engine: EmulatorOptions  # instances = engines; block size, HBM, DDR, speed
+    load_factor: float = 1.25
+    idle_ttl: float = 3600.0
+    events: Sequence[FleetEvent] = ()
+    progress: bool = False
+    # Engine addresses (placement hashes them); default 10.x.y.z:8000. Give a real fleet's to
+    # reproduce its placements exactly.
+    addresses: Sequence[str] = ()
+    # How often the routers scrape the engines' metrics (the Gateway API Inference Extension's
+    # endpoint picker: every 50 ms), and how old a scrape may be before it counts for nothing.
+    load_refresh_s: float = LOAD_REFRESH_S
+    load_max_age_s: float = 2.0
+    # The error of the prompt size a router estimates from content-length (lognormal sigma per
+    # session; 0: exact token counts), see simulator.estimate.
+    prompt_error: float = PROMPT_ERROR
+    gate: GateConfig = field(default_factory=GateConfig)
+
+
+def router_setup(options: EmulatorOptions, config: SimConfig) -> RouterSetup:
+    """The routers' model of the engines: the same speed and links as the simulated ones."""
+    cost = EngineCost(prefill_tokens_per_s=options.prefill_tokens_per_s,
+                      prefill_overhead_s=options.prefill_overhead_ms / 1000.0,
+                      kv_bytes_per_token=options.kv_bytes_per_token, ddr_gbps=options.ddr_gbps,
+                      transfer_fixed_s=options.transfer_fixed_ms / 1000.0)
+    return RouterSetup(cost, config.gate, config.load_max_age_s, options.block_size,
+                       max(1, options.hbm_tokens // options.block_size))
+
+
+@dataclass(slots=True)
+class SimResult:
+    stats: ModeStats
+    per_engine_requests: list[int] = field(default_factory=list)
+    assignments: list[int] = field(default_factory=list)  # engine per request, -1 = unrouted
+    arrivals: list[float] = field(default_factory=list)  # when each request was sent
+    finishes: list[float] = field(default_factory=list)  # its last token (its arrival if unrouted)
+
+
+def engine_address(index: int) -> str:
+    """The default address of engine ``index``: 10.x.y.z:8000, unique up to 2**24 engines."""
+    return f"10.{index >> 16 & 255}.{index >> 8 & 255}.{index & 255}:8000"
