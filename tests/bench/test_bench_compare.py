@@ -87,11 +87,14 @@ async def test_compare_and_simulate_agree_per_mode(tmp_path: Path) -> None:
     assert rates["affinity+ddr"] - rates["round_robin"] > 0.15
     assert rates["affinity"] - rates["round_robin"] > 0.05
     # both say the same about the pool's cost: round robin reads more from it than kvgate,
-    # 1.5x as much as static stickiness; the load gate moves sessions within the pool, so
-    # gated kvgate reads more than static, still less than round robin
+    # well over static stickiness's (1.56x simulated, 1.47-1.6x real: since a store writes the
+    # prompt's blocks the pool lacks, as the connectors do, a sticky session's answers reach
+    # the pool and come back from it once this small HBM has evicted them); the load gate moves
+    # sessions within the pool, so gated kvgate reads more than static, still less than round
+    # robin
     rr, static = reads[RoutingMode.ROUND_ROBIN_DDR], reads[RoutingMode.STICKY_DDR]
     gated = reads[RoutingMode.AFFINITY_DDR]
-    assert rr[0] > 1.5 * static[0] and rr[1] > 1.5 * static[1], (rr, static)
+    assert rr[0] > 1.3 * static[0] and rr[1] > 1.3 * static[1], (rr, static)
     assert rr[0] > gated[0] and rr[1] > gated[1], (rr, gated)
 
 
