@@ -9,7 +9,9 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -48,133 +50,75 @@ def port_list(text: str) -> tuple[int, ...]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's options (defaults: DESIGN.md's published figures)."""
     d = EmulatorOptions()
+    _add_table(parser, FLEET_FLAGS, d)
     a = parser.add_argument
-    a("--instances", type=int, default=d.instances, help="number of engine instances (%(default)s)")
-    a("--processes", type=int, default=d.processes,
-      help="processes serving the instances, so the emulator's own CPU spreads over cores; the "
-      "first also hosts the DDR pool (%(default)s)")
-    a("--host", default=d.host, help="address to listen on (%(default)s)")
-    a(
-        "--port",
-        type=int,
-        default=d.port,
-        help="first instance's port; the others use the next ones; 0 = free ports (%(default)s)",
-    )
-    a(
-        "--ports",
-        type=port_list,
-        default=(),
-        metavar="P1,P2,...",
-        help="one port per instance, in order (instead of --port)",
-    )
-    a("--model", default=d.model, help="served model name (%(default)s)")
-    a(
-        "--block-size",
-        type=int,
-        default=d.block_size,
-        help="KV block size in tokens; 128 mirrors vLLM-Ascend (%(default)s)",
-    )
-    a(
-        "--hbm-tokens",
-        type=int,
-        default=d.hbm_tokens,
-        help="HBM KV capacity per instance, tokens (%(default)s)",
-    )
-    a(
-        "--ddr-tokens",
-        type=int,
-        default=None,
-        help="DDR pool capacity, tokens (default --pool-hbm-multiple x the fleet's HBM)",
-    )
-    a("--pool-hbm-multiple", type=float, default=d.pool_hbm_multiple,
-      help="DDR pool capacity as a multiple of the fleet's HBM (%(default)s)")
-    a("--pool-connector", choices=list(PROFILES), default=d.pool_connector,
-      help="whose rules fill and evict the hosted DDR pool: what a lookup refreshes, what a "
-           "request writes, how the pool evicts (%(default)s, the bank's stack)")
-    a("--pool-high-watermark", type=float, default=d.pool_high_watermark,
-      help="the pool evicts once it holds this share of its capacity (default: the "
-           "connector's)")
-    a("--pool-low-watermark", type=float, default=d.pool_low_watermark,
-      help="... down to this share (default: the connector's)")
-    a(
-        "--prefill-tokens-per-s",
-        type=float,
-        default=d.prefill_tokens_per_s,
-        help="prefill rate (%(default)s)",
-    )
-    a(
-        "--decode-ms-per-token",
-        type=float,
-        default=d.decode_ms_per_token,
-        help="decode time per output token (%(default)s)",
-    )
-    a(
-        "--prefill-overhead-ms",
-        type=float,
-        default=d.prefill_overhead_ms,
-        help="fixed TTFT overhead c0 (%(default)s)",
-    )
-    a(
-        "--kv-bytes-per-token",
-        type=int,
-        default=d.kv_bytes_per_token,
-        help="KV bytes per token, for DDR transfer time (%(default)s)",
-    )
-    a("--ddr-gbps", type=float, default=d.ddr_gbps,
-      help="DDR pool->HBM link per instance (device), GB/s (%(default)s)")
-    a("--node-gbps", type=float, default=d.node_gbps,
-      help="DDR pool->HBM aggregate per node, GB/s; 0 = its devices' links (%(default)s)")
-    a("--pool-gbps", type=float, default=d.pool_gbps,
-      help="DDR pool->HBM aggregate of the whole pool, GB/s; 0 = no limit (%(default)s)")
-    a("--devices-per-node", type=int, default=d.devices_per_node,
-      help="instances per node, in order (%(default)s)")
-    a("--transfer-fixed-ms", type=float, default=d.transfer_fixed_ms,
-      help="fixed cost of every DDR transfer, ms (%(default)s)")
-    a("--pool-fail", type=pool_window(False), action="append", default=[], metavar="T@DURATION",
-      help="the hosted pool is down from emulated second T (since start) for DURATION seconds; "
-           "repeatable")
-    a("--pool-slow", type=pool_window(True), action="append", default=[],
-      metavar="T@DURATION:FACTOR",
-      help="the hosted pool's links keep FACTOR of their bandwidth in that window; repeatable")
-    a(
-        "--max-num-seqs",
-        type=int,
-        default=d.max_num_seqs,
-        help="concurrent requests per instance (%(default)s)",
-    )
-    a(
-        "--time-scale",
-        type=time_scale,
-        default=d.time_scale,
-        help="wall seconds per emulated second; 1/60 runs an hour in a minute; 0 = never wait "
-        "(%(default)s)",
-    )
-    a("--seed", type=int, default=d.seed, help="seed for generated text (%(default)s)")
-    a("--max-model-len", type=int, default=d.max_model_len,
-      help="context length /tokenize reports, as vLLM's max_model_len; prompts are not cut "
-      "(%(default)s)")
-    a("--pool-url", default=None, help="join an existing DDR pool service instead of hosting one")
-    a("--no-ddr-pool", action="store_true", help="run without a DDR pool")
-    a("--pool-port", type=int, default=d.pool_port, help="DDR pool port; 0 = free port")
-    a(
-        "--engine-id",
-        default=d.engine_id,
-        help="x-engine-id template with {host}, {port}, {index} (%(default)s)",
-    )
-    a(
-        "--ready-file",
-        type=Path,
-        default=None,
-        help="write {engines, pool_url, pid} as JSON here once everything listens",
-    )
-    a("--log-level", default="info", choices=["debug", "info", "warning", "error"])  # fmt: skip
+    a("--ports", type=port_list, default=(), metavar="P1,P2,...",
+      help="one port per instance, in order (instead of --port)")
+    _add_table(parser.add_argument_group("the engines' model"), ENGINE_FLAGS, d)
+    pool = parser.add_argument_group("the DDR pool")
+    pool.add_argument(
+        "--pool-connector", choices=list(PROFILES), default=d.pool_connector,
+        help="whose rules fill and evict the hosted DDR pool: what a lookup refreshes, what a "
+             "request writes, how the pool evicts (%(default)s, the bank's stack)")
+    _add_table(pool, POOL_FLAGS, d)
+    pool.add_argument(
+        "--pool-fail", type=pool_window(False), action="append", default=[],
+        metavar="T@DURATION", help="the hosted pool is down from emulated second T (since "
+        "start) for DURATION seconds; repeatable")
+    pool.add_argument(
+        "--pool-slow", type=pool_window(True), action="append", default=[],
+        metavar="T@DURATION:FACTOR",
+        help="the hosted pool's links keep FACTOR of their bandwidth in that window; repeatable")
+    pool.add_argument("--no-ddr-pool", action="store_true", help="run without a DDR pool")
+    a("--ready-file", type=Path, default=None,
+      help="write {engines, pool_url, pid} as JSON here once everything listens")
+    a("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     _add_table(parser.add_argument_group("KV cache events (vLLM's --kv-events-config, ZMQ)"),
                KV_EVENT_FLAGS, d)
 
 
-# (flag, type, help) of option groups declared as tables; each default is EmulatorOptions'
-# field of the same name.
-FlagRow = tuple[str, type, str]
+# (flag, type, help) of the options declared as tables; each default is EmulatorOptions' field
+# of the same name, appended to the help unless the help says it.
+FlagRow = tuple[str, Callable[[str], Any], str]
+FLEET_FLAGS: tuple[FlagRow, ...] = (
+    ("--instances", int, "number of engine instances"),
+    ("--processes", int, "processes serving the instances, so the emulator's own CPU spreads "
+     "over cores; the first also hosts the DDR pool"),
+    ("--host", str, "address to listen on"),
+    ("--port", int, "first instance's port; the others use the next ones; 0 = free ports"),
+    ("--model", str, "served model name"),
+    ("--seed", int, "seed for generated text"),
+    ("--engine-id", str, "x-engine-id template with {host}, {port}, {index}"),
+)
+ENGINE_FLAGS: tuple[FlagRow, ...] = (
+    ("--block-size", int, "KV block size in tokens; 128 mirrors vLLM-Ascend"),
+    ("--hbm-tokens", int, "HBM KV capacity per instance, tokens"),
+    ("--prefill-tokens-per-s", float, "prefill rate"),
+    ("--decode-ms-per-token", float, "decode time per output token"),
+    ("--prefill-overhead-ms", float, "fixed TTFT overhead c0"),
+    ("--kv-bytes-per-token", int, "KV bytes per token, for DDR transfer time"),
+    ("--max-num-seqs", int, "concurrent requests per instance"),
+    ("--time-scale", time_scale, "wall seconds per emulated second; 1/60 runs an hour in a "
+     "minute; 0 = never wait"),
+    ("--max-model-len", int, "context length /tokenize reports, as vLLM's max_model_len; "
+     "prompts are not cut"),
+)
+POOL_FLAGS: tuple[FlagRow, ...] = (
+    ("--ddr-tokens", int, "DDR pool capacity, tokens (default --pool-hbm-multiple x the "
+     "fleet's HBM)"),
+    ("--pool-hbm-multiple", float, "DDR pool capacity as a multiple of the fleet's HBM"),
+    ("--pool-high-watermark", float, "the pool evicts once it holds this share of its "
+     "capacity (default: the connector's)"),
+    ("--pool-low-watermark", float, "... down to this share (default: the connector's)"),
+    ("--ddr-gbps", float, "DDR pool->HBM link per instance (device), GB/s"),
+    ("--node-gbps", float, "DDR pool->HBM aggregate per node, GB/s; 0 = its devices' links"),
+    ("--pool-gbps", float, "DDR pool->HBM aggregate of the whole pool, GB/s; 0 = no limit"),
+    ("--devices-per-node", int, "instances per node, in order"),
+    ("--transfer-fixed-ms", float, "fixed cost of every DDR transfer, ms"),
+    ("--pool-url", str, "join an existing DDR pool service instead of hosting one (default: "
+     "host one)"),
+    ("--pool-port", int, "DDR pool port; 0 = free port"),
+)
 KV_EVENT_FLAGS: tuple[FlagRow, ...] = (
     ("--kv-events-port", int, "publish each instance's KV cache events as vLLM does (ZMQ PUB on "
      "tcp://HOST:PORT): the first instance's port, the others use the next ones; 0 = off"),
@@ -184,11 +128,12 @@ KV_EVENT_FLAGS: tuple[FlagRow, ...] = (
 )
 
 
-def _add_table(group: argparse._ArgumentGroup, rows: tuple[FlagRow, ...],
-               defaults: EmulatorOptions) -> None:
+def _add_table(group: argparse.ArgumentParser | argparse._ArgumentGroup,
+               rows: tuple[FlagRow, ...], defaults: EmulatorOptions) -> None:
     for flag, kind, text in rows:
+        shown = "" if "default" in text else " (%(default)s)"
         group.add_argument(flag, type=kind, default=getattr(defaults, _dest(flag)),
-                           help=f"{text} (%(default)s)")
+                           help=f"{text}{shown}")
 
 
 def _dest(flag: str) -> str:
