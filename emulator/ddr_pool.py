@@ -104,16 +104,21 @@ class DdrPool:
         blocks ``answer`` written, if the profile does either. Returns the new blocks."""
         profile = self.profile
         if profile.touch_at_end:  # the blocks it loaded, and those it offered
-            full = len(prompt) - len(prompt) % self.chunk
-            loaded = ddr_blocks and profile.store_scope is StoreScope.PAST_LOAD
-            self._touch(prompt[hbm_blocks if loaded else 0 : full])
+            start, full = self._offer_range(len(prompt), hbm_blocks, ddr_blocks)
+            self._touch(prompt[hbm_blocks if start else 0 : full])
         return self.insert(answer, now) if profile.store_decode and answer else 0
 
-    def _offered(self, prompt: Sequence[int], hbm_blocks: int, ddr_blocks: int) -> Sequence[int]:
-        full = len(prompt) - len(prompt) % self.chunk
+    def _offer_range(self, blocks: int, hbm_blocks: int, ddr_blocks: int) -> tuple[int, int]:
+        """[start, end) of a prompt's blocks a store offers: whole chunks, from the first block,
+        or past a load from the pool where the profile says so (start 0: no such skip)."""
+        full = blocks - blocks % self.chunk
         if self.profile.store_scope is StoreScope.PAST_LOAD and ddr_blocks:
-            return prompt[hbm_blocks + ddr_blocks : full]
-        return prompt[:full]
+            return hbm_blocks + ddr_blocks, full
+        return 0, full
+
+    def _offered(self, prompt: Sequence[int], hbm_blocks: int, ddr_blocks: int) -> Sequence[int]:
+        start, full = self._offer_range(len(prompt), hbm_blocks, ddr_blocks)
+        return prompt[start:full]
 
     # ---- the pool itself --------------------------------------------------------------------
 
