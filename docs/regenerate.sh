@@ -14,8 +14,8 @@ cd "$(dirname "$0")/.."
 JOBS=${JOBS:-2}
 S="kvgate simulate --jobs 1 --quiet"
 P="kvgate plan --jobs 1"
-SMALL_BANK=127.0.0.1:27961,127.0.0.1:27962,127.0.0.1:27963,127.0.0.1:27964
-SMALL_TRACE=127.0.0.1:59707,127.0.0.1:55915,127.0.0.1:42503,127.0.0.1:40213,127.0.0.1:54651,127.0.0.1:59519,127.0.0.1:40849,127.0.0.1:41567
+SMALL_BANK=127.0.0.1:47087,127.0.0.1:35275,127.0.0.1:54327,127.0.0.1:41031
+SMALL_TRACE=127.0.0.1:43481,127.0.0.1:38383,127.0.0.1:54525,127.0.0.1:57761,127.0.0.1:58981,127.0.0.1:60245,127.0.0.1:50953,127.0.0.1:59737
 TRACE=traces/mooncake_conversation_trace.jsonl.gz
 DDR_MODES=affinity+ddr,round_robin+ddr,sticky+ddr,prefix-score,kv-cost,bounded-hash
 
