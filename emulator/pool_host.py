@@ -66,6 +66,12 @@ class PoolHost:
         self._check()
         return self.pool.lookup(hashes, skip, self.clock.now()) if hashes else 0
 
+    def held(self, hashes: Sequence[int]) -> list[int]:
+        """Which of ``hashes`` the pool holds; refreshes nothing (diagnostics, and the real-engine
+        tier's block files, collected once their keys leave the pool)."""
+        self._check()
+        return [h for h in hashes if h in self.pool]
+
     def insert(self, hashes: Sequence[int]) -> int:
         """Put ``hashes``; returns the new blocks."""
         self._check()

@@ -11,6 +11,8 @@ Endpoints (JSON; hashes are unsigned 64-bit integers):
   its prompt's blocks are written as the profile says, m new
 - ``POST /v1/finish``  the same and ``"answer": [h, ...]`` -> ``{"inserted": m}``: a request is
   over (decode blocks, end-of-request refresh, as the profile says)
+- ``POST /v1/held``  ``{"hashes": [h, ...]}`` -> ``{"held": [h, ...]}``: those the pool holds,
+  nothing refreshed
 - ``POST /v1/insert``  ``{"hashes": [h, ...]}`` -> ``{"inserted": k}``, k = new blocks
 - each answers 503 while the pool is down (``--pool-fail``)
 - ``GET /v1/stats`` -> the connector profile's name, counters and occupancy
@@ -245,6 +247,10 @@ async def _lookup(host: PoolHost, body: dict[str, Any]) -> int:
             else await host.load(hashes, device, skip))
 
 
+async def _held(host: PoolHost, body: dict[str, Any]) -> list[int]:
+    return host.held(body["hashes"])
+
+
 async def _insert(host: PoolHost, body: dict[str, Any]) -> int:
     return host.insert(body["hashes"])
 
@@ -280,6 +286,7 @@ def make_pool_app(host: PoolHost) -> web.Application:
     registry.register(PoolCollector(host))
     app[REGISTRY_KEY] = registry
     app.router.add_post("/v1/lookup", _pool_handler("hits", _lookup))
+    app.router.add_post("/v1/held", _pool_handler("held", _held))
     app.router.add_post("/v1/insert", _pool_handler("inserted", _insert))
     app.router.add_post("/v1/store", _pool_handler("inserted", _store))
     app.router.add_post("/v1/finish", _pool_handler("inserted", _finish))

@@ -30,6 +30,7 @@ class EngineOptions:
     max_model_len: int = 16384
     max_num_seqs: int = 16
     extra_args: tuple[str, ...] = ()
+    python_path: str = ""  # where the engine imports a KV connector from (real_vllm.shared_pool)
     ready_timeout_s: float = 600.0  # a loaded shared machine starts vLLM slowly
 
 
@@ -142,6 +143,9 @@ class RealFleet:
 
     async def start_engine(self, index: int, port: int, cores: tuple[int, ...]) -> Engine:
         env = engine_environment(self.cache, cores, self.options.kv_cache_gib)
+        env["KVGATE_REAL_VLLM_ENGINE"] = str(index)  # named in a KV connector's call log
+        if self.options.python_path:
+            env["PYTHONPATH"] = self.options.python_path
         child = Child(f"vllm[{index}]", engine_argv(self.env, self.model, port, cores,
                                                      self.options),
                       self.workdir / f"vllm-{index}.log", env)

@@ -24,7 +24,7 @@ stop_engines() {
     # Each engine leads its own process group (API server, engine core, worker) and left its
     # pid in a .pid file: TERM the groups, then KILL what is left.
     local pids=()
-    for f in "$run_dir"/*.pid; do
+    for f in "$run_dir"/*.pid "$run_dir"/*/*.pid; do  # pooled engines in a subdirectory
         [ -e "$f" ] && pids+=("$(cat "$f")")
     done
     [ ${#pids[@]} -eq 0 ] && return 0
@@ -36,7 +36,7 @@ stop_engines() {
         sleep 0.5
     done
     for p in "${pids[@]}"; do kill -KILL -- "-$p" 2>/dev/null || true; done
-    rm -f "$run_dir"/*.pid
+    rm -f "$run_dir"/*.pid "$run_dir"/*/*.pid
 }
 trap stop_engines EXIT INT TERM
 

@@ -48,8 +48,12 @@ class Engine:
         self.places: dict[Any, int] = {}  # each hash's place in this stream (first seen = 0)
 
     async def reset(self) -> None:
+        """Empty the cache, and make the engine step: vLLM publishes what its block pool queued
+        (AllBlocksCleared here) only at its next engine step, the emulator at once. A prompt
+        shorter than a block stores nothing, so the step adds no event of its own."""
         reply = await self.http.post(f"{self.url}/reset_prefix_cache")
         assert reply.status_code == 200 and reply.json()["success"] is True, reply.text
+        await self.complete(ids(BS // 2, 7), 1)
 
     async def complete(self, tokens: list[int], max_tokens: int,
                        session: str | None = None) -> None:
