@@ -8,7 +8,7 @@ because one process hosts several instances.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -94,15 +94,17 @@ class EngineCollector(Collector):
 
 
 def make_registry(model: EngineModel, now: Callable[[], float]) -> CollectorRegistry:
-    """A registry holding only this instance's collector."""
-    registry = CollectorRegistry(auto_describe=False)
+    """A registry holding only this instance's collector (which builds its families at scrape
+    time, so it has no names to describe: a ``name[]`` filter then filters its samples)."""
+    registry = CollectorRegistry(auto_describe=False, support_collectors_without_names=True)
     registry.register(EngineCollector(model, now))
     return registry
 
 
-def render(registry: CollectorRegistry) -> bytes:
-    """Prometheus text exposition of ``registry``."""
-    return generate_latest(registry)
+def render(registry: CollectorRegistry, names: Sequence[str] = ()) -> bytes:
+    """Prometheus text exposition of ``registry``, only the samples ``names`` if any are given
+    (the ``name[]`` filter of prometheus_client's exposition, which vLLM serves)."""
+    return generate_latest(registry.restricted_registry(names) if names else registry)
 
 
 def stats_body(model: EngineModel, now: float) -> dict[str, Any]:

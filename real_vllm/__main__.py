@@ -5,6 +5,8 @@ tests/real_vllm/run.sh and for trying a real engine by hand.
     serve --instances N        N engines on free ports, each pinned to a core, until Ctrl-C
     calibrate --out DIR        fit the emulator's timing to the engines, then one workload
                                through real and emulated engines per routing mode
+    record --out DIR           one engine's /metrics (whole and filtered) and KV event stream,
+                               for the fleet-state benchmark
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from real_vllm.calibrate import (
 from real_vllm.fleet import BLOCK_SIZE, EngineOptions, RealFleet, default_cores
 from real_vllm.install import VLLM_VERSION, cache_root, ensure_installed
 from real_vllm.model import ensure_model, kv_bytes_per_token, model_info
+from real_vllm.record import record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--sessions", type=int, default=16)
     cal.add_argument("--workdir", type=Path, help="logs (default: a new temporary dir)")
     cal.add_argument("--out", type=Path, help="write calibration.json and .md here")
+    rec = commands.add_parser("record", help="record an engine's /metrics and KV events")
+    rec.add_argument("--out", type=Path, required=True)
+    rec.add_argument("--workdir", type=Path, help="logs (default: a new temporary dir)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
@@ -68,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                           "seconds": round(time.monotonic() - started, 1)}))
         return 0
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-real-vllm-"))
+    if args.command == "record":
+        print(json.dumps(asyncio.run(record(env, model, workdir)).write(args.out), indent=1))
+        return 0
     options = EngineOptions(kv_cache_gib=getattr(args, "kv_cache_gib", EngineOptions.kv_cache_gib))
     fleet = RealFleet(env, model, args.instances, workdir, cache_root(), options,
                       default_cores(args.instances))

@@ -6,11 +6,13 @@ replica's memory; a shared copy in etcd would cost a write per engine per refres
 event per replica, for figures that are stale in 100 ms anyway. Replicas scrape independently
 (N replicas × E engines small GETs per refresh; what one round costs is in docs/benchmarks.md).
 
-What it reads (vLLM's names, summed over label sets): `vllm:num_requests_waiting`,
-`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`. The backlog the gate prices comes from
-the board's ledger (the work this replica sent, exact for it); an observation only raises it:
-`waiting × the mean prefill this replica booked` (requests vLLM has not scheduled yet each still
-need their prefill; other replicas' traffic shows up there). Running requests are decoding or
+What it reads (vLLM's names, summed over label sets; asked for by `name[]` where the engine
+filters, see LOAD_PATH):
+`vllm:num_requests_waiting`, `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`. The
+backlog the gate prices comes from the board's ledger (the work this replica sent, exact for
+it); an observation only raises it: `waiting × the mean prefill this replica booked` (requests
+vLLM has not scheduled yet each still need their prefill; other replicas' traffic shows up
+there). Running requests are decoding or
 prefilling in chunks already budgeted, so they are reported, not priced.
 
 A scrape that fails or times out leaves the engine's last observation to age: past
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable
+from urllib.parse import urlencode
 
 import aiohttp
 import structlog
@@ -34,6 +37,12 @@ from kvgate.routing.recent import PrefillMix
 log = structlog.get_logger("kvgate.ext_proc")
 
 LOAD_GAUGES = (vllm.NUM_REQUESTS_WAITING, vllm.NUM_REQUESTS_RUNNING, vllm.KV_CACHE_USAGE_PERC)
+# Only those gauges: vLLM 0.32 answers /metrics/ (trailing slash) from prometheus_client's ASGI
+# app, which honours name[] (566 bytes against 54 KB for the whole page, docs/benchmarks.md);
+# its /metrics ignores the filter. An engine without /metrics/ (404) is scraped at /metrics.
+LOAD_QUERY = urlencode([("name[]", name) for name in LOAD_GAUGES])
+LOAD_PATH = f"/metrics/?{LOAD_QUERY}"
+FULL_PATH = "/metrics"
 
 
 class EngineScrapeMetrics:
@@ -67,6 +76,7 @@ class EngineLoadScraper:
         # A scrape slower than this is abandoned (its engine's report ages meanwhile).
         self._timeout = aiohttp.ClientTimeout(total=min(board.max_age_s, max(refresh_s, 0.25)))
         self._failing: set[str] = set()  # logged once per failing streak
+        self._whole_page: set[str] = set()  # engines without the filtered path (404)
 
     async def run(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None)
@@ -83,8 +93,11 @@ class EngineLoadScraper:
         await asyncio.gather(*(self._scrape(http, address) for address in self._engines()))
 
     async def _scrape(self, http: aiohttp.ClientSession, address: str) -> None:
+        path = FULL_PATH if address in self._whole_page else LOAD_PATH
         try:
-            async with http.get(f"http://{address}/metrics", timeout=self._timeout) as reply:
+            async with http.get(f"http://{address}{path}", timeout=self._timeout) as reply:
+                if reply.status == 404 and path == LOAD_PATH:
+                    self._whole_page.add(address)  # the next round asks for the whole page
                 if reply.status != 200:
                     raise aiohttp.ClientResponseError(reply.request_info, (), status=reply.status)
                 text = await reply.text()

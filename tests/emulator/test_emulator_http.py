@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
+from kvgate.routing.engine_load import LOAD_GAUGES, LOAD_PATH, LOAD_QUERY
 from tests.support.polling import eventually
 
 MODEL = "Qwen/Qwen2.5-32B-Instruct"
@@ -163,6 +164,29 @@ async def test_metrics_counters_agree_with_requests_sent(
     assert m["vllm:time_to_first_token_seconds_count"] == 5
     assert m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
     assert 0 <= m["vllm:kv_cache_usage_perc"] <= 1
+
+
+async def test_metrics_name_filter_works_where_vllms_does(
+    fleet: Fleet, http: aiohttp.ClientSession
+) -> None:
+    """As vLLM 0.32: /metrics is the whole page whatever the query; /metrics/ honours name[]
+    (prometheus_client's exposition), which the load gate's scraper asks for."""
+    engine = fleet.engines[0]
+    await chat(engine, stream=False)
+    async with http.get(f"http://{engine}/metrics") as resp:
+        full = await resp.text()
+    async with http.get(f"http://{engine}/metrics?{LOAD_QUERY}") as resp:
+        ignored = await resp.text()
+    async with http.get(f"http://{engine}{LOAD_PATH}") as resp:
+        assert resp.status == 200
+        filtered = await resp.text()
+
+    def names(text: str) -> set[str]:
+        return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
+
+    assert names(filtered) == set(LOAD_GAUGES)
+    assert names(ignored) == names(full) > set(LOAD_GAUGES)
+    assert len(filtered) * 5 < len(full)
 
 
 async def test_completions_stream_and_token_id_prompts(fleet: Fleet) -> None:
