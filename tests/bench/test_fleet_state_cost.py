@@ -1,0 +1,32 @@
+"""bench/fleet_state_cost.py on a few stub engines: it runs, reads the recorded real vLLM
+pages and event stream, and finds the three gauges cheaper to scrape than the whole page."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_three_gauges_cost_less_than_the_whole_page_and_events_are_decoded(
+        tmp_path: Path) -> None:
+    out = tmp_path / "cost.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "fleet_state_cost.py"), "--engines", "2",
+         "--rounds", "20", "--repeat", "2", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    per = result["per_engine"]
+    assert 0 < per["scrape_filtered_cpu_s"] < per["scrape_whole_cpu_s"]
+    assert result["recorded"]["metrics_load_bytes"] * 50 < result["recorded"]["metrics_full_bytes"]
+    assert result["events"]["stored_blocks"] > 0 and per["events_cpu_s_per_block"] > 0
+    cores = result["projection"]["cores"]
+    assert cores["one collector: three gauges, once"] * 8 == pytest.approx(
+        cores["every replica scrapes the three gauges"])
+    assert "three gauges" in done.stdout
