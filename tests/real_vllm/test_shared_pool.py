@@ -10,7 +10,6 @@ import asyncio
 import json
 import os
 import random
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,13 +21,11 @@ import pytest_asyncio
 
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
-from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL, EngineOptions, RealFleet, default_cores
-from real_vllm.install import cache_root, ensure_installed
-from real_vllm.model import ensure_model
+from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL, EngineOptions, RealFleet
 from real_vllm.shared_pool import SharedPool
 from stack.local import Stack
 from tests.support.polling import eventually
-from tests.support.real_vllm import UPSTREAM_HEADER, kvgate, real_gateway_config
+from tests.support.real_vllm import UPSTREAM_HEADER, gateway_for, kvgate, real_engines, up_and_empty
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.asyncio(loop_scope="session"),
               pytest.mark.timeout(1200)]
@@ -47,42 +44,22 @@ async def shared_pool() -> AsyncIterator[SharedPool]:
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def pooled(shared_pool: SharedPool,
                  tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[RealFleet]:
-    env = await asyncio.to_thread(ensure_installed)
-    model = await asyncio.to_thread(ensure_model, env, cache_root())
-    run_dir = os.environ.get("KVGATE_REAL_VLLM_RUN_DIR")
-    workdir = Path(run_dir) / "pooled" if run_dir else tmp_path_factory.mktemp("pooled")
-    workdir.mkdir(parents=True, exist_ok=True)
-    fleet = RealFleet(env, model, 2, workdir, cache_root(),
-                      shared_pool.engine_options(EngineOptions(kv_cache_gib=1)),
-                      default_cores(2))
-    await fleet.start()
-    try:
+    options = shared_pool.engine_options(EngineOptions(kv_cache_gib=1))
+    async with real_engines(2, options, "pooled", tmp_path_factory.mktemp("pooled")) as fleet:
         yield fleet
-    finally:
-        await fleet.stop()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def fresh(pooled: RealFleet, shared_pool: SharedPool) -> RealFleet:
     """Both pooled engines up, their prefix caches and the pool empty."""
-    async with httpx.AsyncClient(timeout=30) as http:
-        for engine in pooled.engines:
-            if not engine.child.running:  # the kill test's victim
-                await pooled.restart(engine)
-            assert (await http.post(f"{engine.url}/reset_prefix_cache")).status_code == 200
     shared_pool.reset(CONNECTOR, POOL_BLOCKS)
-    return pooled
+    return await up_and_empty(pooled)
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def gateway(fresh: RealFleet, tmp_path: Path) -> AsyncIterator[Stack]:
-    prefix = f"/kvgate/pooled-{uuid.uuid4().hex[:8]}/"
-    stack = Stack(real_gateway_config(fresh.addresses, prefix), tmp_path / "stack")
-    await stack.start()
-    try:
+    async with gateway_for(fresh, tmp_path) as stack:
         yield stack
-    finally:
-        await stack.stop()
 
 
 @dataclass

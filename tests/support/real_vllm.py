@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import replace
+from pathlib import Path
+
+import httpx
 
 from kvgate.config.model import Config, Health
+from real_vllm.fleet import EngineOptions, RealFleet, default_cores
+from real_vllm.install import cache_root, ensure_installed
+from real_vllm.model import ensure_model
+from stack.local import Stack
 from tests.support.stack import gateway_config
 
 UPSTREAM_HEADER = "x-kvgate-upstream"
@@ -28,3 +39,47 @@ async def kvgate(*args: str) -> tuple[int, str]:
     )
     out, _ = await asyncio.wait_for(process.communicate(), 60)
     return process.returncode or 0, out.decode()
+
+
+@asynccontextmanager
+async def real_engines(instances: int, options: EngineOptions, name: str,
+                       scratch: Path) -> AsyncIterator[RealFleet]:
+    """``instances`` real engines, each on its own core, logs and pid files under the run's
+    directory (``name`` a subdirectory; tests/real_vllm/run.sh stops what is left there), or
+    under ``scratch`` outside run.sh; stopped on the way out."""
+    env = await asyncio.to_thread(ensure_installed)
+    model = await asyncio.to_thread(ensure_model, env, cache_root())
+    run_dir = os.environ.get("KVGATE_REAL_VLLM_RUN_DIR")
+    workdir = (Path(run_dir) / name if name else Path(run_dir)) if run_dir else scratch
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    fleet = RealFleet(env, model, instances, workdir, cache_root(), options,
+                      default_cores(instances))
+    await fleet.start()
+    try:
+        yield fleet
+    finally:
+        await fleet.stop()
+
+
+async def up_and_empty(fleet: RealFleet) -> RealFleet:
+    """Every engine up (one a test killed is started again) and its prefix cache emptied
+    (vLLM's dev-mode endpoint)."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        for engine in fleet.engines:
+            if not engine.child.running:
+                await fleet.restart(engine)
+            reply = await http.post(f"{engine.url}/reset_prefix_cache")
+            assert reply.status_code == 200, reply.text
+    return fleet
+
+
+@asynccontextmanager
+async def gateway_for(fleet: RealFleet, workdir: Path) -> AsyncIterator[Stack]:
+    """kvgate (etcd, control plane, ext_proc, Envoy) in front of ``fleet``'s engines."""
+    prefix = f"/kvgate/real-{uuid.uuid4().hex[:8]}/"
+    stack = Stack(real_gateway_config(fleet.addresses, prefix), workdir / "stack")
+    await stack.start()
+    try:
+        yield stack
+    finally:
+        await stack.stop()
