@@ -31,6 +31,10 @@ group_results() {
     echo "$S --trace $TRACE --out docs/results"
     echo "$S --engines 4 --sessions 400 --duration-s 1800 --addresses $SMALL_BANK --out docs/results --name simulate-small-bank-coding"
     echo "$S --trace $TRACE --trace-limit 2000 --engines 8 --addresses $SMALL_TRACE --out docs/results --name simulate-small-mooncake-trace"
+    echo "$S --modes affinity+ddr,round_robin+ddr,sticky+ddr,prefix-score --pool-residency on --out docs/results --name simulate-residency-bank-coding"
+    echo "$S --modes affinity+ddr,round_robin+ddr,sticky+ddr,prefix-score --pool-residency on --pool-hbm-multiple 1 --out docs/results --name simulate-residency-small-pool-bank-coding"
+    echo "$S --modes affinity+ddr,prefix-score --pool-residency on --workload agentic-coding --sessions 960 --out docs/results --name simulate-residency-agentic-coding-960"
+    echo "$S --modes affinity+ddr,prefix-score --pool-residency on --pool-fail 1800@600 --out docs/results --name simulate-residency-pool-fail-bank-coding"
     echo "kvgate simulate --jobs 2 --quiet --engines 1000 --sessions 100000 --block-size 512 --modes round_robin,ring_hash,affinity,round_robin+ddr,affinity+ddr,sticky+ddr --out docs/results --name simulate-fleet-1000-engines"
 }
 

@@ -88,6 +88,16 @@ class DdrPool:
         self.hit_blocks += served
         return served
 
+    def held_prefix(self, hashes: Sequence[int]) -> int:
+        """How many leading blocks of ``hashes`` a lookup from block 0 would find (whole
+        chunks); a pure query, nothing refreshed or leased."""
+        found = 0
+        for h in hashes:
+            if h not in self:
+                break
+            found += 1
+        return found - found % self.chunk
+
     def store(self, prompt: Sequence[int], hbm_blocks: int = 0, ddr_blocks: int = 0,
               now: float = 0.0) -> int:
         """A request's prefill is done (``hbm_blocks`` of its prompt came from HBM,

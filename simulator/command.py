@@ -199,6 +199,9 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
       help="endpoints the gate scores per decision (%(default)s)")
     a("--gate-miss-safe", choices=["on", "off"], default="on" if gate.miss_safe else "off",
       help="move only if no slower should the pool have lost the context (%(default)s)")
+    a("--pool-residency", choices=["on", "off"], default="off",
+      help="the gate knows what the pool holds of a session it might move (exactly, as a "
+           "pool's event stream would tell it) and prices the move with that (%(default)s)")
 
 
 def router_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -208,7 +211,8 @@ def router_settings(args: argparse.Namespace) -> dict[str, Any]:
                                min_saving_ratio=args.gate_min_saving_ratio,
                                cooldown_s=args.gate_cooldown_s,
                                candidates=args.gate_candidates,
-                               miss_safe=args.gate_miss_safe == "on")}
+                               miss_safe=args.gate_miss_safe == "on"),
+            "pool_residency": args.pool_residency == "on"}
 
 
 def router_description(config: SimConfig) -> dict[str, Any]:
@@ -219,7 +223,8 @@ def router_description(config: SimConfig) -> dict[str, Any]:
             "load_gate": {"min_saving_s": gate.min_saving_s,
                           "min_saving_ratio": gate.min_saving_ratio,
                           "cooldown_s": gate.cooldown_s, "candidates": gate.candidates,
-                          "miss_safe": gate.miss_safe}}
+                          "miss_safe": gate.miss_safe},
+            "pool_residency": config.pool_residency}
 
 
 def no_queue_ttfts(workload: Workload, options: EmulatorOptions, blocks: PromptBlocks,

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+from emulator.ddr_pool import DdrPool
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState
@@ -132,6 +133,24 @@ class _Directory:
         self._view = PoolView(POOL, tuple(self._members.members))
 
 
+class PoolHoldings:
+    """What the simulated DDR pool holds of the request being routed, exactly (the simulator's
+    own pool, a pure query): the gate's ``PoolResidency`` under ``--pool-residency on``, what a
+    pool's event stream would tell the live gate. The router sets ``asking`` before it decides."""
+
+    def __init__(self, pool: DdrPool, up: Callable[[], bool], block_size: int) -> None:
+        self.pool = pool
+        self.up = up
+        self.block_size = block_size
+        self.asking: Sequence[int] = ()  # the prompt's block hashes
+
+    def pool_tokens(self, kv_pool: str, session: str, context_tokens: int) -> int | None:
+        """See ``kvgate.routing.policy.PoolResidency``; a pool that is down holds nothing."""
+        if not self.up():
+            return 0
+        return min(context_tokens, self.pool.held_prefix(self.asking) * self.block_size)
+
+
 class AffinityRouter:
     """kvgate: sticky bindings, first placement on Envoy's ring with bounded load; with a load
     gate, new sessions go to the least estimated TTFT among their ring candidates and a bound
@@ -139,7 +158,8 @@ class AffinityRouter:
 
     def __init__(self, addresses: Sequence[str], kv_pools: Sequence[str],
                  clock: Callable[[], float], load_factor: float, idle_ttl: float,
-                 policy: Policy = STATIC) -> None:
+                 policy: Policy = STATIC, holdings: PoolHoldings | None = None) -> None:
+        self._holdings = holdings
         self._members = _Members(addresses, kv_pools)
         self._directory = _Directory(self._members)
         store = MemoryBindingStore(idle_ttl=idle_ttl, clock=clock)
@@ -148,6 +168,8 @@ class AffinityRouter:
         self.moves = 0  # sessions the gate moved for load
 
     async def route(self, ask: Ask, now: float) -> str | None:
+        if self._holdings is not None:
+            self._holdings.asking = ask.hashes
         try:
             decision = await self._pipeline.decide(POOL, ask.session.encode(), ask.prompt_tokens)
         except DecisionError:
@@ -194,7 +216,7 @@ class _NoMetrics:
 
 def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[], float],
                 load_factor: float, idle_ttl: float, setup: RouterSetup | None = None,
-                metrics: Metrics | None = None) -> Router:
+                metrics: Metrics | None = None, holdings: PoolHoldings | None = None) -> Router:
     setup = setup or RouterSetup()
     metrics = metrics or _NoMetrics()
     if mode.round_robin:
@@ -210,6 +232,8 @@ def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[],
                 else [f"hbm-{i}" for i in range(len(addresses))])
     mix = PrefillMix()
     board = ScrapedBoard(metrics, mix, setup.max_age_s)
-    policy: Policy = (GatedPolicy(setup.cost, setup.gate, board, clock=clock, mix=mix)
+    holdings = holdings if mode.ddr_pool and mode.load_aware else None
+    policy: Policy = (GatedPolicy(setup.cost, setup.gate, board, clock=clock, mix=mix,
+                                  residency=holdings)
                       if mode.load_aware else STATIC)
-    return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, policy)
+    return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, policy, holdings)

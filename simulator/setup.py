@@ -44,6 +44,10 @@ class SimConfig:
     # session; 0: exact token counts), see simulator.estimate.
     prompt_error: float = PROMPT_ERROR
     gate: GateConfig = field(default_factory=GateConfig)
+    # The gate knows what the pool holds of a session it might move (exactly, from the
+    # simulated pool: what a pool's event stream would tell it), instead of assuming all of it
+    # and doubting that with miss_safe.
+    pool_residency: bool = False
 
 
 def router_setup(options: EmulatorOptions, config: SimConfig) -> RouterSetup:

@@ -20,7 +20,7 @@ from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState
 from simulator.estimate import PromptEstimate
 from simulator.observe import EngineGauges, Scraper
-from simulator.routing import Ask, make_router
+from simulator.routing import Ask, PoolHoldings, make_router
 from simulator.sending import NEVER, SendOrder
 from simulator.setup import FleetEvent, SimConfig, SimResult, engine_address, router_setup
 from workload.hashing import PromptBlocks
@@ -75,8 +75,11 @@ class Simulation:
         self.gauges = [EngineGauges() for _ in range(n)]
         scraper = Scraper(self.addresses, self.gauges,
                           lambda e, at: self.fleet.engines[e].usage(at), config.load_refresh_s)
+        holdings = (PoolHoldings(self.pool, lambda: self.pool_up, options.block_size)
+                    if config.pool_residency and self.pool is not None else None)
         self.router = make_router(mode, self.addresses, lambda: self.now, config.load_factor,
-                                  config.idle_ttl, router_setup(options, config), scraper)
+                                  config.idle_ttl, router_setup(options, config), scraper,
+                                  holdings)
         self.estimate = PromptEstimate(config.prompt_error)
         self.requests = workload.requests
         self.measured = [workload.measured(r) for r in self.requests]

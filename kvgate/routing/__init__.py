@@ -17,9 +17,9 @@ from kvgate.routing.decision import (
 )
 from kvgate.routing.gated import GatedPolicy
 from kvgate.routing.pipeline import Pipeline
-from kvgate.routing.policy import STATIC, Policy, PromptSize, StaticPolicy
+from kvgate.routing.policy import STATIC, Policy, PoolResidency, PromptSize, StaticPolicy
 
 __all__ = [
     "STATIC", "Decision", "DecisionError", "GatedPolicy", "NoActiveEndpoint", "Outcome",
-    "Pipeline", "Policy", "PromptSize", "StaticPolicy", "UnknownPool",
+    "Pipeline", "Policy", "PoolResidency", "PromptSize", "StaticPolicy", "UnknownPool",
 ]

@@ -8,7 +8,9 @@ score, and the booking that keeps its load board and memory of sessions current.
   `min_saving_s` and `min_saving_ratio` of its engine's estimate: there, its context costs only
   a DDR read, which overlaps the sibling's queue. With `miss_safe` (the default) the move must
   also be no slower if the pool has lost the context and the sibling prefills it all (a pool
-  evicts a long session's early blocks while they live in HBM; it can be down). A session that
+  evicts a long session's early blocks while they live in HBM; it can be down). Where what the
+  pool holds of the session is known (a `PoolResidency`), the move is priced with exactly that
+  read from DDR and the rest prefilled, and `miss_safe` has nothing left to guard. A session that
   moved stays put for `cooldown_s` (hysteresis: no flapping between two busy siblings).
 """
 
@@ -25,7 +27,7 @@ from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import LoadBound, candidates
 from kvgate.routing.booking import Ledger
-from kvgate.routing.policy import BookingHook, Known, Placing, PromptSize
+from kvgate.routing.policy import BookingHook, Known, Placing, PoolResidency, PromptSize
 from kvgate.routing.recent import PrefillMix, RecentSessions
 from kvgate.routing.terms import Candidate, Estimate, Term, default_terms
 
@@ -46,6 +48,7 @@ class GatedPolicy:
         self, cost: EngineCost, config: GateConfig, board: LoadBoard, *,
         clock: Callable[[], float] = time.monotonic, recent: RecentSessions | None = None,
         mix: PrefillMix | None = None, terms: Sequence[Term] | None = None,
+        residency: PoolResidency | None = None,
     ) -> None:
         self.cost = cost
         self.config = config
@@ -55,9 +58,10 @@ class GatedPolicy:
         self.mix = mix if mix is not None else PrefillMix()  # what booked requests cost
         self.estimate = Estimate(default_terms(cost, config) if terms is None else terms)
         self.hooks: tuple[BookingHook, ...] = (Ledger(cost, board, self.recent, self.mix),)
+        self.residency = residency
 
     def known(self, pool: str, session: str, prompt_tokens: int) -> Known:
-        return Known(self.clock(), prompt_tokens, self.recent.get(pool, session))
+        return Known(self.clock(), prompt_tokens, self.recent.get(pool, session), session)
 
     def forget(self, address: str) -> None:
         self.board.forget(address)
@@ -120,15 +124,20 @@ class GatedPolicy:
                                                hbm_tokens=size.context_tokens))
         siblings = (a for a in same_kv.ring.walk(placing.hash_value)
                     if a != current and bound.admits(a))
+        # What the pool holds of the context, where known: the sibling reads that and prefills
+        # the rest, so the estimate is the move's own and needs no miss-safe doubt.
+        held = (None if self.residency is None or kv_pool is None
+                else self.residency.pool_tokens(kv_pool, known.session, size.context_tokens))
+        ddr = size.context_tokens if held is None else held
         best, best_s = _least(
-            (address, self.score(address, now, size, ddr_tokens=size.context_tokens))
+            (address, self.score(address, now, size, ddr_tokens=ddr))
             for address in islice(siblings, config.candidates))
         if best is None:
             return None
         saving = stay - best_s
         if saving < config.min_saving_s or saving < config.min_saving_ratio * stay:
             return None
-        if config.miss_safe and self.score(best, now, size) > stay:
+        if config.miss_safe and held is None and self.score(best, now, size) > stay:
             # The pool may have lost the context (evicted, down, restarted): then the sibling
             # prefills it all. Only a move that is no worse even so is taken.
             return None

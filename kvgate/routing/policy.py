@@ -34,6 +34,7 @@ class Known(NamedTuple):
     now: float = 0.0
     prompt_tokens: int = 0  # 0: unknown
     seen: Seen | None = None
+    session: str = ""
 
     @property
     def size(self) -> PromptSize:
@@ -42,6 +43,16 @@ class Known(NamedTuple):
 
 
 NOTHING_KNOWN = Known()
+
+
+class PoolResidency(Protocol):
+    """How much of a session's context its DDR pool still holds, where that can be known (the
+    simulator's own pool today; a pool's event stream in the fleet-state issue)."""
+
+    def pool_tokens(self, kv_pool: str, session: str, context_tokens: int) -> int | None:
+        """Leading tokens of the session's context the pool would serve a sibling now, at most
+        ``context_tokens``; None when not known (the gate then assumes it all, miss-safe)."""
+        ...
 
 
 class Placing(NamedTuple):

@@ -51,10 +51,11 @@ def test_the_pool_connector_is_chosen_by_name_and_recorded(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = main(["simulate", "--engines", "2", "--sessions", "20", "--duration-s", "300",
                  "--modes", "affinity+ddr", "--pool-connector", "mooncake", "--out",
-                 str(tmp_path), "--quiet", "--no-oracle"])
+                 str(tmp_path), "--quiet", "--no-oracle", "--pool-residency", "on"])
     assert code == 0
     workload = json.loads((tmp_path / "simulate-bank-coding.json").read_text())["workload"]
     assert workload["pool_connector"] == "mooncake"
+    assert workload["pool_residency"] is True
     assert workload["pool_profile"]["eviction"] == "lease"
     assert workload["pool_watermarks"] == [0.9, 0.9]  # the connector's, none given
     with pytest.raises(SystemExit) as exit_info:

@@ -6,9 +6,11 @@ import dataclasses
 
 import pytest
 
+from emulator.ddr_pool import DdrPool
 from emulator.options import EmulatorOptions
 from emulator.pool_faults import PoolFaults, PoolWindow, parse_window
 from kvgate.contract.modes import RoutingMode
+from simulator.routing import PoolHoldings
 from simulator.run import SimConfig, simulate
 from workload.bank import BankCodingOptions, bank_coding
 from workload.model import Workload
@@ -96,3 +98,27 @@ def test_pool_windows_parse_and_say_what_is_wrong() -> None:
         1.0, 0.0, 0.5, 1.0)
     assert faults.changes() == [10, 15, 20, 35]
     assert faults.recovered_at(20) and not faults.recovered_at(35)
+
+
+def test_pool_holdings_are_a_pure_query_of_whole_chunks_and_nothing_while_down() -> None:
+    pool = DdrPool(64 * 128, 128, "lmcache")  # 256-token chunks: two blocks a key
+    pool.insert([1, 2, 3, 4, 5])
+    before = pool.keys()
+    up = [True]
+    holdings = PoolHoldings(pool, lambda: up[0], 128)
+    holdings.asking = [1, 2, 3, 9, 5]
+    assert pool.held_prefix(holdings.asking) == 2  # 3 blocks found, a chunk is whole or not
+    assert holdings.pool_tokens("ddr-pool", "s", 10_000) == 256
+    assert holdings.pool_tokens("ddr-pool", "s", 100) == 100  # never more than the context
+    assert pool.keys() == before  # nothing refreshed
+    up[0] = False
+    assert holdings.pool_tokens("ddr-pool", "s", 10_000) == 0
+
+
+def test_pool_residency_off_changes_nothing_and_on_is_its_own_run(workload: Workload) -> None:
+    mode = RoutingMode.AFFINITY_DDR
+    off = simulate(workload, mode, SimConfig(_fleet())).stats.figures()
+    again = simulate(workload, mode, SimConfig(_fleet(), pool_residency=False)).stats.figures()
+    on = simulate(workload, mode, SimConfig(_fleet(), pool_residency=True)).stats.figures()
+    assert off == again
+    assert on["requests"] == off["requests"] and on["errors"] == 0

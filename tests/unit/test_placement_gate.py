@@ -13,7 +13,7 @@ from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import candidates
 from kvgate.placement.view import Member, PoolView
 from kvgate.routing.gated import GatedPolicy, Move
-from kvgate.routing.policy import Known, Placing, PromptSize
+from kvgate.routing.policy import Known, Placing, PoolResidency, PromptSize
 from kvgate.routing.recent import Seen
 
 HASH = session_hash(b"session-1")
@@ -33,9 +33,11 @@ def _ring_order(view: PoolView) -> list[str]:
 class _Gate:
     """The gated policy asked one question at a time, at a given instant."""
 
-    def __init__(self, config: GateConfig, board: LoadBoard) -> None:
+    def __init__(self, config: GateConfig, board: LoadBoard,
+                 residency: PoolResidency | None = None) -> None:
         self.now = 0.0
-        self.policy = GatedPolicy(COST, config, board, clock=lambda: self.now)
+        self.policy = GatedPolicy(COST, config, board, clock=lambda: self.now,
+                                  residency=residency)
 
     def place(self, view: PoolView, hash_value: int, loads: dict[str, int], load_factor: float,
               now: float, size: PromptSize) -> str | None:
@@ -58,8 +60,9 @@ class _Gate:
                                 known)
 
 
-def _gate(config: GateConfig | None = None, board: LoadBoard | None = None) -> _Gate:
-    return _Gate(config or GateConfig(), board or LoadBoard())
+def _gate(config: GateConfig | None = None, board: LoadBoard | None = None,
+          residency: PoolResidency | None = None) -> _Gate:
+    return _Gate(config or GateConfig(), board or LoadBoard(), residency)
 
 
 def _queue(board: LoadBoard, address: str, seconds: float, now: float = 0.0) -> None:
@@ -170,6 +173,39 @@ def test_a_move_must_not_lose_even_if_the_pool_lost_the_context() -> None:
     _queue(board, current, 3.0)  # a longer queue here: now even a full prefill there is sooner
     move = _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size)
     assert move is not None and move.stay_s == pytest.approx(9.22)
+
+
+class _Holds:
+    """A pool whose holdings are known: ``tokens`` of any session's context."""
+
+    def __init__(self, tokens: int | None) -> None:
+        self.tokens = tokens
+        self.asked: list[tuple[str, str, int]] = []
+
+    def pool_tokens(self, kv_pool: str, session: str, context_tokens: int) -> int | None:
+        self.asked.append((kv_pool, session, context_tokens))
+        return None if self.tokens is None else min(self.tokens, context_tokens)
+
+
+@pytest.mark.parametrize(("held", "moves"), [
+    (19_000, True),  # the pool has it all: the move is priced with it, miss_safe has no doubt
+    (0, False),  # it has none: a full prefill there (8 s) is slower than staying (6.2 s)
+    (None, False),  # not known: miss_safe doubts, as without residency
+])
+def test_known_pool_holdings_price_the_move_instead_of_miss_safe(
+        held: int | None, moves: bool) -> None:
+    view = _view()
+    board = LoadBoard()
+    current, siblings = _bound_to(view)
+    _queue(board, current, 6.0)
+    for address in siblings:
+        _queue(board, address, 4.0)
+    size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
+    holds = _Holds(held)
+    move = _gate(board=board, residency=holds).reconsider(view, current, HASH, {current: 1},
+                                                          1.25, 0.0, size)
+    assert (move is not None) is moves
+    assert holds.asked and holds.asked[0][2] == 19_000
 
 
 def test_a_moved_session_stays_put_for_the_cooldown() -> None:
