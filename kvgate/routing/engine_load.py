@@ -39,7 +39,8 @@ log = structlog.get_logger("kvgate.ext_proc")
 LOAD_GAUGES = (vllm.NUM_REQUESTS_WAITING, vllm.NUM_REQUESTS_RUNNING, vllm.KV_CACHE_USAGE_PERC)
 # Only those gauges: vLLM 0.32 answers /metrics/ (trailing slash) from prometheus_client's ASGI
 # app, which honours name[] (566 bytes against 54 KB for the whole page, docs/benchmarks.md);
-# its /metrics ignores the filter. An engine without /metrics/ (404) is scraped at /metrics.
+# its /metrics ignores the filter. An engine without /metrics/ (404, or a page there without the
+# gauges) is scraped at /metrics from then on.
 LOAD_QUERY = urlencode([("name[]", name) for name in LOAD_GAUGES])
 LOAD_PATH = f"/metrics/?{LOAD_QUERY}"
 FULL_PATH = "/metrics"
@@ -108,9 +109,14 @@ class EngineLoadScraper:
                 log.warning("engine_scrape_failed", endpoint=address,
                             error=str(exc) or type(exc).__name__)
             return
+        sums = vllm.read_samples(text, LOAD_GAUGES)
+        if not sums and path == LOAD_PATH:
+            # Something answered there, but not vLLM's filter: read the whole page from now on.
+            self._whole_page.add(address)
+            self._metrics.failed.inc()
+            return
         self._failing.discard(address)
         self._metrics.ok.inc()
-        sums = vllm.read_samples(text, LOAD_GAUGES)
         waiting = int(sums.get(vllm.NUM_REQUESTS_WAITING, 0.0))
         self._board.observe(address, ObservedLoad(
             at=self._clock(), backlog_s=waiting * self._mix.mean_s,

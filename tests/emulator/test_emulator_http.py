@@ -259,7 +259,7 @@ async def test_last_request_headers_are_recorded(fleet: Fleet, http: aiohttp.Cli
         json={"prompt": "hi", "max_tokens": 1},
         headers={"x-session-id": "abc", "X-Custom": "1"},
     )
-    for probe in ("/health", "/metrics"):  # the gateway's probes and scrapes do not overwrite it
+    for probe in ("/health", "/metrics", "/metrics/"):  # probes and scrapes do not overwrite it
         async with http.get(f"http://{engine}{probe}", headers={"x-custom": "probe"}) as resp:
             assert resp.status == 200
     async with http.get(f"http://{engine}/admin/last-request-headers") as resp:

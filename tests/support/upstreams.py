@@ -36,7 +36,8 @@ class Upstream:
             self._runner = None
 
     async def _handle(self, request: web.Request) -> web.Response:
-        if request.path in ("/health", "/metrics"):  # the control plane's probes and scrapes
+        # The control plane's probes and the load gate's scrapes (at vLLM's /metrics/ first).
+        if request.path in ("/health", "/metrics", "/metrics/"):
             self.probes += 1
             return web.Response(text="ok\n" if request.path == "/health" else "")
         self.requests += 1

@@ -35,10 +35,13 @@ vllm:prompt_tokens_total{engine="0"} 1234.0
 """
 
 
-@pytest.fixture
-async def whole_page_only() -> AsyncIterator[tuple[str, list[str]]]:
-    """An engine that serves /metrics and nothing under it; records the paths asked for."""
+@pytest.fixture(params=[404, 200])
+async def whole_page_only(
+        request: pytest.FixtureRequest) -> AsyncIterator[tuple[str, list[str]]]:
+    """An engine that serves /metrics, and under it nothing (404) or a page without the gauges
+    (200: some other server's catch-all); records the paths asked for."""
     asked: list[str] = []
+    status: int = request.param
 
     async def metrics(request: web.Request) -> web.Response:
         asked.append(request.path_qs)
@@ -46,7 +49,7 @@ async def whole_page_only() -> AsyncIterator[tuple[str, list[str]]]:
 
     async def elsewhere(request: web.Request) -> web.Response:
         asked.append(request.path_qs)
-        return web.Response(status=404)
+        return web.Response(status=status, text="not a metrics page\n")
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)
@@ -74,7 +77,7 @@ async def test_an_engine_without_the_filtered_path_is_read_from_its_whole_page(
     address, asked = whole_page_only
     scrape, board, registry = scraper([address])
     async with aiohttp.ClientSession() as http:
-        await scrape.scrape_round(http)  # 404 on the filtered path: counted as failed
+        await scrape.scrape_round(http)  # nothing usable at the filtered path: counted failed
         assert board.observed(address, time.monotonic()) is None
         await scrape.scrape_round(http)
         await scrape.scrape_round(http)
