@@ -1,0 +1,104 @@
+"""Traffic for fault tests, and its account: many sessions through the gateway, new ones
+arriving all the time, every request recorded (which engine answered, when, and how it ended),
+then checked against the bindings etcd holds at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import httpx
+
+from kvgate.session import normalize_session
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    session: str
+    start: float
+    end: float
+    engine: str | None  # None: it failed before an answer
+    error: str = ""
+
+
+@dataclass
+class Traffic:
+    """``workers`` sessions at a time, each of ``turns`` requests in a row, then a new one."""
+
+    url: str
+    workers: int = 8
+    turns: int = 5
+    served: list[Served] = field(default_factory=list)
+    _stop: asyncio.Event = field(default_factory=asyncio.Event)
+    _ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    async def _session(self, http: httpx.AsyncClient) -> None:
+        while not self._stop.is_set():
+            session = f"chaos-{next(self._ids)}"
+            for _ in range(self.turns):
+                if self._stop.is_set():
+                    return
+                start = time.monotonic()
+                try:
+                    reply = await http.get("/v1/chat", headers={"x-session-id": session})
+                    engine = reply.json()["upstream"] if reply.status_code == 200 else None
+                    error = "" if engine else f"HTTP {reply.status_code}"
+                except (httpx.HTTPError, ValueError) as exc:
+                    engine, error = None, type(exc).__name__
+                self.served.append(Served(session, start, time.monotonic(), engine, error))
+
+    async def run(self) -> None:
+        """Until :meth:`stop`; every request it started ends before this returns."""
+        async with httpx.AsyncClient(base_url=self.url, timeout=30) as http:
+            await asyncio.gather(*(self._session(http) for _ in range(self.workers)))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+@dataclass(frozen=True)
+class Account:
+    """One row of the fault table."""
+
+    fault: str
+    requests: int
+    failed: int  # no answer (never streamed: these requests do not stream)
+    sessions: int
+    split: int  # sessions answered by two engines
+    lost: int  # sessions whose binding is gone, or names another engine than their last
+    faults: int
+    slowest_s: float
+    errors: tuple[str, ...] = ()
+    missing: int = 0  # of `lost`: no binding at all
+
+    HEADER = ("| fault | requests | failed | sessions | on two engines | bindings lost "
+              "| faults | slowest request |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+
+    def row(self) -> str:
+        return (f"| {self.fault} | {self.requests} | {self.failed} | {self.sessions} "
+                f"| {self.split} | {self.lost} | {self.faults} | {self.slowest_s:.2f} s |")
+
+
+def account(fault: str, served: list[Served], bindings: dict[str, str], faults: int) -> Account:
+    """``bindings``: session uuid -> endpoint, as etcd holds them at the end."""
+    engines: dict[str, list[str]] = defaultdict(list)
+    for s in sorted(served, key=lambda s: s.start):
+        if s.engine is not None:
+            engines[s.session].append(s.engine)
+    missing = moved = 0
+    for session, answered in engines.items():
+        key = normalize_session(session.encode())
+        held = None if key is None else bindings.get(key)
+        if held is None:
+            missing += 1
+        elif held != answered[-1]:
+            moved += 1
+    failed = [s for s in served if s.engine is None]
+    return Account(fault, len(served), len(failed), len(engines),
+                   sum(len(set(e)) > 1 for e in engines.values()), missing + moved, faults,
+                   max((s.end - s.start for s in served), default=0.0),
+                   tuple(sorted({s.error for s in failed})), missing)
