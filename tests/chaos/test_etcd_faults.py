@@ -12,31 +12,19 @@ The full run, a kill every 10 s for two minutes:
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
-from kvgate.etcd import EtcdClient
 from tests.support.chaos import Account, Traffic, account
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.polling import eventually
-from tests.support.stack import gateway_config, running_stack
+from tests.support.stack import gateway_config, running_stack, stored_bindings
 from tests.support.upstreams import Upstream
 
 FULL = os.environ.get("KVGATE_CHAOS") == "full"
-
-
-async def bindings(endpoints: list[str], prefix: str) -> dict[str, str]:
-    """Session uuid -> endpoint, as etcd holds them."""
-    client = EtcdClient(endpoints)
-    try:
-        kvs, _ = await client.get_prefix(f"{prefix}bindings/".encode())
-    finally:
-        await client.close()
-    return {kv.key.decode().rsplit("/", 1)[1]: json.loads(kv.value)["endpoint"] for kv in kvs}
 
 
 def leader_now(cluster: EtcdCluster) -> Callable[[], Awaitable[int]]:
@@ -81,7 +69,7 @@ async def test_the_etcd_leader_killed_again_and_again_loses_nothing(
             async def settled() -> Account:
                 # Bindings placed while etcd elected are written back once it answers again.
                 return account(fault, traffic.served,
-                               await bindings(cluster.endpoints, prefix), kills)
+                               await stored_bindings(cluster.endpoints, prefix), kills)
 
             def nothing_lost(row: Account) -> bool:
                 return row.lost == 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import sys
 from collections import Counter
@@ -19,7 +18,7 @@ from kvgate.etcd import EtcdClient
 from kvgate.session import normalize_session
 from tests.support.fleet import EngineProcesses
 from tests.support.polling import eventually
-from tests.support.stack import FAST_HEALTH, gateway_config, running_stack
+from tests.support.stack import FAST_HEALTH, gateway_config, running_stack, stored_bindings
 
 CODE = "".join(f"def handler_{i}(event):\n    return event.get('k{i}')\n" for i in range(60))
 
@@ -45,15 +44,6 @@ async def _external_hits(http: httpx.AsyncClient, engine: str) -> float:
 
 async def _set_of(probe: Callable[[str], Awaitable[str]], sessions: list[str]) -> set[str]:
     return {await probe(s) for s in sessions}
-
-
-async def _bindings(etcd: list[str], prefix: str) -> dict[str, str]:
-    client = EtcdClient(etcd)
-    try:
-        kvs, _ = await client.get_prefix(f"{prefix}bindings/".encode())
-    finally:
-        await client.close()
-    return {kv.key.decode().rsplit("/", 1)[1]: json.loads(kv.value)["endpoint"] for kv in kvs}
 
 
 @pytest.fixture
@@ -100,7 +90,7 @@ async def test_engine_killed_under_traffic(tmp_path: Path, fleet: EngineProcesse
             fleet.child_of(victim).kill()
             uuids = {normalize_session(s.encode()): s for s in orphans}
             bound = await eventually(
-                lambda: _bindings(stack.etcd_endpoints, prefix),
+                lambda: stored_bindings(stack.etcd_endpoints, prefix),
                 until=lambda bound: all(bound.get(u) not in (None, victim) for u in uuids),
                 what="the dead engine's sessions re-bound",
             )
@@ -177,7 +167,7 @@ async def test_endpoints_fail_spreads_sessions_within_the_load_bound(
                 replies = await asyncio.gather(*(
                     http.get("/v1/chat", headers={"x-session-id": s}) for s in batch))
                 assert all(r.status_code == 200 for r in replies)
-        before = Counter((await _bindings(stack.etcd_endpoints, prefix)).values())
+        before = Counter((await stored_bindings(stack.etcd_endpoints, prefix)).values())
         assert sum(before.values()) == len(sessions) and before[victim] > 100, before
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "kvgate_cli", "endpoints", "fail", victim,
@@ -188,7 +178,7 @@ async def test_endpoints_fail_spreads_sessions_within_the_load_bound(
         assert process.returncode == 0, err.decode()
 
         async def homes() -> Counter[str]:
-            return Counter((await _bindings(stack.etcd_endpoints, prefix)).values())
+            return Counter((await stored_bindings(stack.etcd_endpoints, prefix)).values())
 
         after = await eventually(homes, until=lambda counts: counts[victim] == 0,
                                  what="the failed engine's sessions re-bound")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from kvgate.config import Config, load_text
+from kvgate.etcd import EtcdClient
 from kvgate.runtime.children.ports import free_ports
 from stack.local import Stack
 
@@ -82,3 +84,13 @@ async def running_stack(config: Config, workdir: Path) -> AsyncIterator[Stack]:
         yield stack
     finally:
         await stack.stop()
+
+
+async def stored_bindings(etcd: Sequence[str], prefix: str) -> dict[str, str]:
+    """Every binding etcd holds under ``prefix``: session uuid -> endpoint."""
+    client = EtcdClient(list(etcd))
+    try:
+        kvs, _ = await client.get_prefix(f"{prefix}bindings/".encode())
+    finally:
+        await client.close()
+    return {kv.key.decode().rsplit("/", 1)[1]: json.loads(kv.value)["endpoint"] for kv in kvs}

@@ -120,13 +120,21 @@ def _bound_to(view: PoolView) -> tuple[str, list[str]]:
     return order[0], order[1:]
 
 
-def test_a_bound_session_moves_to_a_ddr_sibling_past_both_thresholds() -> None:
+def _bound_and_queued(current_s: float,
+                      sibling_s: float) -> tuple[PoolView, LoadBoard, str, list[str]]:
+    """A session bound to the ring's first endpoint, ``current_s`` queued there and
+    ``sibling_s`` at each DDR-pool sibling."""
     view = _view()
     board = LoadBoard()
     current, siblings = _bound_to(view)
-    _queue(board, current, 6.0)
+    _queue(board, current, current_s)
     for address in siblings:
-        _queue(board, address, 2.0)
+        _queue(board, address, sibling_s)
+    return view, board, current, siblings
+
+
+def test_a_bound_session_moves_to_a_ddr_sibling_past_both_thresholds() -> None:
+    view, board, current, siblings = _bound_and_queued(6.0, 2.0)
     size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
     move = _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size)
     assert move is not None and move.endpoint in siblings
@@ -157,12 +165,7 @@ def test_a_move_needs_both_the_saving_and_the_ratio(current_s: float, sibling_s:
 
 
 def test_a_move_must_not_lose_even_if_the_pool_lost_the_context() -> None:
-    view = _view()
-    board = LoadBoard()
-    current, siblings = _bound_to(view)
-    _queue(board, current, 6.0)
-    for address in siblings:
-        _queue(board, address, 4.0)
+    view, board, current, _siblings = _bound_and_queued(6.0, 4.0)
     size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
     # With its context read from the pool the sibling saves 2 s; without it, the sibling would
     # prefill 20,000 tokens (4 s) after 4 s of queue: slower than staying (6.2 s). No move.
@@ -194,12 +197,7 @@ class _Holds:
 ])
 def test_known_pool_holdings_price_the_move_instead_of_miss_safe(
         held: int | None, moves: bool) -> None:
-    view = _view()
-    board = LoadBoard()
-    current, siblings = _bound_to(view)
-    _queue(board, current, 6.0)
-    for address in siblings:
-        _queue(board, address, 4.0)
+    view, board, current, _siblings = _bound_and_queued(6.0, 4.0)
     size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
     holds = _Holds(held)
     move = _gate(board=board, residency=holds).reconsider(view, current, HASH, {current: 1},
