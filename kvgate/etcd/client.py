@@ -226,13 +226,14 @@ class EtcdClient(EtcdConnection):
     async def keep_alive_once(self, lease: int) -> int:
         """Refreshes a lease; returns its new TTL (0 if it had already expired)."""
         self._stubs()
+        channel = self._channel
         call = self._lease.LeaseKeepAlive(timeout=self._timeout)
         try:
             await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
             reply = await call.read()
             await call.done_writing()
         except grpc.aio.AioRpcError as exc:
-            raise await self._failed(exc, "LeaseKeepAlive") from None
+            raise await self._failed(exc, "LeaseKeepAlive", channel) from None
         finally:
             call.cancel()
         return 0 if reply is grpc.aio.EOF else reply.TTL
@@ -257,6 +258,7 @@ class EtcdClient(EtcdConnection):
             )
         )
         self._stubs()
+        channel = self._channel
         call = self._watch.Watch()
         try:
             await call.write(create)
@@ -277,7 +279,7 @@ class EtcdClient(EtcdConnection):
                 ]
                 yield events, 0 if reply.fragment else reply.header.revision
         except grpc.aio.AioRpcError as exc:
-            raise await self._failed(exc, "Watch") from None
+            raise await self._failed(exc, "Watch", channel) from None
         finally:
             call.cancel()
 

@@ -90,17 +90,23 @@ class EtcdConnection:
         self, name: str, service: str, request: object, limit_s: float | None = None
     ) -> object:
         self._stubs()
+        channel = self._channel
         method = getattr(getattr(self, service), name)
         try:
             return await method(request, timeout=limit_s or self._timeout)
         except grpc.aio.AioRpcError as exc:
-            raise await self._failed(exc, name) from None
+            raise await self._failed(exc, name, channel) from None
 
-    async def _failed(self, exc: grpc.aio.AioRpcError, operation: str) -> EtcdError:
+    async def _failed(self, exc: grpc.aio.AioRpcError, operation: str,
+                      channel: grpc.aio.Channel | None) -> EtcdError:
         """Classifies a failed call, reports it, and moves on to the next endpoint if this one
-        is unreachable."""
+        is unreachable. ``channel`` is the one the call went out on: if another failure has
+        rotated away from it already (closing it cancels every call still on it), this one says
+        nothing about the current endpoint and rotates nothing. Without that, each call the
+        close cancelled rotated again, closing the channel the previous rotation had just
+        opened (tests/chaos: an etcd leader killed under traffic)."""
         error = from_rpc_error(exc, operation, self.endpoint)
-        if isinstance(error, EtcdUnavailable):
+        if isinstance(error, EtcdUnavailable) and channel is self._channel:
             await self._rotate()
         self._report(error)
         return error

@@ -56,3 +56,27 @@ def test_each_kind_is_its_own_exception_and_the_transient_ones_share_a_base() ->
 def test_a_watch_cancel_reason_is_classified_too() -> None:
     error = from_message("watch canceled: etcdserver: permission denied", "Watch")
     assert isinstance(error, EtcdAuthError) and error.kind == "auth"
+
+
+async def test_a_call_cancelled_by_an_earlier_rotation_rotates_nothing() -> None:
+    """Closing a channel on rotation cancels every call still on it; those failures say nothing
+    of the endpoint now in use, so they must not rotate again (each would close the channel the
+    previous rotation had just opened)."""
+    from grpc import StatusCode
+    from grpc.aio import AioRpcError, Metadata
+
+    from kvgate.etcd.connection import EtcdConnection
+
+    conn = EtcdConnection(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"])
+    conn._stubs()
+    first = conn._channel
+    lost = AioRpcError(StatusCode.UNAVAILABLE, Metadata(), Metadata(), "socket closed")
+    await conn._failed(lost, "Watch", first)
+    assert conn.endpoint == "127.0.0.1:2"
+    cancelled = AioRpcError(StatusCode.CANCELLED, Metadata(), Metadata(),
+                            "Locally cancelled by application!")
+    await conn._failed(cancelled, "Range", first)  # a call that was on the closed channel
+    assert conn.endpoint == "127.0.0.1:2"
+    await conn._failed(lost, "Range", conn._channel)  # one on the current channel: moves on
+    assert conn.endpoint == "127.0.0.1:3"
+    await conn.close()
