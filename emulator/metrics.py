@@ -107,6 +107,15 @@ def render(registry: CollectorRegistry, names: Sequence[str] = ()) -> bytes:
     return generate_latest(registry.restricted_registry(names) if names else registry)
 
 
+def page(registry: CollectorRegistry, path: str, names: Sequence[str]) -> bytes:
+    """What vLLM 0.32 serves at ``path`` asked for ``names`` (``?name[]=...``): /metrics is
+    prometheus-fastapi-instrumentator's route, which ignores the filter; /metrics/ reaches the
+    prometheus_client app vLLM mounts beside it, which honours it
+    (vllm/entrypoints/serve/instrumentator/metrics.py, attach_router; prometheus_client
+    exposition.py, _bake_output)."""
+    return render(registry, names if path == "/metrics/" else ())
+
+
 def stats_body(model: EngineModel, now: float) -> dict[str, Any]:
     """``GET /admin/stats``'s counters, HBM blocks and occupancy (the server adds who it is)."""
     stats = model.stats

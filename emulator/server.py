@@ -24,7 +24,7 @@ from emulator.clock import EmulatedClock
 from emulator.engine_model import Admission, EngineModel
 from emulator.kv_events import KvEventLog, session_id
 from emulator.listen import bind_socket
-from emulator.metrics import CONTENT_TYPE, make_registry, render, stats_body
+from emulator.metrics import CONTENT_TYPE, make_registry, page, stats_body
 from emulator.openai_api import (
     ApiError,
     ChunkWriter,
@@ -111,7 +111,7 @@ class EngineServer:
         app.router.add_post("/detokenize", self._detokenize)
         app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
-        app.router.add_get("/metrics/", self._metrics_filtered)
+        app.router.add_get("/metrics/", self._metrics)
         app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
         app.router.add_post("/admin/fault", self._set_fault)
         app.router.add_get("/admin/fault", self._get_fault)
@@ -254,17 +254,8 @@ class EngineServer:
         return web.Response(text="")
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        # The whole page whatever the query: vLLM 0.32 serves /metrics from
-        # prometheus-fastapi-instrumentator's route, which ignores name[]
-        # (vllm/entrypoints/serve/instrumentator/metrics.py, attach_router).
-        return web.Response(body=render(self._registry), headers={"Content-Type": CONTENT_TYPE})
-
-    async def _metrics_filtered(self, request: web.Request) -> web.Response:
-        # /metrics/ reaches the prometheus_client ASGI app vLLM mounts beside that route, which
-        # honours ?name[]=... (prometheus_client exposition.py, _bake_output).
-        names = request.query.getall("name[]", [])
-        return web.Response(body=render(self._registry, names),
-                            headers={"Content-Type": CONTENT_TYPE})
+        body = page(self._registry, request.path, request.query.getall("name[]", []))
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     async def _reset_prefix_cache(self, request: web.Request) -> web.Response:
         """Empty the HBM cache, as vLLM does, unless a running request holds blocks."""
