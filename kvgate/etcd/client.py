@@ -234,6 +234,8 @@ class EtcdClient(EtcdConnection):
             await call.done_writing()
         except grpc.aio.AioRpcError as exc:
             raise await self._failed(exc, "LeaseKeepAlive", channel) from None
+        except asyncio.CancelledError:
+            raise self._closed_under("LeaseKeepAlive", channel) from None
         finally:
             call.cancel()
         return 0 if reply is grpc.aio.EOF else reply.TTL
@@ -280,6 +282,8 @@ class EtcdClient(EtcdConnection):
                 yield events, 0 if reply.fragment else reply.header.revision
         except grpc.aio.AioRpcError as exc:
             raise await self._failed(exc, "Watch", channel) from None
+        except asyncio.CancelledError:
+            raise self._closed_under("Watch", channel) from None
         finally:
             call.cancel()
 

@@ -4,6 +4,7 @@ are in ``kvgate.etcd.client``."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Sequence
 
 import grpc
@@ -96,6 +97,8 @@ class EtcdConnection:
             return await method(request, timeout=limit_s or self._timeout)
         except grpc.aio.AioRpcError as exc:
             raise await self._failed(exc, name, channel) from None
+        except asyncio.CancelledError:
+            raise self._closed_under(name, channel) from None
 
     async def _failed(self, exc: grpc.aio.AioRpcError, operation: str,
                       channel: grpc.aio.Channel | None) -> EtcdError:
@@ -108,6 +111,21 @@ class EtcdConnection:
         error = from_rpc_error(exc, operation, self.endpoint)
         if isinstance(error, EtcdUnavailable) and channel is self._channel:
             await self._rotate()
+        self._report(error)
+        return error
+
+    def _closed_under(self, operation: str, channel: grpc.aio.Channel | None) -> BaseException:
+        """What a call raises when gRPC cancelled it: ``CancelledError`` again if its task is
+        being cancelled, else the channel it went out on was closed under it (a rotation, or
+        :meth:`close`), which is an unreachable endpoint to the caller, not the end of its task.
+        Letting that ``CancelledError`` through ended the supervised task that made the call
+        for good (the degraded-mode flush, tests/chaos: bindings placed after an etcd leader
+        change never reached etcd)."""
+        task = asyncio.current_task()
+        if channel is self._channel or (task is not None and task.cancelling()):
+            return asyncio.CancelledError()
+        error = EtcdUnavailable("call cancelled: its channel was closed by a failover",
+                                operation=operation, endpoint=self.endpoint)
         self._report(error)
         return error
 

@@ -80,3 +80,41 @@ async def test_a_call_cancelled_by_an_earlier_rotation_rotates_nothing() -> None
     await conn._failed(lost, "Range", conn._channel)  # one on the current channel: moves on
     assert conn.endpoint == "127.0.0.1:3"
     await conn.close()
+
+
+async def test_a_call_whose_channel_a_failover_closes_fails_as_unavailable() -> None:
+    """gRPC answers a call cancelled by its channel's close with ``CancelledError``; to the
+    caller that is an endpoint lost, not its own cancellation. Raised as it was, it ended the
+    supervised task that made the call (the degraded-mode flush, tests/chaos). A task really
+    cancelled still ends."""
+    import asyncio
+
+    from kvgate.etcd.client import EtcdClient
+
+    reached = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        reached.set()
+        await reader.read()  # accepts and never answers: every call waits for its deadline
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = EtcdClient([f"127.0.0.1:{port}", "127.0.0.1:1"], timeout=30.0)
+    errors: list[EtcdError] = []
+    client.on_error = errors.append
+    try:
+        flush = asyncio.create_task(client.get(b"/probe"))
+        cancelled = asyncio.create_task(client.get(b"/other"))
+        await asyncio.wait_for(reached.wait(), 10)  # the calls are out; no reply can come
+        cancelled.cancel()
+        await client._rotate()  # what an UNAVAILABLE on another call does
+        with pytest.raises(EtcdUnavailable, match="closed by a failover"):
+            await flush
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        assert [e.operation for e in errors] == ["Range"]
+    finally:
+        await client.close()
+        server.close()
+        await server.wait_closed()
