@@ -70,6 +70,26 @@ class EtcdCluster:
         await self.start_member(i)
         await self._ready(i)
 
+    async def stop_member(self, i: int) -> None:
+        """Stop member ``i`` the way an operator does (SIGTERM, then SIGKILL if it lingers)."""
+        child = self.children[i]
+        if child is not None:
+            await child.stop()
+
+    async def alarm(self, alarm: str, *, raised: bool) -> None:
+        """Raise (or disarm) ``alarm`` on the leader, as etcd itself raises NOSPACE when its
+        quota fills: the alarm is replicated, and every member refuses writes until disarmed."""
+        leader = await self.leader()
+        assert leader is not None, "no etcd leader to raise an alarm on"
+        member_id = next(id_ for id_, i in self._ids.items() if i == leader)
+        async with httpx.AsyncClient() as http:
+            reply = await http.post(
+                f"http://{self.endpoints[leader]}/v3/maintenance/alarm",
+                json={"action": "ACTIVATE" if raised else "DEACTIVATE",
+                      "memberID": member_id, "alarm": alarm},
+                timeout=5.0)
+            reply.raise_for_status()
+
     def kill(self, i: int) -> None:
         child = self.children[i]
         if child is not None:
