@@ -15,13 +15,14 @@ import binascii
 import contextlib
 import json
 import socket
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 from google.protobuf import struct_pb2
 
 from ext_proc.answers import Answers, json_answer
-from kvgate.contract.envoy import POOL_HEADER
+from kvgate.contract.envoy import DECISIONS_HEALTH_PATH, POOL_HEADER
 from kvgate.routing.handler import RequestHandler
 from kvgate.session import BODY_METADATA_NAMESPACE
 
@@ -36,8 +37,10 @@ _HEAD_LIMIT = 16 * 1024
 class HttpProcessor:
     """Serves ext_proc's `http_service` protocol on one listening socket."""
 
-    def __init__(self, handler: RequestHandler) -> None:
+    def __init__(self, handler: RequestHandler,
+                 ready: Callable[[], bool] = lambda: True) -> None:
         self._handler = handler
+        self._ready = ready  # answers Envoy's health check (ext_proc.readiness)
         self._answers = Answers(json_answer)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -72,8 +75,9 @@ class HttpProcessor:
                     log.warning("http_transport_bad_request", error=str(exc))
                     writer.write(_BAD_REQUEST)
                     return
-                if body is None:  # GET: Envoy's health check of the ext_proc cluster
-                    writer.write(_ok(b"{}"))
+                if isinstance(body, str):  # GET: a health check (Envoy's asks for decisions)
+                    ready = body != DECISIONS_HEALTH_PATH or self._ready()
+                    writer.write(_ok(b"{}") if ready else _UNAVAILABLE)
                     continue
                 writer.write(_ok(await self._answer(body)))
         except asyncio.CancelledError:
@@ -116,10 +120,11 @@ def _headers(phase: dict[str, Any]) -> dict[str, bytes]:
     return found
 
 
-async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
+async def _read_request(reader: asyncio.StreamReader) -> bytes | str:
+    """A POST's body, or a GET's path."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.split(b"\r\n")
-    method = lines[0].split(b" ", 1)[0]
+    method, _, rest = lines[0].partition(b" ")
     length = 0
     chunked = False
     for line in lines[1:]:
@@ -130,7 +135,7 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes | None:
         elif name == b"transfer-encoding":
             chunked = b"chunked" in value.lower()
     if method == b"GET":
-        return None
+        return rest.split(b" ", 1)[0].decode(errors="replace")
     if method != b"POST":
         raise ValueError(f"method {method.decode(errors='replace')!r}: only POST and GET")
     if chunked:
@@ -160,4 +165,5 @@ def _ok(body: bytes) -> bytes:
             + str(len(body)).encode() + b"\r\n\r\n" + body)
 
 
+_UNAVAILABLE = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n"
 _BAD_REQUEST = (b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")

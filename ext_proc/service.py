@@ -14,11 +14,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ext_proc.http_server import HttpProcessor
 from ext_proc.metrics import ExtProcMetrics
+from ext_proc.readiness import Readiness
 from ext_proc.server import ExternalProcessor
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.store import BindingStore, Unbound
 from kvgate.config.model import Config, HostPort
+from kvgate.contract.envoy import DECISIONS_HEALTH_SERVICE
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdAuthError, EtcdClient, EtcdError, PrefixMirror
 from kvgate.etcd.connection import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PAGE_SIZE
@@ -68,6 +70,7 @@ class ExtProcService:
         self._http: HttpProcessor | None = None  # ext_proc.transport: http
         self._http_socket: socket.socket | None = None
         self._health = health.aio.HealthServicer()
+        self._readiness = Readiness(self._degraded, self._set_serving)
         self._metrics_server: MetricsServer | None = None
         self.port = options.listen.port
         self.board: LoadBoard | None = None  # the load gate's, while it is on
@@ -100,6 +103,7 @@ class ExtProcService:
             self.store = self._etcd_store = etcd_store
             self.metrics.track(lambda: len(etcd_store), lambda: etcd_store.pending,
                                lambda: 1.0 if etcd_store.degraded else 0.0)
+            self.supervisor.spawn("readiness", self._readiness.run)
             self._report = ReportPublisher(self._etcd, config.etcd.prefix,
                                            self._options.identity, self.report)
             self.supervisor.spawn("replica-report", self._report.run)
@@ -134,7 +138,7 @@ class ExtProcService:
     async def _serve(self, handler: RequestHandler) -> None:
         """The transport bound at start answers with the core's pipeline (through `handler`)."""
         if self._http_socket is not None:
-            self._http = HttpProcessor(handler)
+            self._http = HttpProcessor(handler, lambda: self._readiness.ready)
             await self._http.serve(self._http_socket)
             return
         assert self._server is not None
@@ -142,6 +146,16 @@ class ExtProcService:
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self._health.set(DECISIONS_HEALTH_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+
+    def _degraded(self) -> bool:
+        return self._etcd_store is not None and self._etcd_store.degraded
+
+    async def _set_serving(self, serving: bool) -> None:
+        if self._server is not None and self._http is None:
+            await self._health.set(DECISIONS_HEALTH_SERVICE,
+                                   health_pb2.HealthCheckResponse.SERVING if serving
+                                   else health_pb2.HealthCheckResponse.NOT_SERVING)
 
     def _policy(self) -> Policy:
         """`placement.load_gate`: the gate over this replica's load board, fed by the engines'

@@ -46,6 +46,9 @@ class Stack:
     envoy_workers: int = 2
     # The embedded etcd's client and peer ports (default: free ones from the OS).
     etcd_ports: tuple[int, int] | None = None
+    # Etcd endpoints that one component uses instead of the cluster's, by its name (e.g.
+    # "ext_proc[1]"): a fault test puts a proxy it can cut between that component and etcd.
+    etcd_for: dict[str, list[str]] = field(default_factory=dict)
     fleet: Child | None = None
     components: list[Component] = field(default_factory=list)
     ext_procs: list[Child] = field(default_factory=list)
@@ -58,6 +61,9 @@ class Stack:
     @property
     def etcd_endpoints(self) -> list[str]:
         return [str(e) for e in self.config.etcd.endpoints or ()]
+
+    def _etcd_of(self, component: str) -> str:
+        return ",".join(self.etcd_for.get(component, self.etcd_endpoints))
 
     async def start(self) -> None:
         """Starts everything or nothing: on any failure what was started is stopped again."""
@@ -156,7 +162,7 @@ class Stack:
             "control-plane",
             [
                 sys.executable, "-m", "control_plane", "-c", str(self._write_config()),
-                "--etcd", ",".join(self.etcd_endpoints),
+                "--etcd", self._etcd_of("control-plane"),
             ],
             self.workdir / "control-plane.log",
         )
@@ -176,12 +182,13 @@ class Stack:
         if index > 0:
             port = free_ports(1, metrics.host, exclude=self._own_ports())[0]
             metrics = HostPort(metrics.host, port)
+        name = f"ext_proc[{index}]" if len(self.config.ext_proc.addresses) > 1 else "ext_proc"
         child = Child(
-            f"ext_proc[{index}]" if len(self.config.ext_proc.addresses) > 1 else "ext_proc",
+            name,
             [
                 sys.executable, "-m", "ext_proc", "-c", str(config_path),
                 "--listen", str(address), "--metrics", str(metrics),
-                "--etcd", ",".join(self.etcd_endpoints),
+                "--etcd", self._etcd_of(name),
             ],
             self.workdir / f"ext_proc-{index}.log",
         )

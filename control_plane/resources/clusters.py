@@ -20,6 +20,8 @@ from control_plane.resources import protos
 from control_plane.resources.endpoints import load_assignment, static_hosts
 from kvgate.config.model import ExtProc, HostPort, Pool
 from kvgate.contract.envoy import (
+    DECISIONS_HEALTH_PATH,
+    DECISIONS_HEALTH_SERVICE,
     DESTINATION_KEY,
     EXT_PROC_CLUSTER,
     LB_NAMESPACE,
@@ -105,13 +107,20 @@ def _balancing(mode: RoutingMode) -> cluster_pb2.LoadBalancingPolicy:
 
 def ext_proc_cluster(ext_proc: ExtProc) -> cluster_pb2.Cluster:
     """The ext_proc replicas, skipped by Envoy when their health check fails: gRPC health, or
-    over the HTTP transport a GET on the same HTTP/1.1 port."""
+    over the HTTP transport a GET on the same HTTP/1.1 port. A replica that cannot reach etcd
+    fails it on purpose (ext_proc.readiness); only when none passes does Envoy's panic mode send
+    to all of them again (they then route from memory)."""
     if ext_proc.transport != "http":
-        return grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=True)
+        cluster = grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=True)
+        cluster.health_checks[0].grpc_health_check.service_name = DECISIONS_HEALTH_SERVICE
+        _panic_only_when_none_healthy(cluster)
+        return cluster
     cluster = grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=False)
+    _panic_only_when_none_healthy(cluster)
     del cluster.typed_extension_protocol_options[_HTTP_OPTIONS]  # HTTP/1.1, Envoy's default
     cluster.health_checks.append(_health_check(
-        http_health_check=health_check_pb2.HealthCheck.HttpHealthCheck(path="/health")
+        http_health_check=health_check_pb2.HealthCheck.HttpHealthCheck(
+            path=DECISIONS_HEALTH_PATH)
     ))
     # http_service has no retry policy: a replica that refuses connections is ejected at its
     # first failure, so only the requests already on their way fall back to Envoy's ring.
@@ -123,6 +132,12 @@ def ext_proc_cluster(ext_proc: ExtProc) -> cluster_pb2.Cluster:
         max_ejection_percent=protos.u32(100),
     ))
     return cluster
+
+
+def _panic_only_when_none_healthy(cluster: cluster_pb2.Cluster) -> None:
+    # Envoy's default (50 %) would send to every replica, degraded ones too, as soon as half of
+    # them step aside; 1 % is "no healthy replica left" for any fleet of up to 100 replicas.
+    cluster.common_lb_config.healthy_panic_threshold.CopyFrom(percent_pb2.Percent(value=1.0))
 
 
 def grpc_cluster(

@@ -17,6 +17,11 @@ EXT_PROC_CLUSTER = "kvgate_ext_proc"
 XDS_CLUSTER = "kvgate_xds"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
+# What Envoy's health check of the ext_proc replicas asks for: the gRPC health service name, or
+# over the HTTP transport the path. Not serving while the replica cannot reach etcd
+# (ext_proc.readiness); the overall gRPC health ("") stays serving for liveness probes.
+DECISIONS_HEALTH_SERVICE = "kvgate.decisions"
+DECISIONS_HEALTH_PATH = "/health/decisions"
 
 # Envoy's ring_hash defaults, pinned so ext_proc can rebuild the identical ring.
 RING_MIN_SIZE = 1024

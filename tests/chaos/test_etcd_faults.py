@@ -13,74 +13,14 @@ The full runs (a kill every 10 s for two minutes, a member away for a minute, ..
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from kvgate.etcd import EtcdClient, EtcdNoSpace
-from tests.support.chaos import Account, Traffic, account
-from tests.support.etcd_cluster import EtcdCluster
-from tests.support.polling import eventually
-from tests.support.stack import gateway_config, running_stack, stored_bindings
+from tests.support.chaos_run import FULL, Scene, holds, leader_of, under_traffic
 from tests.support.upstreams import Upstream
-
-FULL = os.environ.get("KVGATE_CHAOS") == "full"
-
-# A fault: runs its schedule against the cluster under traffic; returns (its name, faults made).
-Fault = Callable[[EtcdCluster], Awaitable[tuple[str, int]]]
-
-
-def elected(index: int) -> bool:
-    return index >= 0
-
-
-async def leader_of(cluster: EtcdCluster) -> int:
-    async def leader() -> int:
-        found = await cluster.leader()
-        return -1 if found is None else found  # -1 while the members elect one
-    return await eventually(leader, until=elected, what="an etcd leader")
-
-
-async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault: Fault) -> Account:
-    """The gateway (two ext_proc replicas) on a three-member etcd, traffic through it while
-    ``fault`` runs; the account once etcd holds every binding (or 30 s have passed)."""
-    loop = asyncio.get_running_loop()
-    async with EtcdCluster(tmp_path / "etcd", 3) as cluster:
-        config = gateway_config([u.address for u in ups], prefix=prefix,
-                                etcd=cluster.endpoints, ext_procs=2)
-        async with running_stack(config, tmp_path / "stack") as stack:
-            traffic = Traffic(f"http://{stack.config.listener}")
-            running = asyncio.create_task(traffic.run())
-            try:
-                name, faults = await fault(cluster)
-            finally:
-                traffic.stop()
-                await running
-            stopped = loop.time()
-
-            async def settled() -> Account:
-                # Bindings placed while etcd was away are written back once it answers again.
-                return account(name, traffic.served,
-                               await stored_bindings(cluster.endpoints, prefix), faults)
-
-            def nothing_lost(row: Account) -> bool:
-                return row.lost == 0
-
-            try:
-                return await eventually(settled, 30, until=nothing_lost, every=0.5,
-                                        what="every binding in etcd")
-            finally:
-                last = await settled()
-                print(f"\n{Account.HEADER}\n{last.row()}\nbindings complete "
-                      f"{loop.time() - stopped:.1f} s after the traffic stopped")
-
-
-def holds(row: Account, faults: int) -> None:
-    assert row.faults >= faults
-    assert row.requests > 100 and row.sessions > 20, row
-    assert (row.failed, row.split, row.lost) == (0, 0, 0), row
 
 
 @pytest.mark.chaos
@@ -90,7 +30,8 @@ async def test_the_etcd_leader_killed_again_and_again_loses_nothing(
         prefix: str) -> None:
     every_s, for_s = (10.0, 120.0) if FULL else (4.0, 16.0)
 
-    async def kill_the_leader(cluster: EtcdCluster) -> tuple[str, int]:
+    async def kill_the_leader(scene: Scene) -> tuple[str, int]:
+        cluster = scene.cluster
         loop = asyncio.get_running_loop()
         kills = 0
         end = loop.time() + for_s
@@ -115,7 +56,8 @@ async def test_a_member_stopped_and_started_again_loses_nothing(
     stopped under traffic, and started again on its data after a while."""
     away_s = 60.0 if FULL else 8.0
 
-    async def stop_the_first(cluster: EtcdCluster) -> tuple[str, int]:
+    async def stop_the_first(scene: Scene) -> tuple[str, int]:
+        cluster = scene.cluster
         await asyncio.sleep(2.0)  # traffic under way first (the schedule, not readiness)
         await cluster.stop_member(0)
         await asyncio.sleep(away_s)
@@ -136,7 +78,8 @@ async def test_etcd_out_of_space_then_disarmed_loses_nothing(
     cluster-wide) under traffic, then disarmed by an operator."""
     alarmed_s = 30.0 if FULL else 6.0
 
-    async def out_of_space(cluster: EtcdCluster) -> tuple[str, int]:
+    async def out_of_space(scene: Scene) -> tuple[str, int]:
+        cluster = scene.cluster
         await asyncio.sleep(2.0)  # traffic under way first (the schedule, not readiness)
         await cluster.alarm("NOSPACE", raised=True)
         writer = EtcdClient(cluster.endpoints)

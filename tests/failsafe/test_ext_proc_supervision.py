@@ -127,3 +127,42 @@ async def test_ext_proc_endpoints_mirror_recovers(etcd, prefix: str,
     finally:
         await service.stop(grace=0)
         await client.close()
+
+
+async def test_a_replica_that_cannot_reach_etcd_steps_aside_and_comes_back(
+        etcd, prefix: str) -> None:
+    """Envoy's health check asks for decisions (DECISIONS_HEALTH_SERVICE): not serving while the
+    binding store is degraded, so Envoy sends decisions to the replicas that reach etcd; the
+    overall health, which liveness probes read, stays serving throughout."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from kvgate.contract.envoy import DECISIONS_HEALTH_SERVICE
+
+    config = control_plane_config([A, B], etcd.endpoint, prefix)
+    service = ExtProcService(config, ExtProcOptions(
+        listen=HostPort("127.0.0.1", 0), metrics=None, etcd_endpoints=(etcd.endpoint,)))
+    await service.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{service.port}")
+    health = health_pb2_grpc.HealthStub(channel)
+
+    async def status(name: str) -> int:
+        reply = await health.Check(  # type: ignore[attr-defined]  # the stub's stubs omit it
+            health_pb2.HealthCheckRequest(service=name), timeout=2)
+        return int(reply.status)
+
+    serving, not_serving = health_pb2.HealthCheckResponse.SERVING, \
+        health_pb2.HealthCheckResponse.NOT_SERVING
+    try:
+        assert await status(DECISIONS_HEALTH_SERVICE) == serving
+        await etcd.stop()
+        await service.store.create(Binding("s-away", "coder", A))  # finds etcd away: degraded
+        await eventually(lambda: status(DECISIONS_HEALTH_SERVICE),
+                         until=lambda s: s == not_serving, what="stepped aside")
+        assert await status("") == serving
+        await etcd.start()
+        await eventually(lambda: status(DECISIONS_HEALTH_SERVICE),
+                         until=lambda s: s == serving, what="serving again", within=30)
+    finally:
+        await channel.close()
+        await service.stop(grace=0)

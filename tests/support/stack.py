@@ -77,8 +77,11 @@ def gateway_config(
 
 
 @asynccontextmanager
-async def running_stack(config: Config, workdir: Path) -> AsyncIterator[Stack]:
-    stack = Stack(config, workdir, ready_timeout=60)  # generous: the machine may be busy
+async def running_stack(config: Config, workdir: Path,
+                        etcd_for: dict[str, list[str]] | None = None) -> AsyncIterator[Stack]:
+    """``etcd_for``: endpoints one component uses instead of the cluster's (Stack.etcd_for)."""
+    stack = Stack(config, workdir, ready_timeout=60,  # generous: the machine may be busy
+                  etcd_for=etcd_for or {})
     await stack.start()
     try:
         yield stack

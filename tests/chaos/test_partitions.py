@@ -1,0 +1,56 @@
+"""Partitions under traffic: one component cut from etcd (every byte and new connection held,
+as a network dropping packets does) while the rest of the gateway reaches it, then healed. The
+targets as for etcd's own faults (tests/chaos/test_etcd_faults.py): none failed, no session
+answered by two engines, no binding lost once the partition heals.
+
+    python -m pytest -m chaos tests/chaos/test_partitions.py -s
+    KVGATE_CHAOS=full python -m pytest -m chaos tests/chaos/test_partitions.py -s  (a minute each)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from tests.support.chaos_run import FULL, Fault, Scene, holds, under_traffic
+from tests.support.upstreams import Upstream
+
+CUT_S = 60.0 if FULL else 8.0
+
+
+def partition(component: str) -> Fault:
+    async def cut_off(scene: Scene) -> tuple[str, int]:
+        await asyncio.sleep(2.0)  # traffic under way first (the schedule, not readiness)
+        scene.cut(component)
+        await asyncio.sleep(CUT_S)
+        scene.heal(component)
+        await asyncio.sleep(3.0)  # traffic after it heals
+        return f"{component} cut from etcd for {CUT_S:g} s", 1
+    return cut_off
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+async def test_one_ext_proc_replica_cut_from_etcd_loses_nothing(
+        tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]],
+        prefix: str) -> None:
+    """The cut replica steps aside (ext_proc.readiness): the other one, which sees every binding,
+    takes its decisions until the partition heals."""
+    row = await under_traffic(tmp_path, await upstreams(4), prefix, partition("ext_proc[1]"),
+                              partitioned=["ext_proc[1]"])
+    holds(row, 1)
+    log = (tmp_path / "stack" / "ext_proc-1.log").read_text()
+    assert "ext_proc_stepped_aside" in log and "ext_proc_serving_again" in log
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+async def test_the_control_plane_cut_from_etcd_loses_nothing(
+        tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]],
+        prefix: str) -> None:
+    row = await under_traffic(tmp_path, await upstreams(4), prefix, partition("control-plane"),
+                              partitioned=["control-plane"])
+    holds(row, 1)

@@ -1,0 +1,105 @@
+"""One fault run: the gateway (two ext_proc replicas, a control plane, Envoy) on a real
+three-member etcd, traffic through it while a fault's schedule runs, and the account once etcd
+holds every binding again (tests/support/chaos.py). A component named in ``partitioned`` reaches
+etcd through one fault proxy per member (tests/support/fault_proxy.py), so the fault can cut it
+off alone."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.chaos import Account, Traffic, account
+from tests.support.etcd_cluster import EtcdCluster
+from tests.support.fault_proxy import FaultProxy
+from tests.support.polling import eventually
+from tests.support.stack import gateway_config, running_stack, stored_bindings
+from tests.support.upstreams import Upstream
+
+FULL = os.environ.get("KVGATE_CHAOS") == "full"
+
+
+@dataclass
+class Scene:
+    """What a fault acts on."""
+
+    cluster: EtcdCluster
+    proxies: dict[str, list[FaultProxy]] = field(default_factory=dict)  # component -> per member
+
+    def cut(self, component: str) -> None:
+        for proxy in self.proxies[component]:
+            proxy.cut()
+
+    def heal(self, component: str) -> None:
+        for proxy in self.proxies[component]:
+            proxy.heal()
+
+
+# A fault: runs its schedule under traffic; returns (its name, how many faults it made).
+Fault = Callable[[Scene], Awaitable[tuple[str, int]]]
+
+
+def _elected(index: int) -> bool:
+    return index >= 0
+
+
+async def leader_of(cluster: EtcdCluster) -> int:
+    """The etcd leader's index, once the members agree on one."""
+    async def leader() -> int:
+        found = await cluster.leader()
+        return -1 if found is None else found  # -1 while the members elect one
+    return await eventually(leader, until=_elected, what="an etcd leader")
+
+
+@asynccontextmanager
+async def _proxied(cluster: EtcdCluster, components: Sequence[str]
+                   ) -> AsyncIterator[dict[str, list[FaultProxy]]]:
+    async with AsyncExitStack() as stack:
+        yield {name: [await stack.enter_async_context(FaultProxy(e)) for e in cluster.endpoints]
+               for name in components}
+
+
+async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault: Fault,
+                        partitioned: Sequence[str] = ()) -> Account:
+    loop = asyncio.get_running_loop()
+    async with EtcdCluster(tmp_path / "etcd", 3) as cluster, \
+            _proxied(cluster, partitioned) as proxies:
+        config = gateway_config([u.address for u in ups], prefix=prefix,
+                                etcd=cluster.endpoints, ext_procs=2)
+        etcd_for = {name: [p.address for p in ps] for name, ps in proxies.items()}
+        async with running_stack(config, tmp_path / "stack", etcd_for) as stack:
+            traffic = Traffic(f"http://{stack.config.listener}")
+            running = asyncio.create_task(traffic.run())
+            try:
+                name, faults = await fault(Scene(cluster, proxies))
+            finally:
+                traffic.stop()
+                await running
+            stopped = loop.time()
+
+            async def settled() -> Account:
+                # Bindings placed while etcd was away are written back once it answers again.
+                return account(name, traffic.served,
+                               await stored_bindings(cluster.endpoints, prefix), faults)
+
+            def nothing_lost(row: Account) -> bool:
+                return row.lost == 0
+
+            try:
+                return await eventually(settled, 30, until=nothing_lost, every=0.5,
+                                        what="every binding in etcd")
+            finally:
+                last = await settled()
+                print(f"\n{Account.HEADER}\n{last.row()}\nbindings complete "
+                      f"{loop.time() - stopped:.1f} s after the traffic stopped")
+
+
+def holds(row: Account, faults: int) -> None:
+    """The targets: every fault made, enough traffic, none failed, split or lost."""
+    assert row.faults >= faults
+    assert row.requests > 100 and row.sessions > 20, row
+    assert (row.failed, row.split, row.lost) == (0, 0, 0), row
