@@ -70,7 +70,7 @@ class ExtProcService:
         self._http: HttpProcessor | None = None  # ext_proc.transport: http
         self._http_socket: socket.socket | None = None
         self._health = health.aio.HealthServicer()
-        self._readiness = Readiness(self._degraded, self._set_serving)
+        self._readiness = Readiness(self._cut_off, self._set_serving)
         self._metrics_server: MetricsServer | None = None
         self.port = options.listen.port
         self.board: LoadBoard | None = None  # the load gate's, while it is on
@@ -148,8 +148,11 @@ class ExtProcService:
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set(DECISIONS_HEALTH_SERVICE, health_pb2.HealthCheckResponse.SERVING)
 
-    def _degraded(self) -> bool:
-        return self._etcd_store is not None and self._etcd_store.degraded
+    def _cut_off(self) -> bool:
+        """This replica's writes do not reach etcd, or its copy of the bindings is not current
+        (a session a peer moved meanwhile would be sent to its old engine)."""
+        store = self._etcd_store
+        return store is not None and (store.degraded or not store.mirror.connected)
 
     async def _set_serving(self, serving: bool) -> None:
         if self._server is not None and self._http is None:

@@ -170,10 +170,14 @@ _HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
 
 
 def _health_check(**kind: Any) -> health_check_pb2.HealthCheck:
+    # Fast and unforgiving on purpose: a replica that steps aside (cut from etcd) must stop
+    # taking decisions within a few hundred ms, since each one it takes meanwhile may place a
+    # session its peers place elsewhere. A healthy replica that misses one check is ejected
+    # for one interval at worst; its peers (or, with none left, panic mode) take its share.
     return health_check_pb2.HealthCheck(
         timeout=protos.duration(0.5),
-        interval=protos.duration(1.0),
-        unhealthy_threshold=protos.u32(2),
+        interval=protos.duration(0.25),
+        unhealthy_threshold=protos.u32(1),
         healthy_threshold=protos.u32(1),
         **kind,
     )

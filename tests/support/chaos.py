@@ -74,13 +74,18 @@ class Account:
     slowest_s: float
     errors: tuple[str, ...] = ()
     missing: int = 0  # of `lost`: no binding at all
+    # Of `split`: sessions whose engines interleave (A, B, A: both served it over overlapping
+    # times, the cache split); the rest moved once (A, then only B).
+    interleaved: int = 0
 
-    HEADER = ("| fault | requests | failed | sessions | on two engines | bindings lost "
-              "| faults | slowest request |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+    HEADER = ("| fault | requests | failed | sessions | on two engines (interleaved) "
+              "| bindings lost | faults | slowest request |\n"
+              "|---|---:|---:|---:|---:|---:|---:|---:|")
 
     def row(self) -> str:
         return (f"| {self.fault} | {self.requests} | {self.failed} | {self.sessions} "
-                f"| {self.split} | {self.lost} | {self.faults} | {self.slowest_s:.2f} s |")
+                f"| {self.split} ({self.interleaved}) | {self.lost} | {self.faults} "
+                f"| {self.slowest_s:.2f} s |")
 
 
 def account(fault: str, served: list[Served], bindings: dict[str, str], faults: int) -> Account:
@@ -101,4 +106,11 @@ def account(fault: str, served: list[Served], bindings: dict[str, str], faults: 
     return Account(fault, len(served), len(failed), len(engines),
                    sum(len(set(e)) > 1 for e in engines.values()), missing + moved, faults,
                    max((s.end - s.start for s in served), default=0.0),
-                   tuple(sorted({s.error for s in failed})), missing)
+                   tuple(sorted({s.error for s in failed})), missing,
+                   sum(_interleaved(e) for e in engines.values()))
+
+
+def _interleaved(answered: list[str]) -> bool:
+    """An engine answers again after another one did."""
+    runs = [e for i, e in enumerate(answered) if i == 0 or e != answered[i - 1]]
+    return len(runs) != len(set(runs))
