@@ -49,6 +49,9 @@ class Stack:
     # Etcd endpoints that one component uses instead of the cluster's, by its name (e.g.
     # "ext_proc[1]"): a fault test puts a proxy it can cut between that component and etcd.
     etcd_for: dict[str, list[str]] = field(default_factory=dict)
+    # Where Envoy asks for its config, instead of the control plane's xDS address (a fault test's
+    # proxy, as above).
+    envoy_xds: HostPort | None = None
     fleet: Child | None = None
     components: list[Component] = field(default_factory=list)
     ext_procs: list[Child] = field(default_factory=list)
@@ -204,7 +207,8 @@ class Stack:
     async def _start_envoy(self) -> None:
         bootstrap = self.workdir / "envoy.json"
         if self.mode.uses_ext_proc:  # everything else arrives over ADS
-            document = ads_bootstrap(self.config)
+            document = ads_bootstrap(self.config,
+                                     xds=None if self.envoy_xds is None else [self.envoy_xds])
         else:
             document = static_bootstrap(self.config, mode=self.mode)
         bootstrap.write_text(to_json(document))

@@ -13,9 +13,12 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import pytest
 
+from stack.local import Stack
 from tests.support.chaos_run import FULL, Fault, Scene, holds, under_traffic
+from tests.support.polling import eventually
 from tests.support.upstreams import Upstream
 
 CUT_S = 60.0 if FULL else 8.0
@@ -57,4 +60,42 @@ async def test_the_control_plane_cut_from_etcd_loses_nothing(
         prefix: str) -> None:
     row = await under_traffic(tmp_path, await upstreams(4), prefix, partition("control-plane"),
                               partitioned=["control-plane"])
+    holds(row, 1)
+
+
+async def xds_connected(stack: Stack) -> int:
+    """Envoy's own word: 1 while its ADS stream to the control plane is up."""
+    async with httpx.AsyncClient() as http:
+        reply = await http.get(f"http://{stack.config.envoy_admin}/stats",
+                               params={"filter": "^control_plane.connected_state$"})
+    return int(reply.text.split(":")[1])
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+async def test_envoy_cut_from_the_control_plane_keeps_its_last_config(
+        tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]],
+        prefix: str) -> None:
+    """Every connection between Envoy and the control plane's xDS reset, and every new one,
+    for a while: Envoy serves on with the config it has, and takes its stream up again."""
+    def down(up: int) -> bool:
+        return up == 0
+
+    def up_again(up: int) -> bool:
+        return up == 1
+
+    async def cut_off(scene: Scene) -> tuple[str, int]:
+        async def connected() -> int:
+            return await xds_connected(scene.stack)
+        await asyncio.sleep(2.0)  # traffic under way first (the schedule, not readiness)
+        scene.cut("envoy", reset=True)
+        await eventually(connected, until=down, what="Envoy's ADS stream down")
+        await asyncio.sleep(CUT_S)
+        scene.heal("envoy")
+        await eventually(connected, until=up_again, within=30, what="Envoy's ADS stream up")
+        await asyncio.sleep(2.0)  # traffic after it heals
+        return f"Envoy cut from the control plane for {CUT_S:g} s", 1
+
+    row = await under_traffic(tmp_path, await upstreams(4), prefix, cut_off,
+                              partitioned=["envoy"])
     holds(row, 1)

@@ -2,7 +2,7 @@
 three-member etcd, traffic through it while a fault's schedule runs, and the account once etcd
 holds every binding again (tests/support/chaos.py). A component named in ``partitioned`` reaches
 etcd through one fault proxy per member (tests/support/fault_proxy.py), so the fault can cut it
-off alone."""
+off alone; "envoy" there puts a proxy between Envoy and the control plane's xDS instead."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvgate.config.model import HostPort
+from stack.local import Stack
 from tests.support.chaos import Account, Traffic, account
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.fault_proxy import FaultProxy
@@ -28,11 +30,12 @@ class Scene:
     """What a fault acts on."""
 
     cluster: EtcdCluster
+    stack: Stack
     proxies: dict[str, list[FaultProxy]] = field(default_factory=dict)  # component -> per member
 
-    def cut(self, component: str) -> None:
+    def cut(self, component: str, *, reset: bool = False) -> None:
         for proxy in self.proxies[component]:
-            proxy.cut()
+            proxy.cut(reset=reset)
 
     def heal(self, component: str) -> None:
         for proxy in self.proxies[component]:
@@ -56,26 +59,29 @@ async def leader_of(cluster: EtcdCluster) -> int:
 
 
 @asynccontextmanager
-async def _proxied(cluster: EtcdCluster, components: Sequence[str]
-                   ) -> AsyncIterator[dict[str, list[FaultProxy]]]:
+async def _proxied(targets: dict[str, list[str]]) -> AsyncIterator[dict[str, list[FaultProxy]]]:
     async with AsyncExitStack() as stack:
-        yield {name: [await stack.enter_async_context(FaultProxy(e)) for e in cluster.endpoints]
-               for name in components}
+        yield {name: [await stack.enter_async_context(FaultProxy(t)) for t in addresses]
+               for name, addresses in targets.items()}
 
 
 async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault: Fault,
                         partitioned: Sequence[str] = ()) -> Account:
     loop = asyncio.get_running_loop()
-    async with EtcdCluster(tmp_path / "etcd", 3) as cluster, \
-            _proxied(cluster, partitioned) as proxies:
+    async with EtcdCluster(tmp_path / "etcd", 3) as cluster:
         config = gateway_config([u.address for u in ups], prefix=prefix,
                                 etcd=cluster.endpoints, ext_procs=2)
-        etcd_for = {name: [p.address for p in ps] for name, ps in proxies.items()}
-        async with running_stack(config, tmp_path / "stack", etcd_for) as stack:
+        targets = {name: [str(config.control_plane.xds)] if name == "envoy"
+                   else cluster.endpoints for name in partitioned}
+        async with _proxied(targets) as proxies, running_stack(
+                config, tmp_path / "stack",
+                {n: [p.address for p in ps] for n, ps in proxies.items() if n != "envoy"},
+                _host_port(proxies["envoy"][0].address) if "envoy" in proxies else None,
+        ) as stack:
             traffic = Traffic(f"http://{stack.config.listener}")
             running = asyncio.create_task(traffic.run())
             try:
-                name, faults = await fault(Scene(cluster, proxies))
+                name, faults = await fault(Scene(cluster, stack, proxies))
             finally:
                 traffic.stop()
                 await running
@@ -96,6 +102,11 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
                 last = await settled()
                 print(f"\n{Account.HEADER}\n{last.row()}\nbindings complete "
                       f"{loop.time() - stopped:.1f} s after the traffic stopped")
+
+
+def _host_port(address: str) -> HostPort:
+    host, port = address.rsplit(":", 1)
+    return HostPort(host, int(port))
 
 
 def holds(row: Account, faults: int) -> None:

@@ -1,7 +1,9 @@
 """A network partition between one component and one address, under the test's control: a TCP
 proxy on a free loopback port that forwards both ways until :meth:`FaultProxy.cut`, then holds
 every byte and every new connection (as a network that drops packets does: nothing is refused,
-nothing arrives; the peers' deadlines and keepalives find out) until :meth:`FaultProxy.heal`."""
+nothing arrives; the peers' deadlines and keepalives find out) until :meth:`FaultProxy.heal`.
+``cut(reset=True)`` is the other kind of partition: every connection reset at once, and each new
+one reset as soon as it is made."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ class FaultProxy:
         self._target = (host, int(port))
         self._open = asyncio.Event()
         self._open.set()
+        self._reset = False
         self._server: asyncio.Server | None = None
         self._pumps: set[asyncio.Task[None]] = set()
         self.address = ""
@@ -23,10 +26,15 @@ class FaultProxy:
         self._server = await asyncio.start_server(self._connected, "127.0.0.1", 0)
         self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
 
-    def cut(self) -> None:
+    def cut(self, *, reset: bool = False) -> None:
         self._open.clear()
+        self._reset = reset
+        if reset:
+            for pump in list(self._pumps):
+                pump.cancel()
 
     def heal(self) -> None:
+        self._reset = False
         self._open.set()
 
     async def stop(self) -> None:
@@ -44,6 +52,9 @@ class FaultProxy:
         task.add_done_callback(self._pumps.discard)
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._reset:
+            writer.close()
+            return
         try:
             await self._open.wait()  # a connection made across a cut waits, as a SYN would
             up_reader, up_writer = await asyncio.open_connection(*self._target)

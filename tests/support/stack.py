@@ -10,6 +10,7 @@ from pathlib import Path
 import yaml
 
 from kvgate.config import Config, load_text
+from kvgate.config.model import HostPort
 from kvgate.etcd import EtcdClient
 from kvgate.runtime.children.ports import free_ports
 from stack.local import Stack
@@ -78,10 +79,12 @@ def gateway_config(
 
 @asynccontextmanager
 async def running_stack(config: Config, workdir: Path,
-                        etcd_for: dict[str, list[str]] | None = None) -> AsyncIterator[Stack]:
-    """``etcd_for``: endpoints one component uses instead of the cluster's (Stack.etcd_for)."""
+                        etcd_for: dict[str, list[str]] | None = None,
+                        envoy_xds: HostPort | None = None) -> AsyncIterator[Stack]:
+    """``etcd_for``: endpoints one component uses instead of the cluster's (Stack.etcd_for);
+    ``envoy_xds``: where Envoy asks for its config (Stack.envoy_xds)."""
     stack = Stack(config, workdir, ready_timeout=60,  # generous: the machine may be busy
-                  etcd_for=etcd_for or {})
+                  etcd_for=etcd_for or {}, envoy_xds=envoy_xds)
     await stack.start()
     try:
         yield stack
