@@ -52,6 +52,9 @@ class Stack:
     # Where Envoy asks for its config, instead of the control plane's xDS address (a fault test's
     # proxy, as above).
     envoy_xds: HostPort | None = None
+    # Envoy's hot restart, on this base id (None: off). hot_restart_envoy() then replaces it.
+    envoy_base_id: int | None = None
+    _envoy_epoch: int = 0
     fleet: Child | None = None
     components: list[Component] = field(default_factory=list)
     ext_procs: list[Child] = field(default_factory=list)
@@ -212,13 +215,32 @@ class Stack:
         else:
             document = static_bootstrap(self.config, mode=self.mode)
         bootstrap.write_text(to_json(document))
-        child = envoy_child(bootstrap, self.workdir / "envoy.log", self.envoy_workers)
+        child = envoy_child(bootstrap, self.workdir / "envoy.log", self.envoy_workers,
+                            None if self.envoy_base_id is None
+                            else (self.envoy_base_id, self._envoy_epoch))
         await self._launch(
             child,
             f"http://{self.config.listener}  admin http://{self.config.envoy_admin}",
             lambda: envoy_ready(self.config.envoy_admin),
         )
         self.envoy = child
+
+    async def hot_restart_envoy(self) -> None:
+        """A new Envoy takes the listeners over from the running one, which drains its
+        connections and exits (``--drain-time-s``, ``--parent-shutdown-time-s``): the way Envoy
+        is upgraded without closing its port. Needs ``envoy_base_id``."""
+        if self.envoy_base_id is None or self.envoy is None:
+            raise RuntimeError("hot restart needs envoy_base_id and a running Envoy")
+        old = self.envoy
+        self._envoy_epoch += 1
+        bootstrap = self.workdir / "envoy.json"
+        child = envoy_child(bootstrap, self.workdir / f"envoy-{self._envoy_epoch}.log",
+                            self.envoy_workers, (self.envoy_base_id, self._envoy_epoch))
+        await self._launch(child, f"http://{self.config.listener} (epoch {self._envoy_epoch})",
+                           lambda: envoy_ready(self.config.envoy_admin))
+        self.envoy = child
+        await old.wait_exit(self.ready_timeout)
+        self.components = [c for c in self.components if c.child is not old]
 
     async def _launch(
         self, child: Child, where: str, probe: Callable[[], Awaitable[bool]]

@@ -66,7 +66,9 @@ async def _proxied(targets: dict[str, list[str]]) -> AsyncIterator[dict[str, lis
 
 
 async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault: Fault,
-                        partitioned: Sequence[str] = ()) -> Account:
+                        partitioned: Sequence[str] = (), hot_restart: bool = False) -> Account:
+    """``hot_restart``: Envoy runs with hot restart on (a base id of its own), so the fault can
+    replace it (Stack.hot_restart_envoy)."""
     loop = asyncio.get_running_loop()
     async with EtcdCluster(tmp_path / "etcd", 3) as cluster:
         config = gateway_config([u.address for u in ups], prefix=prefix,
@@ -77,6 +79,7 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
                 config, tmp_path / "stack",
                 {n: [p.address for p in ps] for n, ps in proxies.items() if n != "envoy"},
                 _host_port(proxies["envoy"][0].address) if "envoy" in proxies else None,
+                os.getpid() % 10_000 if hot_restart else None,
         ) as stack:
             traffic = Traffic(f"http://{stack.config.listener}")
             running = asyncio.create_task(traffic.run())

@@ -19,14 +19,20 @@ def envoy_binary() -> str:
         raise ChildFailed(str(exc)) from None
 
 
-def envoy_child(bootstrap: Path, log_path: Path, concurrency: int = 2) -> Child:
+def envoy_child(bootstrap: Path, log_path: Path, concurrency: int = 2,
+                hot_restart: tuple[int, int] | None = None) -> Child:
+    """``hot_restart``: (base id, restart epoch) for an Envoy that a later one takes over from
+    (Envoy's hot restart: epoch 0 first, each successor one more, all on one base id of their
+    own); without it, hot restart is off, since several Envoys may share this host."""
+    restart = ["--disable-hot-restart"] if hot_restart is None else [
+        "--base-id", str(hot_restart[0]), "--restart-epoch", str(hot_restart[1])]
     return Child(
-        "envoy",
+        "envoy" if hot_restart is None or hot_restart[1] == 0 else f"envoy[{hot_restart[1]}]",
         [
             envoy_binary(),
             "-c", str(bootstrap),
             "--concurrency", str(concurrency),
-            "--disable-hot-restart",  # several Envoys may share this host
+            *restart,
             "--log-level", "warning",
             "--drain-time-s", "1",
             "--parent-shutdown-time-s", "2",
