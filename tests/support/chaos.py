@@ -27,11 +27,13 @@ class Served:
 
 @dataclass
 class Traffic:
-    """``workers`` sessions at a time, each of ``turns`` requests in a row, then a new one."""
+    """``workers`` sessions at a time, each of ``turns`` requests in a row (``think_s`` apart),
+    then a new one."""
 
     url: str
     workers: int = 8
     turns: int = 5
+    think_s: float = 0.0
     served: list[Served] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
@@ -50,6 +52,8 @@ class Traffic:
                 except (httpx.HTTPError, ValueError) as exc:
                     engine, error = None, type(exc).__name__
                 self.served.append(Served(session, start, time.monotonic(), engine, error))
+                if self.think_s:
+                    await asyncio.sleep(self.think_s)  # the client's pace, not a wait
 
     async def run(self) -> None:
         """Until :meth:`stop`; every request it started ends before this returns."""
