@@ -7,8 +7,12 @@ a budget of 2,048 tokens a step.
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
+from benchkit.fleet_options import emulator_flags
+from emulator.command import add_arguments, options_from_args
 from emulator.engine_model import EngineConfig, EngineModel
 from emulator.options import EmulatorOptions
 from emulator.steps import StepScheduler
@@ -116,3 +120,17 @@ def test_the_engine_model_under_steps_counts_cached_tokens_out() -> None:
     assert again.hbm_hit_tokens == 304
     assert again.slot.ttft == pytest.approx(0.005 + 0.010 + 0.016)
     assert model.token_interval(again.slot, 2) == pytest.approx(0.011)
+
+
+def test_the_flag_reaches_the_options_and_the_fleet_command_line() -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    default = options_from_args(parser.parse_args([]))
+    assert (default.scheduler, default.max_num_batched_tokens) == (FCFS, 2048)
+    assert "--scheduler" not in emulator_flags(default)  # default runs: the same command line
+    chosen = options_from_args(parser.parse_args(
+        ["--scheduler", "vllm-steps", "--max-num-batched-tokens", "512"]))
+    assert chosen.timing().scheduler == VLLM_STEPS
+    assert chosen.timing().max_num_batched_tokens == 512
+    again = options_from_args(parser.parse_args(list(emulator_flags(chosen))))
+    assert (again.scheduler, again.max_num_batched_tokens) == (VLLM_STEPS, 512)
