@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,8 +18,10 @@ from emulator.steps import StepScheduler
 from emulator.timing import FCFS, VLLM_STEPS
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.tasks.loop import run as run_loop
+from real_vllm import __main__ as main
 from real_vllm.calibrate import chunks, emulated, fit, fit_steps, fits
-from real_vllm.replay import replay, stored_runs
+from real_vllm.fleet import EngineOptions
+from real_vllm.replay import emulated_half, replay, stored_runs
 from real_vllm.report import comparison, markdown, median_figures, runs_of, within_targets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,3 +114,58 @@ def test_replay_of_the_committed_runs_needs_no_engine(tmp_path: Path) -> None:
     # Affinity's hit rate is the cache model's, exact under either timing model.
     assert all(r["hit_rate_gap_points"] == 0.0 for r in rows if r["mode"] == "affinity")
     assert "| affinity | vllm-steps | emulated |" in report["markdown"]
+
+
+class _FakeFleet:
+    """What ``_calibrate`` uses of a RealFleet, with no engine behind it."""
+
+    instances, urls = 2, ["http://a", "http://b"]
+    options = EngineOptions()
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+def test_calibrate_repeats_and_writes_what_replay_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real half faked (samples of a known timing), the emulated half in the simulator:
+    # the wiring of fits, repeats and the report, and that a stored report replays.
+    samples = [RequestSample(p, c, 0.02 + (p - c) / 3000, 25, 24 * 0.015)
+               for p, c in ((256, 0), (1024, 0), (2048, 0), (3072, 0), (1088, 1024))]
+
+    async def measure(url: str) -> list[RequestSample]:
+        return samples
+
+    async def run_real(fleet: object, workload: object, modes: list[RoutingMode],
+                       workdir: Path, say: object) -> dict[RoutingMode, DriveResult]:
+        ttft = 0.2 if workdir.name.startswith("a") else 0.3
+        return {m: DriveResult(_result(0.5, ttft).stats, samples=samples) for m in modes}
+
+    async def emulated_sim(*args: Any, **kwargs: Any) -> dict[str, list[dict[str, Any]]]:
+        return await emulated_half(*args, **{**kwargs, "backend": "sim"})
+
+    monkeypatch.setattr(main, "measure", measure)
+    monkeypatch.setattr(main, "run_real", run_real)
+    monkeypatch.setattr(main, "emulated_half", emulated_sim)
+    modes = [RoutingMode.ROUND_ROBIN, RoutingMode.AFFINITY]
+    report = run_loop(main._calibrate(_FakeFleet(tmp_path), modes, 4, 131072,  # type: ignore[arg-type]
+                                      [FCFS, VLLM_STEPS], 2))
+    assert report["idle_fits"][VLLM_STEPS]["scheduler"] == VLLM_STEPS
+    assert report["idle_fit"] == report["idle_fits"][FCFS]
+    rows = report["workload_b"]["modes"]
+    assert [(r["mode"], r["model"]) for r in rows] == [
+        ("round_robin", FCFS), ("affinity", FCFS),
+        ("round_robin", VLLM_STEPS), ("affinity", VLLM_STEPS)]
+    assert all(r["repeats"] == {"real": 2, "emulated": 2} for r in rows)
+    assert len(report["workload_a_samples"]["affinity"]) == 2 * len(samples)
+    out = tmp_path / "out"
+    main._write(dict(report), out)
+    replayed = run_loop(replay(out, [VLLM_STEPS], tmp_path / "r", lambda _: None, "sim"))
+    assert replayed["in_workload_fits"][VLLM_STEPS] == report["in_workload_fits"][VLLM_STEPS]
+    assert stored_runs(replayed["workload_b"])["affinity"] == rows[1]["real_runs"]
