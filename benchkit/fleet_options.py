@@ -10,6 +10,7 @@ from typing import TypeVar
 from emulator.options import EmulatorOptions
 from emulator.pool_faults import pool_window
 from emulator.pool_profiles import DEFAULT_PROFILE, PROFILES
+from emulator.timing import FCFS
 
 DEFAULT_BLOCK_SIZE = 128  # vLLM-Ascend's block, as on the bank's fleet
 
@@ -114,6 +115,9 @@ def emulator_flags(options: EmulatorOptions) -> tuple[str, ...]:
         value = getattr(options, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
+    if options.scheduler != FCFS:  # runs of the default model keep their command lines
+        flags += ["--scheduler", options.scheduler,
+                  "--max-num-batched-tokens", str(options.max_num_batched_tokens)]
     for window in options.pool_fail:
         flags += ["--pool-fail", f"{window.start:g}@{window.duration:g}"]
     for window in options.pool_slow:

@@ -20,6 +20,7 @@ from emulator.options import EmulatorOptions
 from emulator.pool_faults import pool_window
 from emulator.pool_profiles import PROFILES
 from emulator.processes import Workers, share_options, shares
+from emulator.timing import SCHEDULERS
 from kvgate.runtime.children.child import ChildFailed
 from kvgate.runtime.tasks.loop import run as run_loop
 
@@ -54,7 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--ports", type=port_list, default=(), metavar="P1,P2,...",
       help="one port per instance, in order (instead of --port)")
-    _add_table(parser.add_argument_group("the engines' model"), ENGINE_FLAGS, d)
+    engine = parser.add_argument_group("the engines' model")
+    _add_table(engine, ENGINE_FLAGS, d)
+    engine.add_argument(
+        "--scheduler", choices=list(SCHEDULERS), default=d.scheduler,
+        help="timing model: fcfs, a serial prefill queue (%(default)s); vllm-steps, vLLM's "
+             "step loop with chunked prefill under --max-num-batched-tokens (emulator.steps)")
     pool = parser.add_argument_group("the DDR pool")
     pool.add_argument(
         "--pool-connector", choices=list(PROFILES), default=d.pool_connector,
@@ -98,6 +104,8 @@ ENGINE_FLAGS: tuple[FlagRow, ...] = (
     ("--prefill-overhead-ms", float, "fixed TTFT overhead c0"),
     ("--kv-bytes-per-token", int, "KV bytes per token, for DDR transfer time"),
     ("--max-num-seqs", int, "concurrent requests per instance"),
+    ("--max-num-batched-tokens", int, "token budget of one engine step, vllm-steps only "
+     "(vLLM-CPU's for its OpenAI server)"),
     ("--time-scale", time_scale, "wall seconds per emulated second; 1/60 runs an hour in a "
      "minute; 0 = never wait"),
     ("--max-model-len", int, "context length /tokenize reports, as vLLM's max_model_len; "
@@ -168,6 +176,8 @@ def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
         pool_fail=tuple(args.pool_fail),
         pool_slow=tuple(args.pool_slow),
         max_num_seqs=args.max_num_seqs,
+        scheduler=args.scheduler,
+        max_num_batched_tokens=args.max_num_batched_tokens,
         time_scale=args.time_scale,
         seed=args.seed,
         pool_url=args.pool_url,

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from emulator.prefix_cache import Hold, PrefixCache, block_hashes, max_hit_blocks, root_hash
-from emulator.timing import Scheduler, Slot, TimingParams
+from emulator.steps import StepScheduler
+from emulator.timing import VLLM_STEPS, Scheduler, Slot, TimingParams
 
 # vLLM's buckets for vllm:time_to_first_token_seconds.
 TTFT_BUCKETS: tuple[float, ...] = (
@@ -136,7 +137,9 @@ class EngineModel:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.cache = PrefixCache(config.hbm_tokens, config.block_size)
-        self.scheduler = Scheduler(config.timing.max_num_seqs)
+        self.scheduler: Scheduler | StepScheduler = (
+            StepScheduler(config.timing) if config.timing.scheduler == VLLM_STEPS
+            else Scheduler(config.timing.max_num_seqs))
         self.stats = EngineStats()
         self.root = root_hash(config.model, config.block_size)
         self._inflight = 0
@@ -264,8 +267,12 @@ class EngineModel:
         timing = self.config.timing
         prefill_s = timing.prefill_seconds(computed, ddr_tokens)
         decode_s = timing.decode_seconds(max_tokens)
-        if self.config.queueing:
-            slot = self.scheduler.schedule(now, prefill_s, decode_s)
+        scheduler = self.scheduler
+        if self.config.queueing and isinstance(scheduler, StepScheduler):
+            load_s = ddr_tokens * timing.kv_bytes_per_token / timing.ddr_bytes_per_s
+            slot = scheduler.schedule(now, computed, max_tokens, load_s)
+        elif self.config.queueing and isinstance(scheduler, Scheduler):
+            slot = scheduler.schedule(now, prefill_s, decode_s)
         else:
             slot = Slot(now, now, now, now + prefill_s, now + prefill_s + decode_s)
         if arrival is not None:
@@ -294,6 +301,13 @@ class EngineModel:
         A discrete-event caller need not call it; blocks are unpinned at ``slot.finish``."""
         self._inflight -= 1
         self._unpin(admission.ticket)
+
+    def token_interval(self, slot: Slot, tokens: int) -> float:
+        """Time between two streamed tokens: the decode time per token, or, under the step
+        model (whose steps differ in length), the slot's decode spread evenly."""
+        if isinstance(self.scheduler, StepScheduler) and tokens > 1:
+            return (slot.finish - slot.first_token) / (tokens - 1)
+        return self.config.timing.decode_s_per_token
 
     def usage(self, now: float) -> float:
         """``vllm:kv_cache_usage_perc`` at ``now`` (or at the latest scheduled prefill)."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from emulator.engine_model import EngineConfig
 from emulator.pool_faults import PoolWindow
 from emulator.pool_profiles import DEFAULT_PROFILE, PROFILES, PoolProfile
-from emulator.timing import TimingParams
+from emulator.timing import CPU_MAX_NUM_BATCHED_TOKENS, FCFS, SCHEDULERS, TimingParams
 from emulator.transfer import TransferParams
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-32B-Instruct"
@@ -44,6 +44,8 @@ class EmulatorOptions:
     pool_fail: tuple[PoolWindow, ...] = ()  # windows the pool is down
     pool_slow: tuple[PoolWindow, ...] = ()  # windows the pool keeps a share of its bandwidth
     max_num_seqs: int = 256
+    scheduler: str = FCFS  # timing model: fcfs (default) or vllm-steps (emulator.steps)
+    max_num_batched_tokens: int = CPU_MAX_NUM_BATCHED_TOKENS  # vllm-steps' budget per step
     time_scale: float = 1.0  # wall seconds per emulated second; 0 = never wait
     seed: int = 0
     pool_url: str | None = None  # join an existing pool instead of hosting one
@@ -86,6 +88,9 @@ class EmulatorOptions:
             (0 < self._watermark(low=True) <= self._watermark(low=False) <= 1,
              "pool_low_watermark and pool_high_watermark must satisfy 0 < low <= high <= 1"),
             (self.max_num_seqs >= 1, "max_num_seqs must be >= 1"),
+            (self.scheduler in SCHEDULERS,
+             f"scheduler must be one of {', '.join(SCHEDULERS)}, got {self.scheduler!r}"),
+            (self.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1"),
             (self.time_scale >= 0, "time_scale must be >= 0"),
             (self.max_model_len >= 1, "max_model_len must be >= 1"),
             (1 <= self.processes <= self.instances,
@@ -154,6 +159,8 @@ class EmulatorOptions:
             kv_bytes_per_token=self.kv_bytes_per_token,
             ddr_bytes_per_s=self.ddr_gbps * 1e9,
             max_num_seqs=self.max_num_seqs,
+            scheduler=self.scheduler,
+            max_num_batched_tokens=self.max_num_batched_tokens,
         )
 
     def engine_config(self) -> EngineConfig:

@@ -368,7 +368,7 @@ class EngineServer:
         await resp.prepare(request)
         writer = ChunkWriter(req, new_id(req.kind))
         slot = admission.slot
-        step = self.model.config.timing.decode_s_per_token
+        step = self.model.token_interval(slot, len(pieces))
         n = len(pieces)
         try:
             await self._prefilled(admission)

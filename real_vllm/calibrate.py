@@ -12,6 +12,15 @@ per token = median of (last - first token time) / (output tokens - 1). Two fits:
 
 The emulator with the in-workload fit is then checked against the real engines on a second
 workload (B, another seed) it was not fitted on.
+
+Each fit is made for both timing models (``emulator.timing``'s ``fcfs``, the default, and
+``emulator.steps``' ``vllm-steps``) from the same samples. For the step model (``fit_steps``) a
+lone request's time per output token is one step: the fixed cost of a step plus one token; its
+TTFT is the API server's fixed part, plus one step's fixed cost per chunk of at most
+``max_num_batched_tokens`` uncached tokens, plus the tokens at the same rate. So the per-step
+cost comes from the decode, and the rate and the fixed part from a least-squares fit of
+``TTFT - chunks x step cost`` on the uncached tokens (iterated, as the step cost depends on the
+rate).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import aiohttp
 from bench.client import DriveOptions, DriveResult, RequestSample, drive
 from bench.compare import GATEWAY_PORTS, CompareOptions, compare, gateway_settings
 from emulator.options import EmulatorOptions
+from emulator.timing import CPU_MAX_NUM_BATCHED_TOKENS, FCFS, VLLM_STEPS
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.children.ports import free_ports
@@ -55,12 +65,21 @@ class Timing:
     decode_ms_per_token: float
     samples: int
     ttft_residual_p50_ms: float  # |measured - fitted|, median
+    scheduler: str = FCFS  # the timing model fitted (stored fits before it are fcfs)
+    max_num_batched_tokens: int = CPU_MAX_NUM_BATCHED_TOKENS  # vllm-steps' budget
 
     def apply(self, options: EmulatorOptions) -> EmulatorOptions:
         options.prefill_overhead_ms = self.prefill_overhead_ms
         options.prefill_tokens_per_s = self.prefill_tokens_per_s
         options.decode_ms_per_token = self.decode_ms_per_token
+        options.scheduler = self.scheduler
+        options.max_num_batched_tokens = self.max_num_batched_tokens
         return options
+
+    @property
+    def step_ms(self) -> float:
+        """The step model's fixed cost of a step: a lone decode less its one token."""
+        return max(0.0, self.decode_ms_per_token - 1000.0 / self.prefill_tokens_per_s)
 
 
 async def _one(http: aiohttp.ClientSession, url: str, prompt: str, max_tokens: int) -> Sample:
@@ -118,6 +137,42 @@ def fit(samples: Sequence[Sample]) -> Timing:
         samples=len(samples),
         ttft_residual_p50_ms=round(statistics.median(residuals) * 1000, 2),
     )
+
+
+def chunks(uncached: int, budget: int) -> int:
+    """Steps a prefill of ``uncached`` tokens takes alone (vLLM computes at least one)."""
+    return -(-max(1, uncached) // budget)
+
+
+def fit_steps(samples: Sequence[Sample], budget: int = CPU_MAX_NUM_BATCHED_TOKENS) -> Timing:
+    """The step model's parameters from the same samples as :func:`fit` (module docstring)."""
+    xs = [float(max(1, s.uncached)) for s in samples]
+    steps = [chunks(s.uncached, budget) for s in samples]
+    ys = [s.ttft_s for s in samples]
+    decode = statistics.median(
+        s.decode_s / (s.output_tokens - 1) for s in samples if s.output_tokens > 1)
+    token_s, intercept = statistics.linear_regression(xs, ys)
+    for _ in range(20):  # converges in a few rounds: the step cost moves by the token time
+        step_s = max(0.0, decode - token_s)
+        token_s, intercept = statistics.linear_regression(
+            xs, [y - n * step_s for y, n in zip(ys, steps, strict=True)])
+    step_s = max(0.0, decode - token_s)
+    residuals = [abs(y - (intercept + n * step_s + x * token_s))
+                 for x, y, n in zip(xs, ys, steps, strict=True)]
+    return Timing(
+        prefill_overhead_ms=round(max(0.0, intercept) * 1000, 2),
+        prefill_tokens_per_s=round(1.0 / token_s, 1),
+        decode_ms_per_token=round(decode * 1000, 2),
+        samples=len(samples),
+        ttft_residual_p50_ms=round(statistics.median(residuals) * 1000, 2),
+        scheduler=VLLM_STEPS,
+        max_num_batched_tokens=budget,
+    )
+
+
+def fits(samples: Sequence[Sample], models: Sequence[str]) -> dict[str, Timing]:
+    """One fit per timing model, from the same samples."""
+    return {m: fit_steps(samples) if m == VLLM_STEPS else fit(samples) for m in models}
 
 
 def calibration_workload(seed: int, sessions: int = 16,
@@ -179,52 +234,6 @@ async def run_emulated(options: EmulatorOptions, workload: Workload,
                        modes: Sequence[RoutingMode], workdir: Path,
                        say: Callable[[str], None]) -> dict[RoutingMode, DriveResult]:
     return await compare(workload, modes, CompareOptions(options, workdir / "emulated"), say)
-
-
-def comparison(real: dict[RoutingMode, DriveResult],
-               emulated: dict[RoutingMode, DriveResult]) -> list[dict[str, object]]:
-    """Per mode: both runs' figures and how far apart they are, against the targets (hit
-    rates within 3 points, TTFT p50 within 25 %)."""
-    rows = []
-    for mode, r in real.items():
-        a, b = r.stats.figures(), emulated[mode].stats.figures()
-        hit_gap = abs(a["hit_rate"] - b["hit_rate"]) * 100
-        ttft_gap = abs(b["ttft_p50_s"] - a["ttft_p50_s"]) / a["ttft_p50_s"] * 100
-        rows.append({
-            "mode": str(mode), "real": a, "emulated": b,
-            "hit_rate_gap_points": round(hit_gap, 2), "ttft_p50_gap_pct": round(ttft_gap, 1),
-            "hit_rate_ok": hit_gap <= 3.0, "ttft_p50_ok": ttft_gap <= 25.0,
-        })
-    return rows
-
-
-def describe_timing(name: str, timing: Timing) -> str:
-    return (f"{name}: c0 {timing.prefill_overhead_ms:.1f} ms, prefill "
-            f"{timing.prefill_tokens_per_s:,.0f} tokens/s, decode "
-            f"{timing.decode_ms_per_token:.1f} ms/token ({timing.samples} samples, median TTFT "
-            f"residual {timing.ttft_residual_p50_ms:.0f} ms)")
-
-
-def markdown(title: str, rows: Sequence[dict[str, object]]) -> str:
-    lines = [
-        title, "",
-        "| mode | engine | hit rate | TTFT p50 | TTFT p90 | requests | errors |",
-        "|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for row in rows:
-        for kind in ("real", "emulated"):
-            f = row[kind]
-            assert isinstance(f, dict)
-            lines.append(f"| {row['mode']} | {kind} | {f['hit_rate'] * 100:.1f} % | "
-                         f"{f['ttft_p50_s']:.3f} s | {f['ttft_p90_s']:.3f} s | "
-                         f"{f['requests']} | {f['errors']} |")
-    lines += ["", "| mode | hit-rate gap | TTFT p50 gap |", "|---|---:|---:|"]
-    for row in rows:
-        lines.append(f"| {row['mode']} | {row['hit_rate_gap_points']:.1f} points "
-                     f"({'ok' if row['hit_rate_ok'] else 'over 3'}) | "
-                     f"{row['ttft_p50_gap_pct']:.0f} % "
-                     f"({'ok' if row['ttft_p50_ok'] else 'over 25 %'}) |")
-    return "\n".join(lines) + "\n"
 
 
 def samples_of(results: dict[RoutingMode, DriveResult]) -> list[Sample]:
