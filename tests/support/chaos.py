@@ -34,6 +34,7 @@ class Traffic:
     workers: int = 8
     turns: int = 5
     think_s: float = 0.0
+    body_bytes: int = 0  # each request POSTs a prompt this long (the gate reads its length)
     served: list[Served] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
@@ -46,7 +47,10 @@ class Traffic:
                     return
                 start = time.monotonic()
                 try:
-                    reply = await http.get("/v1/chat", headers={"x-session-id": session})
+                    reply = await http.request(
+                        "POST" if self.body_bytes else "GET", "/v1/chat",
+                        headers={"x-session-id": session},
+                        content=b"x" * self.body_bytes if self.body_bytes else None)
                     engine = reply.json()["upstream"] if reply.status_code == 200 else None
                     error = "" if engine else f"HTTP {reply.status_code}"
                 except (httpx.HTTPError, ValueError) as exc:

@@ -66,13 +66,16 @@ async def _proxied(targets: dict[str, list[str]]) -> AsyncIterator[dict[str, lis
 
 
 async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault: Fault,
-                        partitioned: Sequence[str] = (), hot_restart: bool = False) -> Account:
+                        partitioned: Sequence[str] = (), hot_restart: bool = False,
+                        placement: dict[str, object] | None = None,
+                        traffic: Callable[[str], Traffic] = Traffic) -> Account:
     """``hot_restart``: Envoy runs with hot restart on (a base id of its own), so the fault can
-    replace it (Stack.hot_restart_envoy)."""
+    replace it (Stack.hot_restart_envoy). ``placement``: extra placement keys (the load gate);
+    ``traffic``: the traffic for the gateway's URL."""
     loop = asyncio.get_running_loop()
     async with EtcdCluster(tmp_path / "etcd", 3) as cluster:
         config = gateway_config([u.address for u in ups], prefix=prefix,
-                                etcd=cluster.endpoints, ext_procs=2)
+                                etcd=cluster.endpoints, ext_procs=2, placement=placement)
         targets = {name: [str(config.control_plane.xds)] if name == "envoy"
                    else cluster.endpoints for name in partitioned}
         async with _proxied(targets) as proxies, running_stack(
@@ -81,18 +84,18 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
                 _host_port(proxies["envoy"][0].address) if "envoy" in proxies else None,
                 os.getpid() % 10_000 if hot_restart else None,
         ) as stack:
-            traffic = Traffic(f"http://{stack.config.listener}")
-            running = asyncio.create_task(traffic.run())
+            load = traffic(f"http://{stack.config.listener}")
+            running = asyncio.create_task(load.run())
             try:
                 name, faults = await fault(Scene(cluster, stack, proxies))
             finally:
-                traffic.stop()
+                load.stop()
                 await running
             stopped = loop.time()
 
             async def settled() -> Account:
                 # Bindings placed while etcd was away are written back once it answers again.
-                return account(name, traffic.served,
+                return account(name, load.served,
                                await stored_bindings(cluster.endpoints, prefix), faults)
 
             def nothing_lost(row: Account) -> bool:
