@@ -77,6 +77,7 @@ class ScrapeRounds:
         self._engines = engines  # `ip:port` of every engine to scrape now (the active ones)
         self._on_read = on_read
         self.refresh_s = refresh_s
+        self.timeout_s = timeout_s
         self._metrics = metrics
         self._clock = clock
         # A scrape slower than this is abandoned (its engine's figures age meanwhile).
