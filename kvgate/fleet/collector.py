@@ -95,7 +95,7 @@ class FleetCollector:
         rounds = self._rounds
         if rounds is None or (rounds.refresh_s, rounds.timeout_s) != (settings.refresh_s,
                                                                        settings.timeout_s):
-            rounds = self._rounds = ScrapeRounds(self._engines, self._record, settings.refresh_s,
+            rounds = self._rounds = ScrapeRounds(self._engines, self.record, settings.refresh_s,
                                                  settings.timeout_s, self._metrics, self._clock)
         self.collecting = True
         spent = await rounds.timed_round(http)
@@ -106,7 +106,8 @@ class FleetCollector:
         self._wake()
         return spent
 
-    def _record(self, address: str, figures: EngineFigures, at: float) -> None:
+    def record(self, address: str, figures: EngineFigures, at: float) -> None:
+        """One engine's figures as read at `at` (the scrape's callback)."""
         self._read[address] = (figures, at)
 
     def _stop_collecting(self) -> None:

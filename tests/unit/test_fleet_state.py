@@ -16,16 +16,18 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from control_plane.admin.fleet_stream import FleetStream
-from control_plane.admin.servicer import AdminServicer
+from control_plane.admin.servicer import AdminServicer, control_plane_status, ext_proc_status
 from control_plane.operations import Operations
-from control_plane.status import ControlPlaneStatus
+from control_plane.status import CollectorStatus, ControlPlaneStatus
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
 from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, ScrapeRounds
 from kvgate.placement.live import LoadBoard
+from kvgate.replicas import ReplicaReport
 from kvgate.routing.recent import PrefillMix
+from kvgate_cli.admin import render
 from tests.support.polling import eventually
 from tests.support.upstreams import Upstream
 
@@ -179,3 +181,23 @@ async def test_the_stream_feeds_a_replica_until_its_control_plane_stops_leading(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             await server.stop(None)
+
+
+def test_a_replica_report_says_where_its_load_comes_from_and_status_shows_it() -> None:
+    lost = ReplicaReport("ep-1", 1.0, load_source="collector", load_age_s=12.5,
+                         collector_reachable=False)
+    assert ReplicaReport.decode(lost.encode()) == lost
+    fine = ReplicaReport.decode(ReplicaReport("ep-2", 1.0, load_source="collector",
+                                              load_age_s=0.08, collector_reachable=True).encode())
+    old = ReplicaReport.decode(b'{"identity": "ep-3", "at": 1.0}')  # a report from before
+    assert (old.load_source, old.load_age_s, old.collector_reachable) == ("", None, False)
+    response = control_plane_status(ControlPlaneStatus(
+        "cp-1", "cp-1", "", "", fleet_collector=CollectorStatus(True, 40, 2, 0.1, 7)))
+    response.ext_procs.extend(ext_proc_status(r) for r in (lost, fine, old))
+    text = render.status_text(response)
+    assert "COLLECTOR UNREACHABLE (newest 12.50s old): static stickiness" in text
+    assert "collector (newest 0.08s old)" in text and "- (gate off)" in text
+    assert "fleet state    collector: 40 engines every 100ms, 2 ext_proc streams" in text
+    shown = render.status_dict(response)
+    assert shown["fleet_collector"]["watchers"] == 2
+    assert [e["collector_reachable"] for e in shown["ext_procs"]] == [False, True, False]
