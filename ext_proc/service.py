@@ -161,7 +161,8 @@ class ExtProcService:
             addresses = [str(a) for a in settings.collector] or [str(config.control_plane.admin)]
             token = load_token(READ_TOKEN_ENV) or load_token(TOKEN_ENV)
             self.feed = FleetFeed(addresses, board, policy.mix,
-                                  FleetFeedMetrics(self.metrics.registry), token)
+                                  FleetFeedMetrics(self.metrics.registry), token,
+                                  stall_s=max(2.0, 10 * settings.refresh_s))
             self.supervisor.spawn("fleet-feed", self.feed.run)
             return policy
         scraper = EngineLoadScraper(self.directory.active_addresses, board, policy.mix,

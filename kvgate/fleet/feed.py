@@ -59,7 +59,7 @@ class FleetFeed:
     def __init__(
         self, addresses: Sequence[str], board: LoadBoard, mix: PrefillMix,
         metrics: FleetFeedMetrics, token: str | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, stall_s: float = 2.0,
     ) -> None:
         if not addresses:
             raise ValueError("the fleet feed needs at least one collector address")
@@ -69,6 +69,9 @@ class FleetFeed:
         self._metrics = metrics
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._clock = clock
+        # A stream silent this long is given up (a collector host gone without a reset would
+        # otherwise hold it open forever) and the next address tried.
+        self._stall_s = stall_s
         self.following: str | None = None  # the address streaming to it now
         self._newest_at: float | None = None  # when its newest figure was read (our clock)
         self._trouble: set[str] = set()  # failures of the current streak, each logged once
@@ -111,7 +114,16 @@ class FleetFeed:
         async with grpc.aio.insecure_channel(address) as channel:
             call = admin_pb2_grpc.AdminStub(channel).WatchFleetLoad(
                 pb.WatchFleetLoadRequest(), metadata=self._metadata)
-            async for frame in call:
+            frames = aiter(call)
+            while True:
+                try:
+                    frame = await asyncio.wait_for(anext(frames), self._stall_s)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    call.cancel()
+                    self._failed(address, f"no round for {self._stall_s:g}s")
+                    return streamed
                 if not streamed:
                     streamed = True
                     self.following = address

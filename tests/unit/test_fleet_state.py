@@ -183,6 +183,26 @@ async def test_the_stream_feeds_a_replica_until_its_control_plane_stops_leading(
             await server.stop(None)
 
 
+async def test_a_silent_stream_is_given_up_and_named() -> None:
+    # Leading, but its rounds never run: the stream opens and nothing comes (as from a host
+    # gone without a reset).
+    collector = FleetCollector(lambda: [], Settings(),
+                               EngineScrapeMetrics(CollectorRegistry(), "control_plane"))
+    server = grpc.aio.server()
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(
+        cast(Operations, None), _status, FleetStream(collector, "cp-1", lambda: "cp-1")), server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    await server.start()
+    try:
+        feed = FleetFeed([address], LoadBoard(), PrefillMix(),
+                         FleetFeedMetrics(CollectorRegistry()), stall_s=0.3)
+        assert await asyncio.wait_for(feed.follow(address), 20) is False
+        assert feed.following is None and not feed.reachable()
+        await eventually(lambda: collector.watchers == 0, what="the stream closed")
+    finally:
+        await server.stop(None)
+
+
 def test_a_replica_report_says_where_its_load_comes_from_and_status_shows_it() -> None:
     lost = ReplicaReport("ep-1", 1.0, load_source="collector", load_age_s=12.5,
                          collector_reachable=False)
