@@ -21,14 +21,14 @@ from envoy.service.discovery.v3 import ads_pb2_grpc
 from grpc_health.v1 import health
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from control_plane.admin.fleet_stream import FleetStream
 from control_plane.admin.server import AdminServer, ServerTls
 from control_plane.failover import Failover
+from control_plane.fleet import ControlPlaneCollector
 from control_plane.health import HealthChecker
 from control_plane.leader import LeaderElection
 from control_plane.operations import Operations
 from control_plane.resources.snapshot import gateway_resources
-from control_plane.status import CollectorStatus, ControlPlaneStatus
+from control_plane.status import ControlPlaneStatus
 from control_plane.xds.cache import InconsistentSnapshot, SnapshotCache, check_consistency
 from control_plane.xds.metrics import XdsMetrics
 from control_plane.xds.server import AdsServer, NodeRegistry
@@ -47,10 +47,7 @@ from kvgate.etcd.alarms import EtcdAlarmWatch
 from kvgate.etcd.client import WatchEvent, wait_until_ready
 from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
-from kvgate.fleet.collector import CollectorSettings, FleetCollector
-from kvgate.fleet.scrape import EngineScrapeMetrics
 from kvgate.observability.http import MetricsServer
-from kvgate.routing.engine_load import scrape_timeout
 from kvgate.runtime.tasks.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.control_plane")
@@ -125,10 +122,8 @@ class ControlPlaneService:
         self.last_reload_error: str | None = None
         self.membership = MembershipWatch(config.etcd.prefix)
         # load_gate.source: collector: the leader scrapes each engine once for every ext_proc.
-        self.collector = FleetCollector(self.directory.active_addresses, self._collector_settings,
-                                        EngineScrapeMetrics(self.registry, "control_plane"))
-        self.fleet_stream = FleetStream(self.collector, options.identity,
-                                        lambda: self.leader.leader)
+        self.fleet = ControlPlaneCollector(lambda: self.config, self.leader, self.directory,
+                                           self.registry)
         self._seen_mtime = _mtime(options.config_path)  # kept across restarts of the reload task
         self._reload_retry_at: float | None = None  # loop time; set after etcd refused a reload
         self._reload_backoff = 1.0
@@ -156,7 +151,7 @@ class ControlPlaneService:
         self._admin = AdminServer(self.operations, self.status, self._options.admin,
                                   self._options.admin_token, self._health,
                                   self._options.admin_tls, self._options.admin_read_token,
-                                  self.fleet_stream)
+                                  self.fleet.stream)
         self._xds = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AdsServer(self.cache, XdsMetrics(self.registry), self.nodes), self._xds
@@ -191,7 +186,7 @@ class ControlPlaneService:
         for name, run in (("leader-election", self.leader.run), ("snapshot", self._snapshot_loop),
                           ("failover", self._failover_loop), ("reload", self._reload_loop),
                           ("etcd-alarms", self.etcd_alarms.run),
-                          ("fleet-collector", self.collector.run)):
+                          ("fleet-collector", self.fleet.collector.run)):
             self.supervisor.spawn(name, run)
         await self._admin.set_serving()
         log.info("control_plane_ready", xds=f"{self.config.control_plane.xds.host}:"
@@ -231,22 +226,8 @@ class ControlPlaneService:
             membership_generation=0 if stored is None else stored.generation,
             membership_warning=self._membership_warning(),
             mirrors=tuple(self.mirrors.statuses()),
-            fleet_collector=self._collector_status(),
+            fleet_collector=self.fleet.status(),
         )
-
-    def _collector_settings(self) -> CollectorSettings:
-        gate = self.config.placement.load_gate  # the running config: a reload applies
-        return CollectorSettings(
-            configured=gate.enabled and gate.source == "collector", leading=self.leader.leading,
-            refresh_s=gate.refresh_s, timeout_s=scrape_timeout(gate.max_load_age_s,
-                                                               gate.refresh_s))
-
-    def _collector_status(self) -> CollectorStatus | None:
-        collector = self.collector
-        if not collector.configured():
-            return None
-        return CollectorStatus(collector.collecting, collector.engines, collector.watchers,
-                               collector.refresh_s, collector.rounds)
 
     def _membership_fields(self) -> dict[str, object]:
         stored = self.membership.stored
