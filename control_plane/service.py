@@ -23,6 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from control_plane.admin.server import AdminServer, ServerTls
 from control_plane.failover import Failover
+from control_plane.fleet import ControlPlaneCollector
 from control_plane.health import HealthChecker
 from control_plane.leader import LeaderElection
 from control_plane.operations import Operations
@@ -120,6 +121,9 @@ class ControlPlaneService:
                                      on_moved=moved)
         self.last_reload_error: str | None = None
         self.membership = MembershipWatch(config.etcd.prefix)
+        # load_gate.source: collector: the leader scrapes each engine once for every ext_proc.
+        self.fleet = ControlPlaneCollector(lambda: self.config, self.leader, self.directory,
+                                           self.registry)
         self._seen_mtime = _mtime(options.config_path)  # kept across restarts of the reload task
         self._reload_retry_at: float | None = None  # loop time; set after etcd refused a reload
         self._reload_backoff = 1.0
@@ -146,7 +150,8 @@ class ControlPlaneService:
                              + "; ".join(problems))
         self._admin = AdminServer(self.operations, self.status, self._options.admin,
                                   self._options.admin_token, self._health,
-                                  self._options.admin_tls, self._options.admin_read_token)
+                                  self._options.admin_tls, self._options.admin_read_token,
+                                  self.fleet.stream)
         self._xds = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AdsServer(self.cache, XdsMetrics(self.registry), self.nodes), self._xds
@@ -180,7 +185,8 @@ class ControlPlaneService:
         await self.checker.start()
         for name, run in (("leader-election", self.leader.run), ("snapshot", self._snapshot_loop),
                           ("failover", self._failover_loop), ("reload", self._reload_loop),
-                          ("etcd-alarms", self.etcd_alarms.run)):
+                          ("etcd-alarms", self.etcd_alarms.run),
+                          ("fleet-collector", self.fleet.collector.run)):
             self.supervisor.spawn(name, run)
         await self._admin.set_serving()
         log.info("control_plane_ready", xds=f"{self.config.control_plane.xds.host}:"
@@ -220,6 +226,7 @@ class ControlPlaneService:
             membership_generation=0 if stored is None else stored.generation,
             membership_warning=self._membership_warning(),
             mirrors=tuple(self.mirrors.statuses()),
+            fleet_collector=self.fleet.status(),
         )
 
     def _membership_fields(self) -> dict[str, object]:

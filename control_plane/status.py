@@ -23,6 +23,17 @@ class NodeStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class CollectorStatus:
+    """The fleet-state collector of this replica (`placement.load_gate.source: collector`)."""
+
+    collecting: bool  # leads, and scrapes every active engine each round
+    engines: int  # engines it holds figures for
+    watchers: int  # ext_proc streams open now
+    interval_s: float
+    rounds: int  # since it started collecting
+
+
+@dataclass(frozen=True, slots=True)
 class ControlPlaneStatus:
     identity: str  # this replica
     leader: str | None  # the replica holding leadership now (None: none elected)
@@ -35,3 +46,4 @@ class ControlPlaneStatus:
     membership_generation: int = 0  # of the endpoint membership etcd holds (0: none yet)
     membership_warning: str | None = None  # this replica's file is not etcd's membership
     mirrors: tuple[MirrorStatus, ...] = ()  # this replica's etcd mirrors
+    fleet_collector: CollectorStatus | None = None  # None: the load gate uses no collector

@@ -16,6 +16,7 @@ from ext_proc.http_server import HttpProcessor
 from ext_proc.metrics import ExtProcMetrics
 from ext_proc.readiness import Readiness
 from ext_proc.server import ExternalProcessor
+from kvgate.admin_api.auth import READ_TOKEN_ENV, TOKEN_ENV, load_token
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.store import BindingStore, Unbound
@@ -26,6 +27,7 @@ from kvgate.etcd import EtcdAuthError, EtcdClient, EtcdError, PrefixMirror
 from kvgate.etcd.connection import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PAGE_SIZE
 from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
+from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
 from kvgate.observability.http import MetricsServer
 from kvgate.observability.logs import Throttled
 from kvgate.placement.live import LoadBoard
@@ -74,6 +76,7 @@ class ExtProcService:
         self._metrics_server: MetricsServer | None = None
         self.port = options.listen.port
         self.board: LoadBoard | None = None  # the load gate's, while it is on
+        self.feed: FleetFeed | None = None  # load_gate.source: collector
 
     async def start(self) -> None:
         config = self._config
@@ -162,21 +165,27 @@ class ExtProcService:
 
     def _policy(self) -> Policy:
         """`placement.load_gate`: the gate over this replica's load board, fed by the engines'
-        metrics (a supervised task); when disabled, static stickiness (nothing scraped)."""
-        settings = self._config.placement.load_gate
+        metrics (a supervised task): scraped here (`source: scrape`) or streamed from the
+        control plane's collector (`source: collector`); when disabled, static stickiness
+        (nothing scraped)."""
+        config = self._config
+        settings = config.placement.load_gate
         if not settings.enabled:
             return STATIC
         board = self.board = LoadBoard(settings.max_load_age_s)
-        policy = GatedPolicy(self._config.placement.engine_cost, settings.gate(), board)
-        scraper = EngineLoadScraper(self._active_engines, board, policy.mix, settings.refresh_s,
-                                    EngineScrapeMetrics(self.metrics.registry))
+        policy = GatedPolicy(config.placement.engine_cost, settings.gate(), board)
+        if settings.source == "collector":
+            addresses = [str(a) for a in settings.collector] or [str(config.control_plane.admin)]
+            token = load_token(READ_TOKEN_ENV) or load_token(TOKEN_ENV)
+            self.feed = FleetFeed(addresses, board, policy.mix,
+                                  FleetFeedMetrics(self.metrics.registry), token,
+                                  stall_s=max(2.0, 10 * settings.refresh_s))
+            self.supervisor.spawn("fleet-feed", self.feed.run)
+            return policy
+        scraper = EngineLoadScraper(self.directory.active_addresses, board, policy.mix,
+                                    settings.refresh_s, EngineScrapeMetrics(self.metrics.registry))
         self.supervisor.spawn("engine-load", scraper.run)
         return policy
-
-    def _active_engines(self) -> list[str]:
-        directory = self.directory
-        return sorted({m.address for pool in directory.pools()
-                       for m in directory.view(pool).active})
 
     def report(self) -> ReplicaReport:
         """This replica as `kvgate status` shows it (kvgate.replicas)."""
@@ -190,6 +199,9 @@ class ExtProcService:
             store is not None and store.degraded, int(unbound), tuple(self.mirrors.statuses()),
             {pool: dict(self.store.load(pool)) for pool in self.directory.pools()},
             self._backlogs(),
+            "" if self.board is None else self._config.placement.load_gate.source,
+            None if self.feed is None else self.feed.age_s(),
+            self.feed is not None and self.feed.reachable(),
         )
 
     def _backlogs(self) -> dict[str, float]:
@@ -198,7 +210,7 @@ class ExtProcService:
             return {}
         now = time.monotonic()  # the board's clock (the gated policy's default)
         return {address: round(board.backlog_s(address, now), 3)
-                for address in self._active_engines()}
+                for address in self.directory.active_addresses()}
 
     def _unbound(self, pool: str, session: str, why: Unbound) -> None:
         """A new session routed on Envoy's ring without a binding: counted always, logged at

@@ -39,6 +39,9 @@ class ReplicaReport:
     loads: dict[str, dict[str, int]] = field(default_factory=dict)  # pool → endpoint → sessions
     # endpoint → the load gate's backlog estimate (seconds of prefill queued); empty: gate off
     backlog: dict[str, float] = field(default_factory=dict)
+    load_source: str = ""  # placement.load_gate.source (scrape, collector); empty: gate off
+    load_age_s: float | None = None  # collector: age of its newest figure (None: none yet)
+    collector_reachable: bool = False  # collector: figures no older than max_load_age_s arrive
 
     @property
     def synced(self) -> bool:
@@ -61,9 +64,12 @@ class ReplicaReport:
         loads = {str(pool): {str(e): int(n) for e, n in counts.items()}
                  for pool, counts in data.get("loads", {}).items()}
         backlog = {str(e): float(s) for e, s in data.get("backlog", {}).items()}
+        age = data.get("load_age_s")
         return cls(str(data["identity"]), float(data["at"]), int(data.get("bindings", 0)),
                    int(data.get("pending", 0)), bool(data.get("degraded", False)),
-                   int(data.get("unbound", 0)), mirrors, loads, backlog)
+                   int(data.get("unbound", 0)), mirrors, loads, backlog,
+                   str(data.get("load_source", "")), None if age is None else float(age),
+                   bool(data.get("collector_reachable", False)))
 
 
 def reports_prefix(prefix: str) -> bytes:

@@ -15,6 +15,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from control_plane.admin.fleet_stream import FleetStream
 from control_plane.admin.servicer import AdminServicer
 from control_plane.operations import Operations
 from control_plane.status import ControlPlaneStatus
@@ -43,6 +44,7 @@ class AdminServer:
         health_servicer: health.aio.HealthServicer | None = None,
         tls: ServerTls | None = None,
         read_token: str | None = None,
+        fleet: FleetStream | None = None,
     ) -> None:
         if not is_loopback(listen.host) and not token:
             # Refused here, before anything binds: an open admin API could drain the whole fleet.
@@ -52,7 +54,7 @@ class AdminServer:
             )
         if read_token and read_token == token:
             raise TokenError("the read-only admin token must differ from the operator token")
-        self._servicer = AdminServicer(operations, status)
+        self._servicer = AdminServicer(operations, status, fleet)
         self._listen = listen
         self._token = token or None
         self._read_token = read_token or None

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 import grpc
 import structlog
 from google.protobuf.message import Message
 
+from control_plane.admin.fleet_stream import FleetStream
 from control_plane.operations import (
     EndpointStatus,
     Invalid,
@@ -19,7 +20,7 @@ from control_plane.operations import (
     Operations,
     SessionBinding,
 )
-from control_plane.status import ControlPlaneStatus, NodeStatus
+from control_plane.status import CollectorStatus, ControlPlaneStatus, NodeStatus
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.endpoints import EndpointRecord
@@ -72,10 +73,12 @@ def _mapped(method: Method[Request, Response]) -> Method[Request, Response]:
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(
-        self, operations: Operations, status: Callable[[], ControlPlaneStatus]
+        self, operations: Operations, status: Callable[[], ControlPlaneStatus],
+        fleet: FleetStream | None = None,
     ) -> None:
         self._ops = operations
         self._status = status
+        self._fleet = fleet
 
     @_mapped
     async def ListEndpoints(
@@ -181,6 +184,16 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                                     for r in fresh for m in r.mirrors)
         return response
 
+    async def WatchFleetLoad(
+        self, request: pb.WatchFleetLoadRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.FleetLoad]:
+        if self._fleet is None:
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                                "this control plane runs no fleet-state collector")
+            return
+        async for frame in self._fleet.watch(context):
+            yield frame
+
 
 def _optional(request: Message, name: str) -> str | None:
     """An optional string field: unset or blank → None (the CLI sends blanks as unset anyway)."""
@@ -239,9 +252,20 @@ def mirror_status(replica: str, mirror: MirrorStatus) -> pb.MirrorStatus:
 
 
 def ext_proc_status(report: ReplicaReport) -> pb.ExtProcStatus:
-    return pb.ExtProcStatus(identity=report.identity, reported_at=report.at,
-                            bindings=report.bindings, pending=report.pending,
-                            degraded=report.degraded, unbound=report.unbound)
+    message = pb.ExtProcStatus(identity=report.identity, reported_at=report.at,
+                               bindings=report.bindings, pending=report.pending,
+                               degraded=report.degraded, unbound=report.unbound,
+                               load_source=report.load_source,
+                               collector_reachable=report.collector_reachable)
+    if report.load_age_s is not None:
+        message.load_age_s = report.load_age_s
+    return message
+
+
+def collector_status(status: CollectorStatus) -> pb.FleetCollectorStatus:
+    return pb.FleetCollectorStatus(collecting=status.collecting, engines=status.engines,
+                                   watchers=status.watchers, interval_s=status.interval_s,
+                                   rounds=status.rounds)
 
 
 def node_status(node: NodeStatus) -> pb.NodeStatus:
@@ -276,4 +300,6 @@ def control_plane_status(status: ControlPlaneStatus) -> pb.StatusResponse:
                            for m in status.mirrors)
     if status.membership_warning is not None:
         message.membership_warning = status.membership_warning
+    if status.fleet_collector is not None:
+        message.fleet_collector.CopyFrom(collector_status(status.fleet_collector))
     return message

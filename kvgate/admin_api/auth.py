@@ -27,7 +27,8 @@ _ADMIN = "/kvgate.admin.v1.Admin/"
 # What a read-only token (or, on loopback, no token) may call. Everything else, and any method
 # added later, needs the operator token.
 READ_METHODS = frozenset(
-    _ADMIN + name for name in ("ListEndpoints", "ListSessions", "ShowSession", "Status")
+    _ADMIN + name for name in ("ListEndpoints", "ListSessions", "ShowSession", "Status",
+                               "WatchFleetLoad")
 )
 
 

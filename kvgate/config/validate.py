@@ -44,6 +44,7 @@ def validate(f: Fields, config: Config, *, require_pools: bool) -> None:
         f.error(("routes",), "required when more than one pool is defined")
     _check_ports(f, config)
     _check_exposure(f, config)
+    _check_collector(f, config)
 
 
 def _check_ports(f: Fields, config: Config) -> None:
@@ -117,3 +118,15 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False  # a host name: it may resolve to anything
+
+
+def _check_collector(f: Fields, config: Config) -> None:
+    """`load_gate.source: collector` with no address of its own asks `control_plane.admin`: a
+    wildcard there is where the control plane listens, not where a replica can reach it."""
+    gate, admin = config.placement.load_gate, config.control_plane.admin
+    path = ("placement", "load_gate", "collector")
+    if (gate.enabled and gate.source == "collector" and not gate.collector
+            and not f.failed(path) and admin.host.strip("[]") in ("0.0.0.0", "::")):
+        f.warn(path, f"empty, so ext_proc replicas ask control_plane.admin ({admin}) for the "
+               "engines' load: a wildcard address there reaches each replica's own host, not "
+               "the control plane; name the control planes' admin addresses here")

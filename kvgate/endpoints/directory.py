@@ -56,6 +56,11 @@ class EndpointDirectory:
             view = self._views[pool] = PoolView(pool, members)
         return view
 
+    def active_addresses(self) -> list[str]:
+        """Every active endpoint of every pool, once each, sorted: the engines whose load the
+        gate reads."""
+        return sorted({m.address for pool in self.pools() for m in self.view(pool).active})
+
     def record(self, pool: str, address: str) -> EndpointRecord | None:
         return self._records.get(pool, {}).get(address)
 

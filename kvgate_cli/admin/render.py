@@ -59,7 +59,13 @@ def status_dict(s: pb.StatusResponse) -> dict[str, Any]:
         "mirrors": [mirror_dict(m) for m in s.mirrors],
         "ext_procs": [{"identity": e.identity, "reported_at": e.reported_at,
                        "bindings": e.bindings, "pending": e.pending, "degraded": e.degraded,
-                       "unbound": e.unbound} for e in s.ext_procs],
+                       "unbound": e.unbound, "load_source": e.load_source or None,
+                       "load_age_s": _opt(e, "load_age_s"),
+                       "collector_reachable": e.collector_reachable} for e in s.ext_procs],
+        "fleet_collector": None if not s.HasField("fleet_collector") else {
+            "collecting": s.fleet_collector.collecting, "engines": s.fleet_collector.engines,
+            "watchers": s.fleet_collector.watchers, "interval_s": s.fleet_collector.interval_s,
+            "rounds": s.fleet_collector.rounds},
         "etcd_db_bytes": _opt(s, "etcd_db_bytes"),
         "etcd_db_in_use_bytes": _opt(s, "etcd_db_in_use_bytes"),
         "sessions_note": _opt(s, "sessions_note"),
@@ -176,8 +182,31 @@ def ext_procs_table(s: pb.StatusResponse) -> str:
     if not s.ext_procs:
         return "no ext_proc replica reporting (each reports every 5 s while it reaches etcd)"
     rows = [[e.identity, moment(e.reported_at), str(e.bindings), str(e.pending),
-             "DEGRADED" if e.degraded else "-", str(e.unbound)] for e in s.ext_procs]
-    return table(["EXT_PROC", "REPORTED", "BINDINGS", "PENDING", "ETCD WRITES", "UNBOUND"], rows)
+             "DEGRADED" if e.degraded else "-", str(e.unbound), engine_load(e)]
+            for e in s.ext_procs]
+    return table(["EXT_PROC", "REPORTED", "BINDINGS", "PENDING", "ETCD WRITES", "UNBOUND",
+                  "ENGINE LOAD"], rows)
+
+
+def engine_load(e: pb.ExtProcStatus) -> str:
+    """Where a replica's load gate gets the engines' load, and whether it still does."""
+    if e.load_source != "collector":
+        return e.load_source or "- (gate off)"
+    age = "no figure yet" if not e.HasField("load_age_s") else f"newest {e.load_age_s:.2f}s old"
+    if e.collector_reachable:
+        return f"collector ({age})"
+    return f"COLLECTOR UNREACHABLE ({age}): static stickiness"
+
+
+def collector_line(s: pb.StatusResponse) -> str | None:
+    """The fleet-state collector of the answering replica, when the gate uses one."""
+    if not s.HasField("fleet_collector"):
+        return None
+    c = s.fleet_collector
+    if not c.collecting:
+        return "fleet state    collector: not collecting here (only the leader collects)"
+    return (f"fleet state    collector: {c.engines} engines every {c.interval_s * 1000:g}ms, "
+            f"{c.watchers} ext_proc streams, {c.rounds} rounds")
 
 
 def _trouble_lines(s: pb.StatusResponse) -> list[str]:
@@ -206,6 +235,9 @@ def status_text(s: pb.StatusResponse) -> str:
     if s.HasField("etcd_db_bytes"):
         lines.append(f"etcd database  {_mebibytes(s.etcd_db_bytes)} "
                      f"({_mebibytes(s.etcd_db_in_use_bytes)} in use)")
+    collector = collector_line(s)
+    if collector is not None:
+        lines.append(collector)
     lines.extend(_trouble_lines(s))
     lines.append("")
     lines.append(mirrors_table(s))

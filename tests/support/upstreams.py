@@ -11,6 +11,8 @@ class Upstream:
         self.port = 0
         self.requests = 0
         self.probes = 0
+        self.scrapes = 0  # of /metrics/: the load gate's (the control plane's own go to /metrics)
+        self.metrics_page = ""  # what /metrics/ and /metrics answer (vLLM text format)
         self.seen_headers: list[dict[str, str]] = []
         self.seen_body_sizes: list[int] = []
         self._runner: web.AppRunner | None = None
@@ -39,7 +41,10 @@ class Upstream:
         # The control plane's probes and the load gate's scrapes (at vLLM's /metrics/ first).
         if request.path in ("/health", "/metrics", "/metrics/"):
             self.probes += 1
-            return web.Response(text="ok\n" if request.path == "/health" else "")
+            if request.path == "/health":
+                return web.Response(text="ok\n")
+            self.scrapes += request.path == "/metrics/"
+            return web.Response(text=self.metrics_page)
         self.requests += 1
         self.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
         self.seen_body_sizes.append(len(await request.read()))

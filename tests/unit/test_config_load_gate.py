@@ -6,6 +6,7 @@ import pytest
 
 from kvgate.config import ConfigError, load_text
 from kvgate.config.dump import to_yaml
+from kvgate.config.load import check_text
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.gate import GateConfig
 
@@ -17,6 +18,31 @@ def test_defaults_are_the_gate_and_the_cost_model_defaults() -> None:
     assert placement.load_gate.gate() == GateConfig()
     assert placement.load_gate.enabled
     assert placement.engine_cost == EngineCost()
+
+
+def test_the_load_source_is_scrape_unless_told_and_its_collectors_are_addresses() -> None:
+    gate = load_text(POOLS).placement.load_gate
+    assert (gate.source, gate.collector) == ("scrape", ())
+    gate = load_text(POOLS + "placement: {load_gate: {source: collector, collector: "
+                     "[cp-0.kvgate:18001, 'http://10.0.0.5:18001']}}\n").placement.load_gate
+    assert gate.source == "collector"
+    assert [str(a) for a in gate.collector] == ["cp-0.kvgate:18001", "10.0.0.5:18001"]
+    with pytest.raises(ConfigError) as caught:
+        load_text(POOLS + "placement: {load_gate: {source: etcd, collector: [nowhere]}}\n")
+    assert "placement.load_gate.source: must be one of scrape, collector, got 'etcd'" \
+        in str(caught.value)
+    assert "placement.load_gate.collector[0]: must be host:port" in str(caught.value)
+
+
+def test_a_collector_reached_through_a_wildcard_admin_address_is_warned() -> None:
+    wildcard = "control_plane: {admin: 0.0.0.0:18001}\n"
+    collector = "placement: {load_gate: {source: collector}}\n"
+    warned = [str(w) for w in check_text(POOLS + wildcard + collector).warnings]
+    assert any("placement.load_gate.collector: empty, so ext_proc replicas ask "
+               "control_plane.admin (0.0.0.0:18001)" in w for w in warned), warned
+    named = "placement: {load_gate: {source: collector, collector: [cp:18001]}}\n"
+    for fine in (POOLS + wildcard + named, POOLS + collector):
+        assert not any("load_gate" in str(w) for w in check_text(fine).warnings)
 
 
 def test_every_key_is_read_and_survives_the_round_trip() -> None:

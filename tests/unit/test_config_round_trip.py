@@ -147,6 +147,9 @@ def _placement(draw: Draw) -> dict[str, Any]:
     gate.add("cooldown_s", duration(0.0, 86400.0))
     gate.add("candidates", st.integers(1, 1024))
     gate.add("miss_safe", st.booleans())
+    gate.add("source", st.sampled_from(["scrape", "collector"]))
+    gate.add("collector", st.lists(st.builds(_address, HOST, st.integers(1, 65535)),
+                                   max_size=3))
     refresh = draw(st.floats(0.01, 60.0, allow_nan=False))
     gate.add("refresh_s", st.just(refresh), always=True)
     gate.add("max_load_age_s", st.floats(refresh, 3600.0, allow_nan=False), always=True)

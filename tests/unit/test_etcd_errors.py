@@ -92,8 +92,14 @@ async def test_a_call_whose_channel_a_failover_closes_fails_as_unavailable() -> 
     from kvgate.etcd.client import EtcdClient
 
     reached = asyncio.Event()
+    # Each connection's handler, closed and awaited at the end: left pending, its socket would
+    # be collected after this test's loop closed, failing a later test with a ResourceWarning.
+    handlers: list[tuple[asyncio.StreamWriter, asyncio.Task[object]]] = []
 
     async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.append((writer, task))
         reached.set()
         await reader.read()  # accepts and never answers: every call waits for its deadline
         writer.close()
@@ -117,4 +123,8 @@ async def test_a_call_whose_channel_a_failover_closes_fails_as_unavailable() -> 
     finally:
         await client.close()
         server.close()
+        for writer, _ in handlers:
+            writer.close()
+        await asyncio.wait_for(asyncio.gather(*(task for _, task in handlers),
+                                              return_exceptions=True), 10)
         await server.wait_closed()

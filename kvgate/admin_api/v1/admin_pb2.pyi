@@ -6,6 +6,50 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WatchFleetLoadRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineLoad(_message.Message):
+    __slots__ = ("endpoint", "waiting", "running", "kv_usage", "age_s")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    KV_USAGE_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    waiting: int
+    running: int
+    kv_usage: float
+    age_s: float
+    def __init__(self, endpoint: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., age_s: _Optional[float] = ...) -> None: ...
+
+class FleetLoad(_message.Message):
+    __slots__ = ("round", "interval_s", "collector", "engines")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    COLLECTOR_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    interval_s: float
+    collector: str
+    engines: _containers.RepeatedCompositeFieldContainer[EngineLoad]
+    def __init__(self, round: _Optional[int] = ..., interval_s: _Optional[float] = ..., collector: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineLoad, _Mapping]]] = ...) -> None: ...
+
+class FleetCollectorStatus(_message.Message):
+    __slots__ = ("collecting", "engines", "watchers", "interval_s", "rounds")
+    COLLECTING_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    WATCHERS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    collecting: bool
+    engines: int
+    watchers: int
+    interval_s: float
+    rounds: int
+    def __init__(self, collecting: _Optional[bool] = ..., engines: _Optional[int] = ..., watchers: _Optional[int] = ..., interval_s: _Optional[float] = ..., rounds: _Optional[int] = ...) -> None: ...
+
 class Endpoint(_message.Message):
     __slots__ = ("pool", "address", "kv_pool", "weight", "admin", "healthy", "state", "drain_deadline")
     POOL_FIELD_NUMBER: _ClassVar[int]
@@ -204,7 +248,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., connected_at: _Optional[float] = ..., acked: _Optional[_Mapping[str, str]] = ..., nacks: _Optional[int] = ..., last_nack: _Optional[str] = ..., last_nack_version: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("identity", "leader", "config_version", "config_source", "nodes", "last_reload_error", "endpoints", "endpoints_error", "failing_tasks", "etcd_errors", "etcd_alarms", "membership_generation", "membership_warning", "mirrors", "ext_procs", "etcd_db_bytes", "etcd_db_in_use_bytes", "sessions_note")
+    __slots__ = ("identity", "leader", "config_version", "config_source", "nodes", "last_reload_error", "endpoints", "endpoints_error", "failing_tasks", "etcd_errors", "etcd_alarms", "membership_generation", "membership_warning", "mirrors", "ext_procs", "etcd_db_bytes", "etcd_db_in_use_bytes", "sessions_note", "fleet_collector")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -223,6 +267,7 @@ class StatusResponse(_message.Message):
     ETCD_DB_BYTES_FIELD_NUMBER: _ClassVar[int]
     ETCD_DB_IN_USE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_NOTE_FIELD_NUMBER: _ClassVar[int]
+    FLEET_COLLECTOR_FIELD_NUMBER: _ClassVar[int]
     identity: str
     leader: str
     config_version: str
@@ -241,7 +286,8 @@ class StatusResponse(_message.Message):
     etcd_db_bytes: int
     etcd_db_in_use_bytes: int
     sessions_note: str
-    def __init__(self, identity: _Optional[str] = ..., leader: _Optional[str] = ..., config_version: _Optional[str] = ..., config_source: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., last_reload_error: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ..., endpoints_error: _Optional[str] = ..., failing_tasks: _Optional[_Iterable[_Union[TaskFailure, _Mapping]]] = ..., etcd_errors: _Optional[_Iterable[_Union[EtcdErrorSeen, _Mapping]]] = ..., etcd_alarms: _Optional[_Iterable[str]] = ..., membership_generation: _Optional[int] = ..., membership_warning: _Optional[str] = ..., mirrors: _Optional[_Iterable[_Union[MirrorStatus, _Mapping]]] = ..., ext_procs: _Optional[_Iterable[_Union[ExtProcStatus, _Mapping]]] = ..., etcd_db_bytes: _Optional[int] = ..., etcd_db_in_use_bytes: _Optional[int] = ..., sessions_note: _Optional[str] = ...) -> None: ...
+    fleet_collector: FleetCollectorStatus
+    def __init__(self, identity: _Optional[str] = ..., leader: _Optional[str] = ..., config_version: _Optional[str] = ..., config_source: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., last_reload_error: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ..., endpoints_error: _Optional[str] = ..., failing_tasks: _Optional[_Iterable[_Union[TaskFailure, _Mapping]]] = ..., etcd_errors: _Optional[_Iterable[_Union[EtcdErrorSeen, _Mapping]]] = ..., etcd_alarms: _Optional[_Iterable[str]] = ..., membership_generation: _Optional[int] = ..., membership_warning: _Optional[str] = ..., mirrors: _Optional[_Iterable[_Union[MirrorStatus, _Mapping]]] = ..., ext_procs: _Optional[_Iterable[_Union[ExtProcStatus, _Mapping]]] = ..., etcd_db_bytes: _Optional[int] = ..., etcd_db_in_use_bytes: _Optional[int] = ..., sessions_note: _Optional[str] = ..., fleet_collector: _Optional[_Union[FleetCollectorStatus, _Mapping]] = ...) -> None: ...
 
 class MirrorStatus(_message.Message):
     __slots__ = ("replica", "name", "state", "since", "revision", "relists", "error")
@@ -262,20 +308,26 @@ class MirrorStatus(_message.Message):
     def __init__(self, replica: _Optional[str] = ..., name: _Optional[str] = ..., state: _Optional[str] = ..., since: _Optional[float] = ..., revision: _Optional[int] = ..., relists: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ExtProcStatus(_message.Message):
-    __slots__ = ("identity", "reported_at", "bindings", "pending", "degraded", "unbound")
+    __slots__ = ("identity", "reported_at", "bindings", "pending", "degraded", "unbound", "load_source", "load_age_s", "collector_reachable")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
     BINDINGS_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
     DEGRADED_FIELD_NUMBER: _ClassVar[int]
     UNBOUND_FIELD_NUMBER: _ClassVar[int]
+    LOAD_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LOAD_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    COLLECTOR_REACHABLE_FIELD_NUMBER: _ClassVar[int]
     identity: str
     reported_at: float
     bindings: int
     pending: int
     degraded: bool
     unbound: int
-    def __init__(self, identity: _Optional[str] = ..., reported_at: _Optional[float] = ..., bindings: _Optional[int] = ..., pending: _Optional[int] = ..., degraded: _Optional[bool] = ..., unbound: _Optional[int] = ...) -> None: ...
+    load_source: str
+    load_age_s: float
+    collector_reachable: bool
+    def __init__(self, identity: _Optional[str] = ..., reported_at: _Optional[float] = ..., bindings: _Optional[int] = ..., pending: _Optional[int] = ..., degraded: _Optional[bool] = ..., unbound: _Optional[int] = ..., load_source: _Optional[str] = ..., load_age_s: _Optional[float] = ..., collector_reachable: _Optional[bool] = ...) -> None: ...
 
 class TaskFailure(_message.Message):
     __slots__ = ("task", "restarts", "error", "failed_at")

@@ -74,6 +74,11 @@ class AdminStub:
                 request_serializer=kvgate_dot_admin_dot_v1_dot_admin__pb2.StatusRequest.SerializeToString,
                 response_deserializer=kvgate_dot_admin_dot_v1_dot_admin__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.WatchFleetLoad = channel.unary_stream(
+                '/kvgate.admin.v1.Admin/WatchFleetLoad',
+                request_serializer=kvgate_dot_admin_dot_v1_dot_admin__pb2.WatchFleetLoadRequest.SerializeToString,
+                response_deserializer=kvgate_dot_admin_dot_v1_dot_admin__pb2.FleetLoad.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -134,6 +139,15 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchFleetLoad(self, request, context):
+        """Every active engine's load, once per collector round, for as long as the call lasts
+        (`placement.load_gate.source: collector`). Only the leader collects: a follower, or a
+        control plane not configured to collect, fails the call with FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -176,6 +190,11 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=kvgate_dot_admin_dot_v1_dot_admin__pb2.StatusRequest.FromString,
                     response_serializer=kvgate_dot_admin_dot_v1_dot_admin__pb2.StatusResponse.SerializeToString,
+            ),
+            'WatchFleetLoad': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchFleetLoad,
+                    request_deserializer=kvgate_dot_admin_dot_v1_dot_admin__pb2.WatchFleetLoadRequest.FromString,
+                    response_serializer=kvgate_dot_admin_dot_v1_dot_admin__pb2.FleetLoad.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -394,6 +413,33 @@ class Admin:
             '/kvgate.admin.v1.Admin/Status',
             kvgate_dot_admin_dot_v1_dot_admin__pb2.StatusRequest.SerializeToString,
             kvgate_dot_admin_dot_v1_dot_admin__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchFleetLoad(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvgate.admin.v1.Admin/WatchFleetLoad',
+            kvgate_dot_admin_dot_v1_dot_admin__pb2.WatchFleetLoadRequest.SerializeToString,
+            kvgate_dot_admin_dot_v1_dot_admin__pb2.FleetLoad.FromString,
             options,
             channel_credentials,
             insecure,

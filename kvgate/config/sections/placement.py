@@ -8,12 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvgate.config.address import HostPort
 from kvgate.config.fields import Fields, Path
 from kvgate.config.schema import (
+    Address,
     Boolean,
+    Choice,
     Duration,
     Integer,
     Key,
+    ListOf,
     Number,
     Scaled,
     Section,
@@ -25,6 +29,7 @@ from kvgate.placement.cost import EngineCost
 from kvgate.placement.gate import GateConfig
 
 _GATE = GateConfig()  # its defaults are the YAML's
+LOAD_SOURCES = ("scrape", "collector")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,8 +56,22 @@ class LoadGateConfig:
         Boolean(), "a move must also be no slower if the DDR pool has lost the session's "
         "context (evicted while it lived in HBM, or the pool is down) and the sibling prefills "
         "it all; `false` prices every move as a DDR read", default=_GATE.miss_safe)
-    refresh_s: float = key(Duration(0.01, 60.0), "how often each ext_proc replica scrapes every "
-                           "active engine's `/metrics`", default=0.1)
+    source: str = key(
+        Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
+        "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
+        "`refresh_s`) or `collector` (the control-plane leader scrapes each engine once per "
+        "`refresh_s` and streams the figures, with their ages, to every replica over the admin "
+        "API; while it is unreachable the gate falls back to static stickiness, shown by "
+        "`kvgate status` and `kvgate_ext_proc_fleet_collector_reachable`)", default="scrape")
+    collector: tuple[HostPort, ...] = key(
+        ListOf(Address()), "`source: collector`: the control planes' admin APIs an ext_proc "
+        "replica asks for the stream, tried in turn (only the leader streams); empty: "
+        "`control_plane.admin`. Off loopback the replica sends `KVGATE_ADMIN_READ_TOKEN` (or "
+        "`KVGATE_ADMIN_TOKEN`), in plain text: an admin API with TLS is not supported here",
+        default=(), default_doc="`[]` (`control_plane.admin`)")
+    refresh_s: float = key(Duration(0.01, 60.0), "how often each active engine's `/metrics` is "
+                           "scraped: by each ext_proc replica (`source: scrape`) or by the "
+                           "collector (`source: collector`)", default=0.1)
     max_load_age_s: float = key(Duration(0.01, 3600.0), "an engine's report older than this "
                                 "counts for nothing (at least `refresh_s`)", default=2.0)
     bytes_per_token: float = key(Number(0.1, 1000.0), "request body bytes per prompt token: the "

@@ -1,0 +1,131 @@
+"""The fleet-state collector (`placement.load_gate.source: collector`): the gateway's one
+scraper of engine load. The control-plane leader runs it: it already knows the engines and
+probes them. Every `refresh_s` it scrapes each active engine once (kvgate.fleet.scrape) and
+wakes whoever watches (the admin API's WatchFleetLoad streams, one per ext_proc replica), so
+each engine is scraped once per interval whatever the number of replicas.
+
+Figures stay in this process's memory, stamped with its own monotonic clock; they leave as
+ages (`Fleet.ages`), so no two hosts' clocks are ever compared. Nothing goes through etcd.
+While it does not collect (a follower, or the gate's source is `scrape`) it holds nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import aiohttp
+
+from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, ScrapeRounds
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorSettings:
+    """What the collector reads from the running config at every round (so a reload applies)."""
+
+    configured: bool  # the gate is on and its source is the collector
+    leading: bool  # this control-plane replica leads
+    refresh_s: float
+    timeout_s: float  # a scrape slower than this is abandoned
+
+
+@dataclass(frozen=True, slots=True)
+class AgedFigures:
+    """One engine's figures as they leave: how old they are, not when they were read."""
+
+    address: str
+    figures: EngineFigures
+    age_s: float
+
+
+class FleetCollector:
+    """Scrapes every active engine once per round while it is `wanted()`; watchers
+    `await next_round(seen)` and read `ages()`."""
+
+    def __init__(
+        self, engines: Callable[[], Iterable[str]], settings: Callable[[], CollectorSettings],
+        metrics: EngineScrapeMetrics, clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._engines = engines
+        self._settings = settings
+        self._metrics = metrics
+        self._clock = clock
+        self._read: dict[str, tuple[EngineFigures, float]] = {}  # address → figures, read at
+        self.rounds = 0  # rounds completed since it started collecting
+        self.collecting = False
+        self.watchers = 0  # streams open now (the admin API counts them in and out)
+        self._tick = asyncio.Event()  # replaced each round; set to wake the round's watchers
+        self._rounds: ScrapeRounds | None = None  # remade when refresh or timeout change
+
+    def configured(self) -> bool:
+        return self._settings().configured
+
+    def wanted(self) -> bool:
+        """It should collect now: configured, and this replica leads."""
+        settings = self._settings()
+        return settings.configured and settings.leading
+
+    @property
+    def refresh_s(self) -> float:
+        return self._settings().refresh_s
+
+    @property
+    def engines(self) -> int:
+        return len(self._read)
+
+    async def run(self) -> None:
+        """Runs under the control plane's supervisor until cancelled."""
+        async with ScrapeRounds.session() as http:
+            while True:
+                settings = self._settings()
+                if not (settings.configured and settings.leading):
+                    self._stop_collecting()
+                    self._wake()  # watchers learn at once that figures stopped
+                    await asyncio.sleep(settings.refresh_s)
+                    continue
+                spent = await self.collect_round(http)
+                await asyncio.sleep(max(0.0, settings.refresh_s - spent))
+
+    async def collect_round(self, http: aiohttp.ClientSession) -> float:
+        """One round over every active engine, then the watchers are woken; returns the
+        seconds it took."""
+        settings = self._settings()
+        rounds = self._rounds
+        if rounds is None or (rounds.refresh_s, rounds.timeout_s) != (settings.refresh_s,
+                                                                       settings.timeout_s):
+            rounds = self._rounds = ScrapeRounds(self._engines, self.record, settings.refresh_s,
+                                                 settings.timeout_s, self._metrics, self._clock)
+        self.collecting = True
+        spent = await rounds.timed_round(http)
+        active = set(self._engines())
+        for gone in [a for a in self._read if a not in active]:
+            del self._read[gone]  # left the pool, drained or failed: its queue is not ours
+        self.rounds += 1
+        self._wake()
+        return spent
+
+    def record(self, address: str, figures: EngineFigures, at: float) -> None:
+        """One engine's figures as read at `at` (the scrape's callback)."""
+        self._read[address] = (figures, at)
+
+    def _stop_collecting(self) -> None:
+        if self.collecting or self._read:
+            self.collecting = False
+            self._read.clear()
+            self.rounds = 0
+
+    def _wake(self) -> None:
+        tick, self._tick = self._tick, asyncio.Event()
+        tick.set()
+
+    async def next_round(self) -> None:
+        """Returns after the next round (or once collecting stops)."""
+        await self._tick.wait()
+
+    def ages(self) -> list[AgedFigures]:
+        """Every engine's latest figures with their age now (the collector's clock)."""
+        now = self._clock()
+        return [AgedFigures(address, figures, max(0.0, now - at))
+                for address, (figures, at) in self._read.items()]

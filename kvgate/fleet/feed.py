@@ -1,0 +1,165 @@
+"""An ext_proc replica's side of the fleet-state collector (`placement.load_gate.source:
+collector`): one gRPC stream (the admin API's WatchFleetLoad) from the control-plane leader,
+whatever the number of engines. Each figure lands on the replica's load board stamped
+`now − its age`, the age the collector gave as the round left it: the collector's and the
+replica's clocks are never compared, and a figure older than the board's `max_age_s` counts
+for nothing, as a scraped one does.
+
+When the collector is unreachable, follows no leader, or dies, no figure arrives: those it
+delivered age out of the board and the gate falls back to static stickiness for every engine
+it covered (plus this replica's own ledger of what it sent). Decisions never wait for the feed;
+`kvgate_ext_proc_fleet_collector_reachable`, `kvgate_ext_proc_fleet_state_age_seconds` and the
+replica's line in `kvgate status` say how it stands. The feed tries each configured address in
+turn (only the leader streams), pausing between attempts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+
+import grpc
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kvgate.admin_api.v1 import admin_pb2 as pb
+from kvgate.admin_api.v1 import admin_pb2_grpc
+from kvgate.placement.live import LoadBoard, ObservedLoad
+from kvgate.routing.recent import PrefillMix
+
+log = structlog.get_logger("kvgate.fleet")
+
+RETRY_S = (0.2, 0.5, 1.0, 2.0)  # pauses between failed attempts, the last one repeated
+
+
+class FleetFeedMetrics:
+    """The feed's health as Prometheus sees it (gauges read the feed when scraped)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.reachable = Gauge(
+            "kvgate_ext_proc_fleet_collector_reachable", "1 while the fleet-state collector's "
+            "figures arrive no older than max_load_age_s; 0: static stickiness for the engines "
+            "it covers", registry=registry)
+        self.age = Gauge(
+            "kvgate_ext_proc_fleet_state_age_seconds", "Age of the newest engine figure the "
+            "collector delivered (+Inf: none yet)", registry=registry)
+        self.frames = Counter(
+            "kvgate_ext_proc_fleet_state_rounds", "Collector rounds received",
+            registry=registry)
+        self.oldest = Histogram(
+            "kvgate_ext_proc_fleet_state_oldest_figure_seconds", "Age of the oldest figure of "
+            "each round as it arrived", buckets=(0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0),
+            registry=registry)
+
+
+class FleetFeed:
+    """Keeps one stream from the collector open and puts its figures on `board`."""
+
+    def __init__(
+        self, addresses: Sequence[str], board: LoadBoard, mix: PrefillMix,
+        metrics: FleetFeedMetrics, token: str | None = None,
+        clock: Callable[[], float] = time.monotonic, stall_s: float = 2.0,
+    ) -> None:
+        if not addresses:
+            raise ValueError("the fleet feed needs at least one collector address")
+        self.addresses = tuple(addresses)
+        self._board = board
+        self._mix = mix
+        self._metrics = metrics
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._clock = clock
+        # A stream silent this long is given up (a collector host gone without a reset would
+        # otherwise hold it open forever) and the next address tried.
+        self._stall_s = stall_s
+        self.following: str | None = None  # the address streaming to it now
+        self._newest_at: float | None = None  # when its newest figure was read (our clock)
+        self._trouble: set[str] = set()  # failures of the current streak, each logged once
+        metrics.reachable.set_function(lambda: 1.0 if self.reachable() else 0.0)
+        metrics.age.set_function(self._age_or_inf)
+
+    def age_s(self, now: float | None = None) -> float | None:
+        """Age of the newest figure delivered (None: none yet)."""
+        if self._newest_at is None:
+            return None
+        return max(0.0, (self._clock() if now is None else now) - self._newest_at)
+
+    def _age_or_inf(self) -> float:
+        age = self.age_s()
+        return float("inf") if age is None else age
+
+    def reachable(self, now: float | None = None) -> bool:
+        """Figures that still count arrive: the newest is no older than the board's limit."""
+        age = self.age_s(now)
+        return age is not None and age <= self._board.max_age_s
+
+    async def run(self) -> None:
+        """Runs under the service's supervisor until cancelled."""
+        attempt = 0
+        while True:
+            address = self.addresses[attempt % len(self.addresses)]
+            try:
+                if await self.follow(address):
+                    attempt = 0  # it streamed: start over from the first address
+            except grpc.aio.AioRpcError as exc:
+                self._failed(address, f"{exc.code().name}: {exc.details()}")
+            finally:
+                self.following = None
+            attempt += 1
+            await asyncio.sleep(RETRY_S[min(attempt, len(RETRY_S)) - 1])
+
+    async def follow(self, address: str) -> bool:
+        """Reads `address`'s stream until it ends; True if at least one round arrived."""
+        streamed = False
+        async with grpc.aio.insecure_channel(address) as channel:
+            call = admin_pb2_grpc.AdminStub(channel).WatchFleetLoad(
+                pb.WatchFleetLoadRequest(), metadata=self._metadata)
+            frames = aiter(call)
+            while True:
+                try:
+                    frame = await asyncio.wait_for(anext(frames), self._stall_s)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    call.cancel()
+                    self._failed(address, f"no round for {self._stall_s:g}s")
+                    return streamed
+                if not streamed:
+                    streamed = True
+                    self.following = address
+                    if self._trouble:
+                        log.info("fleet_collector_following", collector=address,
+                                 identity=frame.collector)
+                    self._trouble.clear()
+                self.apply(frame)
+        if streamed:
+            self._failed(address, "the stream ended")
+        return streamed
+
+    def apply(self, frame: pb.FleetLoad) -> None:
+        """One round onto the board: each figure read `age_s` ago, on this replica's clock, and
+        priced as a scraped one is (kvgate.routing.engine_load.observed_load: waiting × the
+        mean prefill booked). Built inline: at a thousand engines per round, per replica, the
+        helper's intermediate object was most of the cost."""
+        now = self._clock()
+        mean_s = self._mix.mean_s
+        observe = self._board.observe
+        youngest, oldest = float("inf"), 0.0
+        for engine in frame.engines:
+            age, waiting = engine.age_s, engine.waiting
+            observe(engine.endpoint, ObservedLoad(now - age, waiting * mean_s, engine.running,
+                                                  waiting, engine.kv_usage))
+            if age < youngest:
+                youngest = age
+            if age > oldest:
+                oldest = age
+        if frame.engines and (self._newest_at is None or now - youngest > self._newest_at):
+            self._newest_at = now - youngest
+        self._metrics.frames.inc()
+        self._metrics.oldest.observe(oldest)
+
+    def _failed(self, address: str, reason: str) -> None:
+        if f"{address} {reason}" not in self._trouble:
+            log.warning("fleet_collector_unreachable", collector=address, reason=reason,
+                        effect="figures age out: static stickiness until it streams again")
+        self._trouble.add(f"{address} {reason}")

@@ -1,0 +1,137 @@
+"""Reading engines' load from their /metrics, in rounds over every active engine.
+
+What it reads (vLLM's names, summed over label sets; asked for by `name[]` where the engine
+filters, see LOAD_PATH): `vllm:num_requests_waiting`, `vllm:num_requests_running`,
+`vllm:kv_cache_usage_perc`. Who stamps and keeps the figures is the caller's business
+(`on_read`): an ext_proc replica's load board (kvgate.routing.engine_load) or the fleet
+collector (kvgate.fleet.collector).
+
+A scrape that fails or times out reports nothing: the engine's last figures age where they are
+kept. Nothing here is on a decision's path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from urllib.parse import urlencode
+
+import aiohttp
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from kvgate.contract import vllm
+
+log = structlog.get_logger("kvgate.fleet")
+
+LOAD_GAUGES = (vllm.NUM_REQUESTS_WAITING, vllm.NUM_REQUESTS_RUNNING, vllm.KV_CACHE_USAGE_PERC)
+# Only those gauges: vLLM 0.32 answers /metrics/ (trailing slash) from prometheus_client's ASGI
+# app, which honours name[] (566 bytes against 54 KB for the whole page, docs/benchmarks.md);
+# its /metrics ignores the filter. An engine without /metrics/ (404, or a page there without the
+# gauges) is scraped at /metrics from then on.
+LOAD_QUERY = urlencode([("name[]", name) for name in LOAD_GAUGES])
+LOAD_PATH = f"/metrics/?{LOAD_QUERY}"
+FULL_PATH = "/metrics"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineFigures:
+    """One engine's load gauges as one scrape read them."""
+
+    waiting: int = 0
+    running: int = 0
+    kv_usage: float = 0.0  # 0..1
+
+
+class EngineScrapeMetrics:
+    """Scrape counts and round times, named after the service that scrapes (`ext_proc`,
+    `control_plane`)."""
+
+    def __init__(self, registry: CollectorRegistry, service: str = "ext_proc") -> None:
+        self.scrapes = Counter(
+            f"kvgate_{service}_engine_scrapes", "Scrapes of the engines' /metrics for the load "
+            "gate, by result (ok, failed)", ["result"], registry=registry)
+        self.round_seconds = Histogram(
+            f"kvgate_{service}_engine_scrape_round_seconds",
+            "Wall time of one scrape round over every active engine",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=registry)
+        self.ok = self.scrapes.labels("ok")
+        self.failed = self.scrapes.labels("failed")
+
+
+OnRead = Callable[[str, EngineFigures, float], None]  # address, figures, when (the clock's)
+
+
+class ScrapeRounds:
+    """Every `refresh_s`, each engine `engines()` names, once, concurrently; one HTTP session
+    with keep-alive connections. Runs under a supervisor (`run`)."""
+
+    def __init__(
+        self, engines: Callable[[], Iterable[str]], on_read: OnRead, refresh_s: float,
+        timeout_s: float, metrics: EngineScrapeMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._engines = engines  # `ip:port` of every engine to scrape now (the active ones)
+        self._on_read = on_read
+        self.refresh_s = refresh_s
+        self.timeout_s = timeout_s
+        self._metrics = metrics
+        self._clock = clock
+        # A scrape slower than this is abandoned (its engine's figures age meanwhile).
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._failing: set[str] = set()  # logged once per failing streak
+        self._whole_page: set[str] = set()  # engines without the filtered path (404)
+
+    async def run(self) -> None:
+        async with self.session() as http:
+            while True:
+                spent = await self.timed_round(http)
+                await asyncio.sleep(max(0.0, self.refresh_s - spent))
+
+    @staticmethod
+    def session() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
+
+    async def timed_round(self, http: aiohttp.ClientSession) -> float:
+        """One round, observed; returns the seconds it took."""
+        started = self._clock()
+        await self.scrape_round(http)
+        spent = self._clock() - started
+        self._metrics.round_seconds.observe(spent)
+        return spent
+
+    async def scrape_round(self, http: aiohttp.ClientSession) -> None:
+        """Every engine once, concurrently."""
+        await asyncio.gather(*(self._scrape(http, address) for address in self._engines()))
+
+    async def _scrape(self, http: aiohttp.ClientSession, address: str) -> None:
+        path = FULL_PATH if address in self._whole_page else LOAD_PATH
+        try:
+            async with http.get(f"http://{address}{path}", timeout=self._timeout) as reply:
+                if reply.status == 404 and path == LOAD_PATH:
+                    self._whole_page.add(address)  # the next round asks for the whole page
+                if reply.status != 200:
+                    raise aiohttp.ClientResponseError(reply.request_info, (), status=reply.status)
+                text = await reply.text()
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+            self._metrics.failed.inc()
+            if address not in self._failing:
+                self._failing.add(address)
+                log.warning("engine_scrape_failed", endpoint=address,
+                            error=str(exc) or type(exc).__name__)
+            return
+        sums = vllm.read_samples(text, LOAD_GAUGES)
+        if not sums and path == LOAD_PATH:
+            # Something answered there, but not vLLM's filter: read the whole page from now on.
+            self._whole_page.add(address)
+            self._metrics.failed.inc()
+            return
+        self._failing.discard(address)
+        self._metrics.ok.inc()
+        self._on_read(address, EngineFigures(
+            waiting=int(sums.get(vllm.NUM_REQUESTS_WAITING, 0.0)),
+            running=int(sums.get(vllm.NUM_REQUESTS_RUNNING, 0.0)),
+            kv_usage=sums.get(vllm.KV_CACHE_USAGE_PERC, 0.0)), self._clock())
