@@ -4,7 +4,7 @@ stopped and started again, the NOSPACE alarm raised and disarmed. Every request 
 binding lost once etcd answers again.
 
 The short runs are part of the normal suite; what the harness found and what fixed it is in
-docs/operating.md, "Faults under traffic". The chaos tests alone:
+docs/faults.md. The chaos tests alone:
     python -m pytest -m chaos tests/chaos -s
 The full runs (a kill every 10 s for two minutes, a member away for a minute, ...):
     KVGATE_CHAOS=full python -m pytest -m chaos tests/chaos -s

@@ -79,7 +79,7 @@ async def test_metrics_that_do_not_come_move_no_session(
 
 
 @pytest.mark.chaos
-@pytest.mark.open_fault  # one replica's move reaches the other ~20 ms late (docs/operating.md)
+@pytest.mark.open_fault  # one replica's move reaches the other ~20 ms late (docs/faults.md)
 @pytest.mark.timeout(600)
 async def test_a_lying_deep_queue_moves_each_session_at_most_once(
         tmp_path: Path, prefix: str) -> None:
