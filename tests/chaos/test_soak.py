@@ -77,7 +77,7 @@ async def test_a_steady_soak_keeps_memory_flat_and_bindings_tracking_live_sessio
     warm = [s for s in samples if s.at_s >= RUN_S / 3]
     slopes = {name: slope_percent_per_hour([(s.at_s, s.rss[name]) for s in warm])
               for name in samples[-1].rss}
-    print("RSS slope after warm-up, % per hour:",
+    print(f"{started} sessions started; RSS slope after warm-up, % per hour:",
           {name: round(v, 1) for name, v in slopes.items()},
           f"etcd db {samples[-1].db / 1e6:.1f} MB ({samples[-1].db_in_use / 1e6:.1f} MB in use)")
     if FULL:  # minutes of samples cannot show a slope of 1 % an hour: only the full run judges
