@@ -27,6 +27,7 @@ from kvgate.config.model import HostPort
 from kvgate.runtime.children.child import Child
 from kvgate.runtime.children.ports import free_ports
 from stack.local import grpc_serving
+from tests.admin.admin_helpers import run_cli
 from tests.support.polling import eventually
 from tests.support.stack import gateway_config, running_stack
 from tests.support.upstreams import Upstream
@@ -67,13 +68,10 @@ async def route(http: httpx.AsyncClient, session: str) -> str:
     return str(reply.json()["upstream"])
 
 
-async def cli(*args: str) -> str:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate_cli", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode == 0, err.decode()
-    return out.decode()
+async def status_of(admin: str) -> str:
+    shown = await run_cli("status", admin=admin)
+    assert shown.code == 0, shown.err
+    return shown.out
 
 
 async def test_engines_are_scraped_once_for_all_replicas_and_a_dead_collector_degrades(
@@ -172,7 +170,7 @@ async def test_engines_are_scraped_once_for_all_replicas_and_a_dead_collector_de
             await second.start()
             await second.wait_ready(lambda: grpc_serving(other_admin), 60)
             shown = await eventually(
-                lambda: cli("status", "--admin", str(other_admin)),
+                lambda: status_of(str(other_admin)),
                 until=lambda text: text.count("COLLECTOR UNREACHABLE") == REPLICAS,
                 what="kvgate status shows every replica without its collector")
             assert "static stickiness" in shown

@@ -7,7 +7,6 @@ stays where it is."""
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import httpx
@@ -15,6 +14,7 @@ import openai
 import pytest
 
 from kvgate.contract import vllm
+from tests.admin.admin_helpers import run_cli
 from tests.support.fleet import EngineProcesses
 from tests.support.polling import eventually
 from tests.support.stack import gateway_config, running_stack
@@ -38,15 +38,6 @@ async def _turn(client: openai.AsyncOpenAI, model: str, messages: list[dict[str,
         extra_headers={"x-session-id": SESSION})
     raw.parse()
     return raw.headers["x-engine-id"]
-
-
-async def _cli(*args: str) -> str:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate_cli", *args,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(process.communicate(), 60)
-    assert process.returncode == 0, err.decode()
-    return out.decode()
 
 
 # The move needs the prompt's size (content-length, which Envoy must forward to ext_proc on
@@ -106,8 +97,10 @@ async def test_a_session_leaves_its_busy_engine_for_a_ddr_sibling(
             served = await _turn(client, model, messages)
             load_rebinds = await _metric(http, metrics, "kvgate_ext_proc_rebinds_total",
                                          '{reason="load"}')
-            shown = await _cli("sessions", "show", SESSION,
-                               "--admin", str(config.control_plane.admin))
+            listed = await run_cli("sessions", "show", SESSION,
+                                   admin=str(config.control_plane.admin))
+            assert listed.code == 0, listed.err
+            shown = listed.out
             if enabled:
                 assert served == sibling
                 assert load_rebinds == 1.0
