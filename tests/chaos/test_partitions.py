@@ -42,9 +42,10 @@ async def test_one_ext_proc_replica_cut_from_etcd_loses_nothing(
         tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]],
         prefix: str) -> None:
     """The cut replica steps aside (ext_proc.readiness): the other one, which sees every binding,
-    takes its decisions until the partition heals. Open (docs/faults.md): until Envoy's health check sees it step aside (a few hundred ms), the cut replica
-    still places new sessions its peer cannot see; a session whose turns cross both replicas
-    then can be answered by two engines (2-3 of 4,000 sessions in one of four 60 s runs)."""
+    takes its decisions until the partition heals. Open (docs/faults.md): until Envoy's health
+    check sees it step aside (a few hundred ms), the cut replica still places new sessions its
+    peer cannot see; a session whose turns cross both replicas then can be answered by two
+    engines (2-3 of 4,000 sessions in one of four 60 s runs)."""
     row = await under_traffic(tmp_path, await upstreams(4), prefix, partition("ext_proc[1]"),
                               partitioned=["ext_proc[1]"])
     holds(row, 1)

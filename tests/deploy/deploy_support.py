@@ -15,7 +15,11 @@ import yaml
 
 from kvgate.config import load_text
 from kvgate.config.model import Config
-from kvgate.runtime.children.etcd import AUTO_COMPACTION_RETENTION, QUOTA_BACKEND_BYTES
+from kvgate.runtime.children.etcd import (
+    AUTO_COMPACTION_RETENTION,
+    QUOTA_BACKEND_BYTES,
+    SNAPSHOT_COUNT,
+)
 from kvgate_cli.main import COMMANDS, build_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,6 +106,7 @@ def assert_etcd_compacts(argv: list[str]) -> None:
     assert option(argv, "--auto-compaction-mode") == "periodic"
     assert option(argv, "--auto-compaction-retention") == AUTO_COMPACTION_RETENTION
     assert int(option(argv, "--quota-backend-bytes")) == QUOTA_BACKEND_BYTES
+    assert int(option(argv, "--snapshot-count")) == SNAPSHOT_COUNT
 
 
 def xds_cluster(bootstrap: dict[str, Any]) -> tuple[str, int]:

@@ -14,6 +14,7 @@ from kvgate.runtime.children.child import Child
 from kvgate.runtime.children.etcd import (
     AUTO_COMPACTION_RETENTION,
     QUOTA_BACKEND_BYTES,
+    SNAPSHOT_COUNT,
     etcd_binary,
     etcd_ready,
 )
@@ -47,7 +48,8 @@ class EtcdCluster:
                 "--initial-cluster", peers, "--initial-cluster-token", "kvgate-chaos",
                 "--log-level", "warn", "--auto-compaction-mode", "periodic",
                 "--auto-compaction-retention", AUTO_COMPACTION_RETENTION,
-                "--quota-backend-bytes", str(QUOTA_BACKEND_BYTES)]
+                "--quota-backend-bytes", str(QUOTA_BACKEND_BYTES),
+                "--snapshot-count", str(SNAPSHOT_COUNT)]
 
     async def start_member(self, i: int) -> None:
         """Start member ``i`` (again: it rejoins from its data directory) and wait for it."""

@@ -23,6 +23,11 @@ def etcd_binary() -> str:
 # docker-compose.yml and deploy/kubernetes/etcd.yaml say the same.
 AUTO_COMPACTION_RETENTION = "5m"
 QUOTA_BACKEND_BYTES = 2 * 1024 * 1024 * 1024
+# etcd holds this many applied Raft entries in memory before it snapshots and truncates them
+# (etcd.io, op-guide/maintenance, "Raft log retention"). The wheel's etcd 3.5 defaults to 100,000,
+# so under kvgate's steady writes its memory grew for over an hour (tests/chaos/test_soak.py:
+# +9 MB in 14 minutes); etcd 3.6 went back to 10,000 for that reason (etcd-io/etcd#15408).
+SNAPSHOT_COUNT = 10_000
 
 
 def embedded_etcd(data_dir: Path, client_port: int, peer_port: int, log_path: Path) -> Child:
@@ -43,6 +48,7 @@ def embedded_etcd(data_dir: Path, client_port: int, peer_port: int, log_path: Pa
             "--auto-compaction-mode", "periodic",
             "--auto-compaction-retention", AUTO_COMPACTION_RETENTION,
             "--quota-backend-bytes", str(QUOTA_BACKEND_BYTES),
+            "--snapshot-count", str(SNAPSHOT_COUNT),
         ],
         log_path,
     )
