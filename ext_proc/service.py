@@ -35,6 +35,7 @@ from kvgate.replicas import ReplicaReport, ReportPublisher
 from kvgate.routing import STATIC, GatedPolicy, Pipeline, Policy
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
 from kvgate.routing.handler import RequestHandler
+from kvgate.routing.recent import RecentSessions
 from kvgate.routing.sources import SessionSources
 from kvgate.runtime.tasks.supervisor import Supervisor
 
@@ -173,7 +174,8 @@ class ExtProcService:
         if not settings.enabled:
             return STATIC
         board = self.board = LoadBoard(settings.max_load_age_s)
-        policy = GatedPolicy(config.placement.engine_cost, settings.gate(), board)
+        policy = GatedPolicy(config.placement.engine_cost, settings.gate(), board,
+                             recent=RecentSessions(max_age_s=config.session.idle_ttl))
         if settings.source == "collector":
             addresses = [str(a) for a in settings.collector] or [str(config.control_plane.admin)]
             token = load_token(READ_TOKEN_ENV) or load_token(TOKEN_ENV)

@@ -5,11 +5,13 @@ on the full run each component's memory flat after warm-up (slope under 1 % an h
 
     python -m pytest -m chaos tests/chaos/test_soak.py -s            (90 s, idle TTL 8 s)
     KVGATE_CHAOS=full python -m pytest -m chaos tests/chaos/test_soak.py -s   (an hour, TTL 60 s)
+    KVGATE_SOAK_S=1500 ...: another length
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -24,6 +26,7 @@ from tests.support.stack import gateway_config, running_stack, stored_bindings
 from tests.support.upstreams import Upstream
 
 RUN_S, TTL_S, EVERY_S = (3600.0, 60.0, 60.0) if FULL else (90.0, 8.0, 10.0)
+RUN_S = float(os.environ.get("KVGATE_SOAK_S", RUN_S))  # a shorter (or longer) full run
 # A binding outlives its last use by the TTL, then by up to one epoch (TTL / 4) until the next
 # re-attach, half an epoch of shard spread and the re-attach's own pacing (docs/operating.md).
 EXPIRES_WITHIN_S = 2 * TTL_S + 5
