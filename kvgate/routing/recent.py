@@ -20,7 +20,7 @@ class RecentSessions:
 
     ``max_age_s`` (ext_proc: the session's idle TTL): a session idle that long has lost its
     binding and comes back as a new one, so remembering it longer only costs memory; without it
-    the memory filled up to its capacity (about 100 MB at 2 × 262,144 sessions), growing for
+    the memory filled up to its capacity (about 80 MB at 2 × 262,144 sessions), growing for
     hours under steady new sessions (tests/chaos/test_soak.py). The simulator keeps the
     capacity alone, so no figure moved."""
 
