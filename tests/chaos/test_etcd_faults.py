@@ -24,10 +24,14 @@ from tests.support.upstreams import Upstream
 
 
 @pytest.mark.chaos
+@pytest.mark.open_fault  # both replicas cut off during an election place sessions apart
 @pytest.mark.timeout(600)
 async def test_the_etcd_leader_killed_again_and_again_loses_nothing(
         tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]],
         prefix: str) -> None:
+    """Open (docs/faults.md): under the stress script one short run had 4 of 489 sessions
+    answered by two engines. Every election cuts both replicas off from etcd at once; both step
+    aside, Envoy's panic mode sends to both, and each places new sessions on its own view."""
     every_s, for_s = (10.0, 120.0) if FULL else (4.0, 16.0)
 
     async def kill_the_leader(scene: Scene) -> tuple[str, int]:
