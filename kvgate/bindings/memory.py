@@ -31,6 +31,10 @@ class MemoryBindingStore:
     def synced(self) -> bool:
         return True  # memory is the whole truth
 
+    @property
+    def degraded(self) -> bool:
+        return False  # no other replica shares it
+
     async def fetch(self, pool: str, session: str) -> Binding | None:
         return self.get(pool, session)
 

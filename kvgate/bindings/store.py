@@ -27,6 +27,7 @@ class BindingStore(Protocol):
     `move` replaces a binding only if it is still the one the caller saw; either may raise
     `Unbound`. While `synced` is False (still loading, or the watch is lost) a session missing
     from memory may exist elsewhere: `fetch` asks the source (one read) before a new placement.
+    While `degraded` is True, writes are queued here and the other replicas cannot see them.
     """
 
     async def start(self) -> None: ...
@@ -35,6 +36,11 @@ class BindingStore(Protocol):
 
     @property
     def synced(self) -> bool: ...
+
+    @property
+    def degraded(self) -> bool:
+        """Writes do not reach the shared store now (they wait in a local queue)."""
+        ...
 
     def get(self, pool: str, session: str) -> Binding | None: ...
 

@@ -3,6 +3,10 @@
 Choose first, commit after: placement is computed from the local view, then committed through
 the binding store, whose answer (possibly a concurrent replica's earlier binding) is final. The
 policy (`kvgate.routing.policy`) chooses; its booking hooks run once the request is routed.
+
+While the store's writes do not reach etcd (degraded), the other replicas cannot see what this
+one binds, and Envoy sends a session's turns to any replica: a new or re-placed session then goes
+where Envoy's ring puts it, which every replica computes alike, and no session is moved for load.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Protocol
 from kvgate.bindings.model import Binding, binding_key
 from kvgate.bindings.store import BindingStore, Unbound
 from kvgate.contract.states import EndpointState, MoveReason
-from kvgate.placement import fallback_for, session_hash
+from kvgate.placement import fallback_for, place, session_hash
 from kvgate.placement.view import PoolView
 from kvgate.routing.decision import (
     SESSIONLESS,
@@ -75,8 +79,9 @@ class Pipeline:
         target: str | None = None
         if binding is not None and state in _KEEPS_SESSIONS:
             assert state is not None
-            placing = Placing(view, hash_value, self._store.load(pool), self._load_factor)
-            target = policy.reconsider(placing, binding.endpoint, state, known)
+            if not self._store.degraded:  # a move the other replicas cannot see splits it
+                placing = Placing(view, hash_value, self._store.load(pool), self._load_factor)
+                target = policy.reconsider(placing, binding.endpoint, state, known)
             if target is None:
                 self._store.touch(binding)
                 for hook in policy.hooks:
@@ -149,17 +154,35 @@ class Pipeline:
         self, pool: str, session: str, hash_value: int, current: Binding | None,
         known: Known, target: str | None, reason: MoveReason | None,
     ) -> Binding:
+        # The view and counts as of this write's turn (an earlier write may have landed).
+        view = self._directory.view(pool)
+        on_ring = False
         if target is None:
-            # The view and counts as of this write's turn (an earlier write may have landed).
-            view = self._directory.view(pool)
-            placing = Placing(view, hash_value, self._store.load(pool), self._load_factor)
-            target = self.policy.place(
-                placing, known,
-                prefer_kv_pool=None if current is None else view.kv_pool_of(current.endpoint),
-                exclude=None if current is None else current.endpoint)
+            prefer = None if current is None else view.kv_pool_of(current.endpoint)
+            exclude = None if current is None else current.endpoint
+            on_ring = self._store.degraded
+            if on_ring:
+                target = _ring(view, hash_value, prefer, exclude)
+            else:
+                placing = Placing(view, hash_value, self._store.load(pool), self._load_factor)
+                target = self.policy.place(placing, known, prefer_kv_pool=prefer,
+                                           exclude=exclude)
         if target is None:
             raise NoActiveEndpoint(f"pool {pool!r} has no active endpoint")
         if current is None:
-            return await self._store.create(Binding(session, pool, target, hash=hash_value))
+            stored = await self._store.create(Binding(session, pool, target, hash=hash_value))
+            ring = None if on_ring or stored.revision else _ring(view, hash_value)
+            if ring is not None and ring != stored.endpoint:
+                # The write did not reach etcd (it waits in the queue): the other replicas
+                # will place this session's next turns without it, on the ring.
+                return await self._store.move(stored, ring)
+            return stored
         # Memory keeps no ring hash per binding; the stored value carries it for the failover.
         return await self._store.move(replace(current, hash=hash_value), target, reason)
+
+
+def _ring(view: PoolView, hash_value: int, prefer_kv_pool: str | None = None,
+          exclude: str | None = None) -> str | None:
+    """Where Envoy's ring puts a session (its KV pool's ring first), whatever the load: while
+    writes do not reach etcd, the one placement every replica computes alike."""
+    return place(view, hash_value, {}, 1.0, prefer_kv_pool=prefer_kv_pool, exclude=exclude)
