@@ -9,9 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,18 +20,25 @@ import pytest_asyncio
 
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.gate import GateConfig
+from kvgate.placement.live import LoadBoard
+from kvgate.placement.view import Member, PoolView
+from kvgate.routing.gated import GatedPolicy
+from kvgate.routing.policy import Known, Placing
+from kvgate.routing.recent import Seen
 from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL, EngineOptions, RealFleet
 from real_vllm.shared_pool import SharedPool
 from stack.local import Stack
+from tests.support.conversation import Conversation, Turn
 from tests.support.polling import eventually
-from tests.support.real_vllm import UPSTREAM_HEADER, gateway_for, kvgate, real_engines, up_and_empty
+from tests.support.real_vllm import gateway_for, kvgate, real_engines, up_and_empty
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.asyncio(loop_scope="session"),
               pytest.mark.timeout(1200)]
 
 CONNECTOR = "ascend-store"  # the bank's stack, the emulator's default profile
 POOL_BLOCKS = 4000  # 512K tokens: every session here fits; eviction is not under test
-VOCAB = range(200, 8000)  # token ids of the tiny model's vocabulary, clear of its specials
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
@@ -60,59 +66,6 @@ async def fresh(pooled: RealFleet, shared_pool: SharedPool) -> RealFleet:
 async def gateway(fresh: RealFleet, tmp_path: Path) -> AsyncIterator[Stack]:
     async with gateway_for(fresh, tmp_path) as stack:
         yield stack
-
-
-@dataclass
-class Turn:
-    engine: str
-    prompt: int
-    cached: int
-    answer: list[int]
-
-
-@dataclass
-class Conversation:
-    """A growing token-id conversation: each turn sends the history, its answer's token ids (as
-    the engine generated them) join the history, then a new question."""
-
-    session: str
-    seed: int
-    context: int = 3000
-    question: int = 40
-    answer: int = 16
-    history: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._rng = random.Random(self.seed)
-        self.history = self._words(self.context)
-
-    def _words(self, n: int) -> list[int]:
-        return [self._rng.choice(VOCAB) for _ in range(n)]
-
-    async def turn(self, http: httpx.AsyncClient, url: str,
-                   headers: dict[str, str] | None = None) -> Turn:
-        prompt = self.history + self._words(self.question)
-        body = {"model": SERVED_MODEL, "prompt": prompt, "max_tokens": self.answer,
-                "temperature": 0, "ignore_eos": True, "return_token_ids": True}
-        reply = await http.post(f"{url}/v1/completions", json=body, headers=headers or {})
-        assert reply.status_code == 200, reply.text
-        out = reply.json()
-        choice = out["choices"][0]
-        answer = choice.get("token_ids") or await _tokens(http, url, choice["text"])
-        self.history = prompt + answer
-        usage = out["usage"]
-        return Turn(reply.headers.get(UPSTREAM_HEADER, url), usage["prompt_tokens"],
-                    (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0,
-                    answer)
-
-
-async def _tokens(http: httpx.AsyncClient, url: str, text: str) -> list[int]:
-    """An answer's token ids from the engine's /tokenize (the emulator's answers tokenize back
-    to what it generated)."""
-    reply = await http.post(f"{url}/tokenize", json={"prompt": text,
-                                                     "add_special_tokens": False})
-    assert reply.status_code == 200, reply.text
-    return list(reply.json()["tokens"])
 
 
 async def bound_to(stack: Stack, session: str) -> str:
@@ -289,6 +242,82 @@ async def test_with_a_pool_smaller_than_the_sessions_vllm_loads_what_the_profile
     files = {p.stem for p in (shared_pool.directory / "blocks").glob("*.kv")}
     assert len(files) == len(shared_pool.pool) <= capacity  # evicted blocks' files collected
 
+
+
+# A synthetic queue on the session's engine, against the real engine's speed (the calibration's
+# idle fit, rounded): a move that reads the context from the pool saves most of the queue; one
+# that finds the pool empty prefills the whole context, slower than staying.
+REAL_COST = EngineCost(prefill_tokens_per_s=10_000.0, prefill_overhead_s=0.01)
+GATE = GateConfig(min_saving_s=0.01, min_saving_ratio=0.1, cooldown_s=0.0)
+POOLED = ("http://pooled-0", "http://pooled-1")  # the two pooled engines, as the gate names them
+
+
+class _Holds:
+    """What the pool holds of the session being decided: ``tokens`` (a PoolResidency)."""
+
+    tokens = 0
+
+    def pool_tokens(self, kv_pool: str, session: str, context_tokens: int) -> int | None:
+        return min(self.tokens, context_tokens)
+
+
+def _verdict(context: int, prompt: int, held: int | None, miss_safe: bool) -> bool:
+    """Whether the gate moves a session with ``context`` tokens on the first pooled engine, its
+    queue set at half what prefilling the context costs, to the idle second one."""
+    board = LoadBoard()
+    holds = _Holds()
+    if held is not None:
+        holds.tokens = held
+    gate = GatedPolicy(REAL_COST, replace(GATE, miss_safe=miss_safe), board, clock=lambda: 0.0,
+                       residency=None if held is None else holds)
+    view = PoolView("pooled", tuple(Member(a, "shared") for a in POOLED))
+    backlog = 0.5 * context / REAL_COST.prefill_tokens_per_s
+    board.routed(POOLED[0], 0.0, backlog)
+    known = Known(0.0, prompt, Seen(context, None), "s")
+    move = gate.move(Placing(view, 1, {}, 1.25), POOLED[0], backlog, known)
+    return move is not None
+
+
+@pytest.mark.parametrize("connector", ["ascend-store", "lmcache"])
+async def test_a_move_refused_as_a_pool_miss_would_really_have_missed(
+        connector: str, fresh: RealFleet, shared_pool: SharedPool) -> None:
+    """The small pool above, each session's third turn asked of the load gate first (its engine
+    queued, the sibling idle), then sent to the sibling anyway. Told what the pool holds of the
+    session (the pool's own holdings of the session's blocks, what a pool's event stream would
+    say), the gate refuses exactly the moves that would not have paid given what vLLM then
+    really loaded; miss-safe without that knowledge refuses every move, the ones that would
+    have paid included."""
+    capacity = 60
+    shared_pool.reset(connector, capacity)
+    rows = []
+    async with httpx.AsyncClient(timeout=300) as http:
+        talks = [Conversation(f"miss-{i}", seed=80 + i, context=1500) for i in range(6)]
+        chains: dict[str, list[int]] = {}
+        for talk in talks:
+            for _ in range(2):
+                await talk.turn(http, fresh.urls[0])
+            finish = shared_pool.served("/v1/finish")[-1]["body"]
+            chains[talk.session] = [*finish["hashes"], *finish["answer"]]
+        for talk in reversed(talks):  # newest first, as above
+            context = len(talk.history)
+            held = shared_pool.pool.held_prefix(chains[talk.session]) * BLOCK_SIZE
+            prompt = context + talk.question
+            verdicts = (_verdict(context, prompt, held, True),
+                        _verdict(context, prompt, None, True),
+                        _verdict(context, prompt, None, False))
+            moved = await talk.turn(http, fresh.urls[1])
+            # The same question, told what vLLM then really loaded: would the move have paid?
+            paid = _verdict(context, prompt, moved.cached, True)
+            rows.append((talk.session, context, held, moved.cached, paid, *verdicts))
+    print(f"\n{connector}: session, context, pool holds, vLLM loaded on the sibling, the move "
+          "pays given that; moves (told holdings / miss-safe / not miss-safe)")
+    for row in rows:
+        print("  ", row)
+    missed = {r[0] for r in rows if not r[4]}
+    assert missed and len(missed) < len(rows), rows  # some lost, some kept: both sides tested
+    assert all(r[2] == r[3] for r in rows), rows  # told = really loaded
+    assert {r[0] for r in rows if not r[5]} == missed, rows  # refused exactly where it missed
+    assert not any(r[6] for r in rows) and all(r[7] for r in rows), rows  # doubt refuses all
 
 async def test_a_session_moved_by_killing_its_engine_keeps_its_cache_through_the_pool(
         gateway: Stack, fresh: RealFleet) -> None:

@@ -124,6 +124,10 @@ class Subscriber:
         self.socket.close(linger=0)
         self.context.term()
 
+    async def receive(self, timeout_s: float) -> Message | None:
+        """The next message, kept in :attr:`received`; None if none came within the time."""
+        return await self._next(timeout_s)
+
     async def _next(self, timeout_s: float) -> Message | None:
         if not await self.socket.poll(int(timeout_s * 1000)):
             return None
