@@ -202,6 +202,9 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     a("--pool-residency", choices=["on", "off"], default="off",
       help="the gate knows what the pool holds of a session it might move (exactly, as a "
            "pool's event stream would tell it) and prices the move with that (%(default)s)")
+    a("--hbm-residency", choices=["on", "off"], default="off",
+      help="the gate knows what each engine's HBM holds of a session (exactly, as the engines' "
+           "KV events tell it) and prices staying with that (%(default)s)")
 
 
 def router_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -212,7 +215,8 @@ def router_settings(args: argparse.Namespace) -> dict[str, Any]:
                                cooldown_s=args.gate_cooldown_s,
                                candidates=args.gate_candidates,
                                miss_safe=args.gate_miss_safe == "on"),
-            "pool_residency": args.pool_residency == "on"}
+            "pool_residency": args.pool_residency == "on",
+            "hbm_residency": args.hbm_residency == "on"}
 
 
 def router_description(config: SimConfig) -> dict[str, Any]:
@@ -224,7 +228,8 @@ def router_description(config: SimConfig) -> dict[str, Any]:
                           "min_saving_ratio": gate.min_saving_ratio,
                           "cooldown_s": gate.cooldown_s, "candidates": gate.candidates,
                           "miss_safe": gate.miss_safe},
-            "pool_residency": config.pool_residency}
+            "pool_residency": config.pool_residency,
+            "hbm_residency": config.hbm_residency}
 
 
 def no_queue_ttfts(workload: Workload, options: EmulatorOptions, blocks: PromptBlocks,

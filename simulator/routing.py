@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from emulator.ddr_pool import DdrPool
+from emulator.prefix_cache import PrefixCache
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState
@@ -151,6 +152,25 @@ class PoolHoldings:
         return min(context_tokens, self.pool.held_prefix(self.asking) * self.block_size)
 
 
+class EngineHoldings:
+    """What each simulated engine's HBM holds of the request being routed, exactly (its prefix
+    cache, a pure query): the gate's ``HbmResidency`` under ``--hbm-residency on``, what the
+    engines' KV events tell the live gate (``kvgate.fleet.residency``). The router sets
+    ``asking`` before it decides."""
+
+    def __init__(self, cache_of: Callable[[str], PrefixCache | None], block_size: int) -> None:
+        self.cache_of = cache_of
+        self.block_size = block_size
+        self.asking: Sequence[int] = ()  # the prompt's block hashes
+
+    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
+        """See ``kvgate.routing.policy.HbmResidency``."""
+        cache = self.cache_of(endpoint)
+        if cache is None:
+            return None
+        return min(context_tokens, cache.match(self.asking) * self.block_size)
+
+
 class AffinityRouter:
     """kvgate: sticky bindings, first placement on Envoy's ring with bounded load; with a load
     gate, new sessions go to the least estimated TTFT among their ring candidates and a bound
@@ -158,8 +178,10 @@ class AffinityRouter:
 
     def __init__(self, addresses: Sequence[str], kv_pools: Sequence[str],
                  clock: Callable[[], float], load_factor: float, idle_ttl: float,
-                 policy: Policy = STATIC, holdings: PoolHoldings | None = None) -> None:
+                 policy: Policy = STATIC, holdings: PoolHoldings | None = None,
+                 hbm: EngineHoldings | None = None) -> None:
         self._holdings = holdings
+        self._hbm = hbm
         self._members = _Members(addresses, kv_pools)
         self._directory = _Directory(self._members)
         store = MemoryBindingStore(idle_ttl=idle_ttl, clock=clock)
@@ -170,6 +192,8 @@ class AffinityRouter:
     async def route(self, ask: Ask, now: float) -> str | None:
         if self._holdings is not None:
             self._holdings.asking = ask.hashes
+        if self._hbm is not None:
+            self._hbm.asking = ask.hashes
         try:
             decision = await self._pipeline.decide(POOL, ask.session.encode(), ask.prompt_tokens)
         except DecisionError:
@@ -216,7 +240,8 @@ class _NoMetrics:
 
 def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[], float],
                 load_factor: float, idle_ttl: float, setup: RouterSetup | None = None,
-                metrics: Metrics | None = None, holdings: PoolHoldings | None = None) -> Router:
+                metrics: Metrics | None = None, holdings: PoolHoldings | None = None,
+                hbm: EngineHoldings | None = None) -> Router:
     setup = setup or RouterSetup()
     metrics = metrics or _NoMetrics()
     if mode.round_robin:
@@ -233,7 +258,9 @@ def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[],
     mix = PrefillMix()
     board = ScrapedBoard(metrics, mix, setup.max_age_s)
     holdings = holdings if mode.ddr_pool and mode.load_aware else None
+    hbm = hbm if mode.load_aware else None
     policy: Policy = (GatedPolicy(setup.cost, setup.gate, board, clock=clock, mix=mix,
-                                  residency=holdings)
+                                  residency=holdings, hbm=hbm)
                       if mode.load_aware else STATIC)
-    return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, policy, holdings)
+    return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, policy, holdings,
+                          hbm)

@@ -48,6 +48,9 @@ class SimConfig:
     # simulated pool: what a pool's event stream would tell it), instead of assuming all of it
     # and doubting that with miss_safe.
     pool_residency: bool = False
+    # The gate knows what each engine's HBM holds of a session (exactly, from the simulated
+    # engines' caches: what their KV events tell it) and prices staying with that.
+    hbm_residency: bool = False
 
 
 def router_setup(options: EmulatorOptions, config: SimConfig) -> RouterSetup:

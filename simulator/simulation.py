@@ -15,12 +15,13 @@ from benchkit.report import ModeStats, percentile
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import Admission, EngineConfig, EngineModel, Probe
 from emulator.pool_faults import PoolFaults
+from emulator.prefix_cache import PrefixCache
 from emulator.transfer import TransferModel
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState
 from simulator.estimate import PromptEstimate
 from simulator.observe import EngineGauges, Scraper
-from simulator.routing import Ask, PoolHoldings, make_router
+from simulator.routing import Ask, EngineHoldings, PoolHoldings, make_router
 from simulator.sending import NEVER, SendOrder
 from simulator.setup import FleetEvent, SimConfig, SimResult, engine_address, router_setup
 from workload.hashing import PromptBlocks
@@ -77,9 +78,11 @@ class Simulation:
                           lambda e, at: self.fleet.engines[e].usage(at), config.load_refresh_s)
         holdings = (PoolHoldings(self.pool, lambda: self.pool_up, options.block_size)
                     if config.pool_residency and self.pool is not None else None)
+        hbm = (EngineHoldings(self._cache_of, options.block_size) if config.hbm_residency
+               else None)
         self.router = make_router(mode, self.addresses, lambda: self.now, config.load_factor,
                                   config.idle_ttl, router_setup(options, config), scraper,
-                                  holdings)
+                                  holdings, hbm)
         self.estimate = PromptEstimate(config.prompt_error)
         self.requests = workload.requests
         self.measured = [workload.measured(r) for r in self.requests]
@@ -100,6 +103,10 @@ class Simulation:
                 self._push(at, _POOL, None)
         self.bar = _progress(config.progress, len(self.requests), mode)
         self.done = 0
+
+    def _cache_of(self, address: str) -> PrefixCache | None:
+        engine = self.index.get(address)
+        return None if engine is None else self.fleet.engines[engine].cache
 
     def _push(self, at: float, kind: int, data: _Entry) -> None:
         heapq.heappush(self.heap, (at, self.seq, kind, data))

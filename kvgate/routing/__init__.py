@@ -17,9 +17,17 @@ from kvgate.routing.decision import (
 )
 from kvgate.routing.gated import GatedPolicy
 from kvgate.routing.pipeline import Pipeline
-from kvgate.routing.policy import STATIC, Policy, PoolResidency, PromptSize, StaticPolicy
+from kvgate.routing.policy import (
+    STATIC,
+    HbmResidency,
+    Policy,
+    PoolResidency,
+    PromptSize,
+    StaticPolicy,
+)
 
 __all__ = [
-    "STATIC", "Decision", "DecisionError", "GatedPolicy", "NoActiveEndpoint", "Outcome",
+    "STATIC", "Decision", "DecisionError", "GatedPolicy", "HbmResidency", "NoActiveEndpoint",
+    "Outcome",
     "Pipeline", "Policy", "PoolResidency", "PromptSize", "StaticPolicy", "UnknownPool",
 ]

@@ -10,8 +10,11 @@ score, and the booking that keeps its load board and memory of sessions current.
   also be no slower if the pool has lost the context and the sibling prefills it all (a pool
   evicts a long session's early blocks while they live in HBM; it can be down). Where what the
   pool holds of the session is known (a `PoolResidency`), the move is priced with exactly that
-  read from DDR and the rest prefilled, and `miss_safe` has nothing left to guard. A session that
-  moved stays put for `cooldown_s` (hysteresis: no flapping between two busy siblings).
+  read from DDR and the rest prefilled, and `miss_safe` has nothing left to guard. Where what
+  its engine's HBM still holds is known (an `HbmResidency`, from the engine's KV events),
+  staying is priced with that: a context that has left HBM comes back from the pool there too,
+  so a move costs no hit rate. A session that moved stays put for `cooldown_s` (hysteresis: no
+  flapping between two busy siblings).
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import LoadBound, candidates
 from kvgate.routing.booking import Ledger
-from kvgate.routing.policy import BookingHook, Known, Placing, PoolResidency, PromptSize
+from kvgate.routing.policy import (
+    BookingHook,
+    HbmResidency,
+    Known,
+    Placing,
+    PoolResidency,
+    PromptSize,
+)
 from kvgate.routing.recent import PrefillMix, RecentSessions
 from kvgate.routing.terms import Candidate, Estimate, Term, default_terms
 
@@ -48,7 +58,7 @@ class GatedPolicy:
         self, cost: EngineCost, config: GateConfig, board: LoadBoard, *,
         clock: Callable[[], float] = time.monotonic, recent: RecentSessions | None = None,
         mix: PrefillMix | None = None, terms: Sequence[Term] | None = None,
-        residency: PoolResidency | None = None,
+        residency: PoolResidency | None = None, hbm: HbmResidency | None = None,
     ) -> None:
         self.cost = cost
         self.config = config
@@ -59,6 +69,7 @@ class GatedPolicy:
         self.estimate = Estimate(default_terms(cost, config) if terms is None else terms)
         self.hooks: tuple[BookingHook, ...] = (Ledger(cost, board, self.recent, self.mix),)
         self.residency = residency
+        self.hbm = hbm
 
     def known(self, pool: str, session: str, prompt_tokens: int) -> Known:
         return Known(self.clock(), prompt_tokens, self.recent.get(pool, session), session)
@@ -120,15 +131,21 @@ class GatedPolicy:
         if same_kv is None or whole is None or same_kv is whole:
             return None  # no sibling shares its DDR pool
         bound = LoadBound(view, whole, placing.loads, placing.load_factor, extra=0)
-        stay = self.estimate.seconds(Candidate(current, backlog, size.prompt_tokens,
-                                               hbm_tokens=size.context_tokens))
-        siblings = (a for a in same_kv.ring.walk(placing.hash_value)
-                    if a != current and bound.admits(a))
         # What the pool holds of the context, where known: the sibling reads that and prefills
         # the rest, so the estimate is the move's own and needs no miss-safe doubt.
         held = (None if self.residency is None or kv_pool is None
                 else self.residency.pool_tokens(kv_pool, known.session, size.context_tokens))
         ddr = size.context_tokens if held is None else held
+        # What its engine's HBM still holds, where known; what left it comes back from the pool.
+        in_hbm = (None if self.hbm is None
+                  else self.hbm.hbm_tokens(current, known.session, size.context_tokens))
+        if in_hbm is None:
+            in_hbm = size.context_tokens
+        stay = self.estimate.seconds(Candidate(current, backlog, size.prompt_tokens,
+                                               hbm_tokens=in_hbm,
+                                               ddr_tokens=max(0, ddr - in_hbm)))
+        siblings = (a for a in same_kv.ring.walk(placing.hash_value)
+                    if a != current and bound.admits(a))
         best, best_s = _least(
             (address, self.score(address, now, size, ddr_tokens=ddr))
             for address in islice(siblings, config.candidates))
@@ -137,9 +154,12 @@ class GatedPolicy:
         saving = stay - best_s
         if saving < config.min_saving_s or saving < config.min_saving_ratio * stay:
             return None
-        if config.miss_safe and held is None and self.score(best, now, size) > stay:
+        if config.miss_safe and held is None and self.score(best, now, size) > (
+                stay if in_hbm >= size.context_tokens else self.estimate.seconds(
+                    Candidate(current, backlog, size.prompt_tokens, hbm_tokens=in_hbm))):
             # The pool may have lost the context (evicted, down, restarted): then the sibling
-            # prefills it all. Only a move that is no worse even so is taken.
+            # prefills it all, and so does this engine for what has left its HBM. Only a move
+            # that is no worse even so is taken.
             return None
         return Move(best, stay, best_s)
 

@@ -55,6 +55,16 @@ class PoolResidency(Protocol):
         ...
 
 
+class HbmResidency(Protocol):
+    """How much of a session's context an engine's HBM still holds, where that can be known
+    (the engine's KV cache events: kvgate.fleet.residency; the simulator's own engines)."""
+
+    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
+        """Leading tokens of the session's context `endpoint` would hit in its prefix cache now,
+        at most ``context_tokens``; None when not known (the gate then assumes it all there)."""
+        ...
+
+
 class Placing(NamedTuple):
     """Where a session is being placed: its pool's view, ring hash and session counts."""
 

@@ -9,8 +9,9 @@ import pytest
 from emulator.ddr_pool import DdrPool
 from emulator.options import EmulatorOptions
 from emulator.pool_faults import PoolFaults, PoolWindow, parse_window
+from emulator.prefix_cache import PrefixCache
 from kvgate.contract.modes import RoutingMode
-from simulator.routing import PoolHoldings
+from simulator.routing import EngineHoldings, PoolHoldings
 from simulator.run import SimConfig, simulate
 from workload.bank import BankCodingOptions, bank_coding
 from workload.model import Workload
@@ -120,5 +121,25 @@ def test_pool_residency_off_changes_nothing_and_on_is_its_own_run(workload: Work
     off = simulate(workload, mode, SimConfig(_fleet())).stats.figures()
     again = simulate(workload, mode, SimConfig(_fleet(), pool_residency=False)).stats.figures()
     on = simulate(workload, mode, SimConfig(_fleet(), pool_residency=True)).stats.figures()
+    assert off == again
+    assert on["requests"] == off["requests"] and on["errors"] == 0
+
+
+def test_engine_holdings_are_the_engines_cache_as_a_pure_query() -> None:
+    cache = PrefixCache(8 * 128, 128)
+    cache.release([1, 2, 3], hold=cache.acquire([1, 2, 3]))
+    caches = {"e0": cache}
+    holdings = EngineHoldings(caches.get, 128)
+    holdings.asking = [1, 2, 9, 4]
+    assert holdings.hbm_tokens("e0", "s", 10_000) == 256  # blocks 1 and 2, then a miss
+    assert holdings.hbm_tokens("e0", "s", 100) == 100  # never more than the context
+    assert holdings.hbm_tokens("e1", "s", 10_000) is None  # not an engine it knows
+
+
+def test_hbm_residency_off_changes_nothing_and_on_is_its_own_run(workload: Workload) -> None:
+    mode = RoutingMode.AFFINITY_DDR
+    off = simulate(workload, mode, SimConfig(_fleet())).stats.figures()
+    again = simulate(workload, mode, SimConfig(_fleet(), hbm_residency=False)).stats.figures()
+    on = simulate(workload, mode, SimConfig(_fleet(), hbm_residency=True)).stats.figures()
     assert off == again
     assert on["requests"] == off["requests"] and on["errors"] == 0

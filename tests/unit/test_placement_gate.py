@@ -13,7 +13,7 @@ from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import candidates
 from kvgate.placement.view import Member, PoolView
 from kvgate.routing.gated import GatedPolicy, Move
-from kvgate.routing.policy import Known, Placing, PoolResidency, PromptSize
+from kvgate.routing.policy import HbmResidency, Known, Placing, PoolResidency, PromptSize
 from kvgate.routing.recent import Seen
 
 HASH = session_hash(b"session-1")
@@ -34,10 +34,11 @@ class _Gate:
     """The gated policy asked one question at a time, at a given instant."""
 
     def __init__(self, config: GateConfig, board: LoadBoard,
-                 residency: PoolResidency | None = None) -> None:
+                 residency: PoolResidency | None = None,
+                 hbm: HbmResidency | None = None) -> None:
         self.now = 0.0
         self.policy = GatedPolicy(COST, config, board, clock=lambda: self.now,
-                                  residency=residency)
+                                  residency=residency, hbm=hbm)
 
     def place(self, view: PoolView, hash_value: int, loads: dict[str, int], load_factor: float,
               now: float, size: PromptSize) -> str | None:
@@ -61,8 +62,8 @@ class _Gate:
 
 
 def _gate(config: GateConfig | None = None, board: LoadBoard | None = None,
-          residency: PoolResidency | None = None) -> _Gate:
-    return _Gate(config or GateConfig(), board or LoadBoard(), residency)
+          residency: PoolResidency | None = None, hbm: HbmResidency | None = None) -> _Gate:
+    return _Gate(config or GateConfig(), board or LoadBoard(), residency, hbm)
 
 
 def _queue(board: LoadBoard, address: str, seconds: float, now: float = 0.0) -> None:
@@ -262,3 +263,33 @@ def test_under_the_threshold_a_sticky_request_looks_at_its_own_engine_only() -> 
     size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
     assert _gate(board=board).reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size) is None
     assert board.asked == [current]
+
+
+class _InHbm:
+    """An engine whose HBM holdings are known: ``tokens`` of the session's context."""
+
+    def __init__(self, tokens: int | None) -> None:
+        self.tokens = tokens
+
+    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
+        return None if self.tokens is None else min(self.tokens, context_tokens)
+
+
+@pytest.mark.parametrize(("in_hbm", "pool", "moves"), [
+    (None, None, False),  # not known: staying is a hit, and miss-safe doubts the move (above)
+    (19_000, None, False),  # all still there: the same
+    (0, None, True),  # it left HBM: if the pool lost it, staying prefills it all too (10.02 s)
+    (15_000, None, False),  # 4,000 tokens left: staying without the pool 7.02 s, moving 8.02 s
+    (0, 0, False),  # the pool lost it too: both prefill 20,000; 8.02 against 10.02 s is < 30 %
+    (None, 0, False),  # the pool lost it, HBM not known: staying is a hit (6.22 s)
+])
+def test_known_hbm_holdings_price_staying(in_hbm: int | None, pool: int | None,
+                                         moves: bool) -> None:
+    view, board, current, _siblings = _bound_and_queued(6.0, 4.0)
+    size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
+    gate = _gate(board=board, residency=None if pool is None else _Holds(pool),
+                 hbm=_InHbm(in_hbm))
+    move = gate.reconsider(view, current, HASH, {current: 1}, 1.25, 0.0, size)
+    assert (move is not None) == moves
+    if move is not None:  # the DDR read hides in either queue
+        assert (move.stay_s, move.move_s) == (pytest.approx(6.22), pytest.approx(4.22))
