@@ -28,6 +28,7 @@ from kvgate.etcd.connection import DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PAGE_SIZE
 from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
 from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
+from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.observability.http import MetricsServer
 from kvgate.observability.logs import Throttled
 from kvgate.placement.live import LoadBoard
@@ -179,9 +180,11 @@ class ExtProcService:
         if settings.source == "collector":
             addresses = [str(a) for a in settings.collector] or [str(config.control_plane.admin)]
             token = load_token(READ_TOKEN_ENV) or load_token(TOKEN_ENV)
+            events = bool(settings.kv_events_port or settings.kv_events_port_offset)
+            policy.hbm = hbm = HbmBoard() if events else None
             self.feed = FleetFeed(addresses, board, policy.mix,
-                                  FleetFeedMetrics(self.metrics.registry), token,
-                                  stall_s=max(2.0, 10 * settings.refresh_s))
+                                  FleetFeedMetrics(self.metrics.registry, hbm), token,
+                                  stall_s=max(2.0, 10 * settings.refresh_s), hbm=hbm)
             self.supervisor.spawn("fleet-feed", self.feed.run)
             return policy
         scraper = EngineLoadScraper(self.directory.active_addresses, board, policy.mix,

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 
 from kvgate.admin_api.v1 import admin_pb2 as pb
-from kvgate.fleet.collector import FleetCollector
+from kvgate.fleet.collector import FleetCollector, Residency
 
 
 class FleetStream:
@@ -29,26 +29,41 @@ class FleetStream:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._refusal())
             return
         collector.watchers += 1
+        sent: int | None = None  # the last round this stream sent
         try:
             while True:
                 await collector.next_round()
                 if not collector.wanted():
                     await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._refusal())
                     return
-                yield self.frame(collector)
+                # Residency goes as changes: a stream's first message, or one after rounds it
+                # missed, carries all of it instead.
+                yield self.frame(collector, full=sent is None or collector.rounds != sent + 1)
+                sent = collector.rounds
         finally:
             collector.watchers -= 1
 
-    def frame(self, collector: FleetCollector) -> pb.FleetLoad:
+    def frame(self, collector: FleetCollector, full: bool = False) -> pb.FleetLoad:
+        """The round's message (built once for every stream), or with every session's
+        residency for one stream that needs it all."""
         if self._frame is None or self._frame[0] != collector.rounds:
             message = pb.FleetLoad(
                 round=collector.rounds, interval_s=collector.refresh_s,
                 collector=self._identity,
                 engines=[pb.EngineLoad(endpoint=a.address, waiting=a.figures.waiting,
                                        running=a.figures.running, kv_usage=a.figures.kv_usage,
-                                       age_s=a.age_s) for a in collector.ages()])
+                                       age_s=a.age_s) for a in collector.ages()],
+                residency=_residency(collector.residency_changed),
+                residency_lost=collector.residency_lost)
             self._frame = (collector.rounds, message)
-        return self._frame[1]
+        if not full:
+            return self._frame[1]
+        whole = pb.FleetLoad()
+        whole.CopyFrom(self._frame[1])
+        del whole.residency[:]
+        whole.residency.extend(_residency(collector.residency()))
+        whole.residency_full = True
+        return whole
 
     def _refusal(self) -> str:
         if self._collector is None:
@@ -58,3 +73,8 @@ class FleetStream:
             return "placement.load_gate.source is not collector here (or the gate is off)"
         return (f"not collecting: {self._identity} does not lead; the leader is "
                 f"{leader or 'not elected yet'}")
+
+
+def _residency(entries: list[Residency]) -> list[pb.SessionResidency]:
+    return [pb.SessionResidency(endpoint=r.endpoint, session=r.session, tokens=r.tokens or 0,
+                                unknown=r.tokens is None) for r in entries]

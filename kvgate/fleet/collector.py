@@ -2,7 +2,9 @@
 scraper of engine load. The control-plane leader runs it: it already knows the engines and
 probes them. Every `refresh_s` it scrapes each active engine once (kvgate.fleet.scrape) and
 wakes whoever watches (the admin API's WatchFleetLoad streams, one per ext_proc replica), so
-each engine is scraped once per interval whatever the number of replicas.
+each engine is scraped once per interval whatever the number of replicas. With
+`kv_events_port` (or `_offset`) it also reads every active engine's KV event stream
+(kvgate.fleet.kv_events) and each round names the sessions whose HBM residency changed.
 
 Figures stay in this process's memory, stamped with its own monotonic clock; they leave as
 ages (`Fleet.ages`), so no two hosts' clocks are ever compared. Nothing goes through etcd.
@@ -13,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import aiohttp
 
+from kvgate.fleet.kv_events import EventSubscriptions, events_endpoint
 from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, ScrapeRounds
 
 
@@ -29,6 +33,21 @@ class CollectorSettings:
     leading: bool  # this control-plane replica leads
     refresh_s: float
     timeout_s: float  # a scrape slower than this is abandoned
+    kv_events_port: int = 0  # each engine's event publisher (0: none) ...
+    kv_events_port_offset: int = 0  # ... or at its own port plus this
+
+    @property
+    def kv_events(self) -> bool:
+        return bool(self.kv_events_port or self.kv_events_port_offset)
+
+
+@dataclass(frozen=True, slots=True)
+class Residency:
+    """What one engine's HBM holds of one session (None: nothing known of it there now)."""
+
+    endpoint: str
+    session: str
+    tokens: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +77,9 @@ class FleetCollector:
         self.watchers = 0  # streams open now (the admin API counts them in and out)
         self._tick = asyncio.Event()  # replaced each round; set to wake the round's watchers
         self._rounds: ScrapeRounds | None = None  # remade when refresh or timeout change
+        self.events = EventSubscriptions()  # each engine's KV events (kv_events_port)
+        self.residency_changed: list[Residency] = []  # in the last round
+        self.residency_lost: list[str] = []  # engines forgotten in the last round
 
     def configured(self) -> bool:
         return self._settings().configured
@@ -77,7 +99,7 @@ class FleetCollector:
 
     async def run(self) -> None:
         """Runs under the control plane's supervisor until cancelled."""
-        async with ScrapeRounds.session() as http:
+        async with ScrapeRounds.session() as http, self._events_closed():
             while True:
                 settings = self._settings()
                 if not (settings.configured and settings.leading):
@@ -102,6 +124,7 @@ class FleetCollector:
         active = set(self._engines())
         for gone in [a for a in self._read if a not in active]:
             del self._read[gone]  # left the pool, drained or failed: its queue is not ours
+        self._gather_residency(settings, active)
         self.rounds += 1
         self._wake()
         return spent
@@ -110,11 +133,41 @@ class FleetCollector:
         """One engine's figures as read at `at` (the scrape's callback)."""
         self._read[address] = (figures, at)
 
+    def _gather_residency(self, settings: CollectorSettings, active: set[str]) -> None:
+        """Follows the active engines' event streams; what changed since the last round."""
+        port, offset = settings.kv_events_port, settings.kv_events_port_offset
+        lost = self.events.follow({a: events_endpoint(a, port, offset) for a in sorted(active)}
+                                  if settings.kv_events else {})
+        changed = []
+        for engine, (sub, _) in self.events.engines.items():
+            if sub.lost:
+                sub.lost = False
+                lost.append(engine)
+            residency = sub.residency
+            changed.extend(Residency(engine, session, residency.hbm_tokens(session))
+                           for session in residency.take_changed())
+        self.residency_changed, self.residency_lost = changed, lost
+
+    def residency(self) -> list[Residency]:
+        """Every session known on every engine (a stream's first message)."""
+        return [Residency(engine, session, tokens)
+                for engine, (sub, _) in self.events.engines.items()
+                for session, tokens in sub.residency.known()]
+
+    @asynccontextmanager
+    async def _events_closed(self) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await self.events.close()
+
     def _stop_collecting(self) -> None:
         if self.collecting or self._read:
             self.collecting = False
             self._read.clear()
             self.rounds = 0
+            self.events.follow({})
+            self.residency_changed, self.residency_lost = [], []
 
     def _wake(self) -> None:
         tick, self._tick = self._tick, asyncio.Event()

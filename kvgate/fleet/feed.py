@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
+from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.routing.recent import PrefillMix
 
@@ -36,7 +37,7 @@ RETRY_S = (0.2, 0.5, 1.0, 2.0)  # pauses between failed attempts, the last one r
 class FleetFeedMetrics:
     """The feed's health as Prometheus sees it (gauges read the feed when scraped)."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, hbm: HbmBoard | None = None) -> None:
         self.reachable = Gauge(
             "kvgate_ext_proc_fleet_collector_reachable", "1 while the fleet-state collector's "
             "figures arrive no older than max_load_age_s; 0: static stickiness for the engines "
@@ -51,6 +52,10 @@ class FleetFeedMetrics:
             "kvgate_ext_proc_fleet_state_oldest_figure_seconds", "Age of the oldest figure of "
             "each round as it arrived", buckets=(0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0),
             registry=registry)
+        if hbm is not None:
+            Gauge("kvgate_ext_proc_hbm_residency_sessions", "Sessions whose residency in their "
+                  "engines' HBM the collector reported (from the engines' KV events)",
+                  registry=registry).set_function(lambda: hbm.sessions)
 
 
 class FleetFeed:
@@ -60,6 +65,7 @@ class FleetFeed:
         self, addresses: Sequence[str], board: LoadBoard, mix: PrefillMix,
         metrics: FleetFeedMetrics, token: str | None = None,
         clock: Callable[[], float] = time.monotonic, stall_s: float = 2.0,
+        hbm: HbmBoard | None = None,
     ) -> None:
         if not addresses:
             raise ValueError("the fleet feed needs at least one collector address")
@@ -72,6 +78,7 @@ class FleetFeed:
         # A stream silent this long is given up (a collector host gone without a reset would
         # otherwise hold it open forever) and the next address tried.
         self._stall_s = stall_s
+        self.hbm = hbm  # the engines' HBM residency, where the collector reads KV events
         self.following: str | None = None  # the address streaming to it now
         self._newest_at: float | None = None  # when its newest figure was read (our clock)
         self._trouble: set[str] = set()  # failures of the current streak, each logged once
@@ -155,10 +162,14 @@ class FleetFeed:
                 oldest = age
         if frame.engines and (self._newest_at is None or now - youngest > self._newest_at):
             self._newest_at = now - youngest
+        if self.hbm is not None:
+            self.hbm.apply(frame)
         self._metrics.frames.inc()
         self._metrics.oldest.observe(oldest)
 
     def _failed(self, address: str, reason: str) -> None:
+        if self.hbm is not None:
+            self.hbm.clear()  # changes missed meanwhile: the next stream starts whole
         if f"{address} {reason}" not in self._trouble:
             log.warning("fleet_collector_unreachable", collector=address, reason=reason,
                         effect="figures age out: static stickiness until it streams again")

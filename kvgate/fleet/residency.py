@@ -20,11 +20,13 @@ nothing here since, nothing is known (None), and the gate falls back to its esti
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-MAX_SESSIONS = 65_536  # per engine: sessions remembered, oldest store forgotten first
+# Per engine: sessions remembered, the least recently stored forgotten first. An engine's HBM
+# holds a few dozen long contexts; the rest are remembered as gone (0) until pushed out.
+MAX_SESSIONS = 1024
 
 
 @dataclass(slots=True)
@@ -41,8 +43,11 @@ class _Chain:
 class EngineResidency:
     """One engine's blocks and sessions, from its events in stream order (:meth:`apply`)."""
 
-    def __init__(self, max_sessions: int = MAX_SESSIONS) -> None:
+    def __init__(self, max_sessions: int = MAX_SESSIONS,
+                 session_key: Callable[[str], str | None] = lambda raw: raw) -> None:
         self.max_sessions = max_sessions
+        self._session_key = session_key  # the id vLLM was sent → the session as kvgate keys it
+        self.changed: set[str] = set()  # sessions whose answer may have changed (take_changed)
         self._depth: dict[int, int] = {}  # resident block → its place in its prompt (1-based)
         self._owner: dict[int, tuple[str, int]] = {}  # block → session, index in its chain
         self._chains: OrderedDict[str, _Chain] = OrderedDict()
@@ -85,16 +90,29 @@ class EngineResidency:
         depth = self._depth[last]
         return depth * chain.block_size if depth else None  # 0: its place is not known
 
+    def known(self) -> Iterator[tuple[str, int | None]]:
+        """Every session remembered here, with :meth:`hbm_tokens`' answer."""
+        for session in self._chains:
+            yield session, self.hbm_tokens(session)
+
+    def take_changed(self) -> set[str]:
+        """Sessions whose answer may have changed since the last call (a store or an eviction
+        of their own blocks; a shared prefix evicted changes the sessions behind it unseen)."""
+        changed, self.changed = self.changed, set()
+        return changed
+
     def cleared(self) -> None:
         """``AllBlocksCleared``: nothing resident, every session known to hold nothing."""
         self._depth.clear()
         self._owner.clear()
+        self.changed.update(self._chains)
         for chain in self._chains.values():
             chain.intact = 0
             chain.parent, chain.anchored = None, True
 
     def lost(self) -> None:
         """Events were missed: nothing is known any more until sessions store again."""
+        self.changed.update(self._chains)
         self._depth.clear()
         self._owner.clear()
         self._chains.clear()
@@ -111,11 +129,13 @@ class EngineResidency:
         base = 0 if parent is None else self._depth.get(parent, 0)
         for i, block in enumerate(blocks):
             self._depth[block] = base + i + 1 if base or parent is None else 0
-        session = event.get("session_id")
-        if not isinstance(session, str) or not session:
+        raw = event.get("session_id")
+        session = self._session_key(raw) if isinstance(raw, str) and raw else None
+        if session is None:
             for block in blocks:
                 self._owner.pop(block, None)
             return
+        self.changed.add(session)
         self._extend(session, parent, blocks, int(event.get("block_size") or 0))
 
     def _extend(self, session: str, parent: int | None, blocks: list[int],
@@ -162,6 +182,7 @@ class EngineResidency:
             oldest, old = next(iter(self._chains.items()))
             self._forget_chain(oldest, old)
             del self._chains[oldest]
+            self.changed.add(oldest)
 
     def _removed(self, block: int) -> None:
         self._depth.pop(block, None)
@@ -171,6 +192,7 @@ class EngineResidency:
         chain = self._chains.get(owner[0])
         if chain is not None and owner[1] < chain.intact:
             chain.intact = owner[1]
+            self.changed.add(owner[0])
 
     # -- helpers ---------------------------------------------------------------------------
 

@@ -28,6 +28,7 @@ def test_the_three_gauges_cost_less_than_the_whole_page_and_events_are_decoded(
     assert 0 < per["scrape_filtered_cpu_s"] < per["scrape_whole_cpu_s"]
     assert result["recorded"]["metrics_load_bytes"] * 50 < result["recorded"]["metrics_full_bytes"]
     assert result["events"]["stored_blocks"] > 0 and per["events_cpu_s_per_block"] > 0
+    assert per["residency_cpu_s_per_block"] > 0
     cores = result["projection"]["cores"]
     assert cores["one collector: three gauges, once"] == pytest.approx(
         1000 * 10 * per["collector_scrape_cpu_s"])

@@ -34,6 +34,26 @@ def test_the_load_source_is_scrape_unless_told_and_its_collectors_are_addresses(
     assert "placement.load_gate.collector[0]: must be host:port" in str(caught.value)
 
 
+def test_kv_events_are_one_port_or_an_offset_and_need_the_collector() -> None:
+    gate = load_text(POOLS + "placement: {load_gate: {source: collector, kv_events_port: 5557}}\n"
+                     ).placement.load_gate
+    assert (gate.kv_events_port, gate.kv_events_port_offset) == (5557, 0)
+    gate = load_text(POOLS + "placement: {load_gate: {source: collector, "
+                     "kv_events_port_offset: -100}}\n").placement.load_gate
+    assert (gate.kv_events_port, gate.kv_events_port_offset) == (0, -100)
+    for text, expected in (
+        ("{source: collector, kv_events_port: 5557, kv_events_port_offset: 1}",
+         "placement.load_gate.kv_events_port_offset: set kv_events_port or"),
+        ("{kv_events_port: 5557}",
+         "placement.load_gate.kv_events_port: KV events are read by the collector: needs "
+         "source: collector, got source: scrape"),
+        ("{source: collector, kv_events_port: 70000}", "placement.load_gate.kv_events_port"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            load_text(POOLS + f"placement: {{load_gate: {text}}}\n")
+        assert expected in str(caught.value)
+
+
 def test_a_collector_reached_through_a_wildcard_admin_address_is_warned() -> None:
     wildcard = "control_plane: {admin: 0.0.0.0:18001}\n"
     collector = "placement: {load_gate: {source: collector}}\n"

@@ -104,3 +104,16 @@ def test_sessions_are_bounded_oldest_forgotten_first() -> None:
         hbm.apply([stored([100 + i], None, session)])
     assert hbm.sessions == 2
     assert (hbm.hbm_tokens("a"), hbm.hbm_tokens("c")) == (None, BS)
+
+
+def test_changed_sessions_are_reported_once_and_ids_are_mapped() -> None:
+    hbm = EngineResidency(session_key=lambda raw: None if raw == "skip" else raw.upper())
+    hbm.apply([stored([1, 2], None, "a"), stored([3], None, "skip")])
+    assert hbm.take_changed() == {"A"} and hbm.take_changed() == set()
+    assert hbm.hbm_tokens("A") == 2 * BS and hbm.sessions == 1
+    hbm.apply(removed(3))  # not a session's block: nobody changed
+    assert hbm.take_changed() == set()
+    hbm.apply(removed(2))
+    assert hbm.take_changed() == {"A"}
+    hbm.lost()
+    assert hbm.take_changed() == {"A"} and hbm.hbm_tokens("A") is None

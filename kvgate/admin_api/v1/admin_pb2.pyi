@@ -24,17 +24,35 @@ class EngineLoad(_message.Message):
     age_s: float
     def __init__(self, endpoint: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., age_s: _Optional[float] = ...) -> None: ...
 
+class SessionResidency(_message.Message):
+    __slots__ = ("endpoint", "session", "tokens", "unknown")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    endpoint: str
+    session: str
+    tokens: int
+    unknown: bool
+    def __init__(self, endpoint: _Optional[str] = ..., session: _Optional[str] = ..., tokens: _Optional[int] = ..., unknown: _Optional[bool] = ...) -> None: ...
+
 class FleetLoad(_message.Message):
-    __slots__ = ("round", "interval_s", "collector", "engines")
+    __slots__ = ("round", "interval_s", "collector", "engines", "residency", "residency_full", "residency_lost")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     COLLECTOR_FIELD_NUMBER: _ClassVar[int]
     ENGINES_FIELD_NUMBER: _ClassVar[int]
+    RESIDENCY_FIELD_NUMBER: _ClassVar[int]
+    RESIDENCY_FULL_FIELD_NUMBER: _ClassVar[int]
+    RESIDENCY_LOST_FIELD_NUMBER: _ClassVar[int]
     round: int
     interval_s: float
     collector: str
     engines: _containers.RepeatedCompositeFieldContainer[EngineLoad]
-    def __init__(self, round: _Optional[int] = ..., interval_s: _Optional[float] = ..., collector: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineLoad, _Mapping]]] = ...) -> None: ...
+    residency: _containers.RepeatedCompositeFieldContainer[SessionResidency]
+    residency_full: bool
+    residency_lost: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round: _Optional[int] = ..., interval_s: _Optional[float] = ..., collector: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineLoad, _Mapping]]] = ..., residency: _Optional[_Iterable[_Union[SessionResidency, _Mapping]]] = ..., residency_full: _Optional[bool] = ..., residency_lost: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class FleetCollectorStatus(_message.Message):
     __slots__ = ("collecting", "engines", "watchers", "interval_s", "rounds")

@@ -69,6 +69,16 @@ class LoadGateConfig:
         "`control_plane.admin`. Off loopback the replica sends `KVGATE_ADMIN_READ_TOKEN` (or "
         "`KVGATE_ADMIN_TOKEN`), in plain text: an admin API with TLS is not supported here",
         default=(), default_doc="`[]` (`control_plane.admin`)")
+    kv_events_port: int = key(
+        Integer(0, 65535), "`source: collector`: each engine's KV cache event publisher, on "
+        "the engine's host at this port (vLLM's `--kv-events-config` endpoint `tcp://*:PORT`); "
+        "the collector reads every engine's stream and tells each replica how much of a "
+        "session's context its engine's HBM still holds (sessions whose id reaches vLLM as "
+        "`X-Session-ID`), which the gate prices staying with. 0: no events", default=0)
+    kv_events_port_offset: int = key(
+        Integer(-65535, 65535), "... or at the engine's own port plus this (several engines "
+        "on one host: `kvgate emulate --kv-events-port` numbers them so). 0: not used",
+        default=0)
     refresh_s: float = key(Duration(0.01, 60.0), "how often each active engine's `/metrics` is "
                            "scraped: by each ext_proc replica (`source: scrape`) or by the "
                            "collector (`source: collector`)", default=0.1)
@@ -83,6 +93,14 @@ class LoadGateConfig:
 
 
 def _check_gate(f: Fields, gate: LoadGateConfig, path: Path) -> None:
+    if gate.kv_events_port and gate.kv_events_port_offset:
+        f.error((*path, "kv_events_port_offset"), "set kv_events_port or kv_events_port_offset, "
+                "not both")
+    events = "kv_events_port" if gate.kv_events_port else (
+        "kv_events_port_offset" if gate.kv_events_port_offset else None)
+    if events is not None and gate.source != "collector":
+        f.error((*path, events), "KV events are read by the collector: needs source: collector, "
+                f"got source: {gate.source}")
     if (gate.max_load_age_s < gate.refresh_s and not f.failed((*path, "refresh_s"))
             and not f.failed((*path, "max_load_age_s"))):
         f.error((*path, "max_load_age_s"),

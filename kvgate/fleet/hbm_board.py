@@ -1,0 +1,44 @@
+"""An ext_proc replica's record of what each engine's HBM holds of each session, as the
+fleet-state collector's stream last said (`placement.load_gate.kv_events_port`): the gate's
+`HbmResidency`. Nothing known (a session never reported, an engine whose events were missed,
+the stream lost) answers None, and the gate prices staying as before: the context still there.
+"""
+
+from __future__ import annotations
+
+from kvgate.admin_api.v1 import admin_pb2 as pb
+
+
+class HbmBoard:
+    """Engine → session → leading tokens in its HBM; updated by :meth:`apply`."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, dict[str, int]] = {}
+
+    @property
+    def sessions(self) -> int:
+        return sum(len(held) for held in self._tokens.values())
+
+    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
+        held = self._tokens.get(endpoint)
+        tokens = None if held is None else held.get(session)
+        return None if tokens is None else min(tokens, context_tokens)
+
+    def apply(self, frame: pb.FleetLoad) -> None:
+        """One collector round's residency: every session (``residency_full``) or changes."""
+        tokens = self._tokens
+        if frame.residency_full:
+            tokens.clear()
+        for engine in frame.residency_lost:
+            tokens.pop(engine, None)
+        for entry in frame.residency:
+            if entry.unknown:
+                held = tokens.get(entry.endpoint)
+                if held is not None:
+                    held.pop(entry.session, None)
+            else:
+                tokens.setdefault(entry.endpoint, {})[entry.session] = entry.tokens
+
+    def clear(self) -> None:
+        """The stream is lost: nothing is known until the next one's first message."""
+        self._tokens.clear()

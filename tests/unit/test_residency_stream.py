@@ -1,0 +1,134 @@
+"""HBM residency from the collector to a replica, in process: a real ZeroMQ publisher framed as
+vLLM's, the collector's subscription (sequence gaps forget the engine), the round's changes in
+the admin stream's message (every session in a stream's first one), and a replica's board."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+
+from control_plane.admin.fleet_stream import FleetStream
+from kvgate.fleet.collector import CollectorSettings, FleetCollector
+from kvgate.fleet.hbm_board import HbmBoard
+from kvgate.fleet.kv_events import decode, events_endpoint
+from kvgate.fleet.scrape import EngineScrapeMetrics
+from kvgate.runtime.children.ports import free_ports
+from kvgate.session import normalize_session
+from tests.support.polling import eventually
+
+ENGINE = "127.0.0.1:8000"
+BS = 16
+
+
+def stored(blocks: list[int], parent: int | None, session: str) -> dict[str, Any]:
+    return {"type": "BlockStored", "block_hashes": blocks, "parent_block_hash": parent,
+            "token_ids": [], "block_size": BS, "session_id": session}
+
+
+class Publisher:
+    """vLLM's framing: [topic, 8-byte big-endian sequence, msgpack [ts, events, rank]]."""
+
+    def __init__(self, port: int) -> None:
+        self.context = zmq.asyncio.Context()
+        self.socket = self.context.socket(zmq.PUB)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(f"tcp://127.0.0.1:{port}")
+        self.seq = 0
+
+    async def send(self, events: list[dict[str, Any]], skip: int = 0) -> None:
+        self.seq += skip
+        await self.socket.send_multipart([b"kv", self.seq.to_bytes(8, "big"),
+                                          msgpack.packb([0.0, events, 0])])
+        self.seq += 1
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+        self.context.term()
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[tuple[FleetCollector, Publisher, CollectorSettings]]:
+    (port,) = free_ports(1)
+    publisher = Publisher(port)
+    settings = CollectorSettings(True, True, 0.05, 0.05, kv_events_port=port)
+    collector = FleetCollector(lambda: [ENGINE], lambda: settings,
+                               EngineScrapeMetrics(CollectorRegistry(), "control_plane"))
+    try:
+        yield collector, publisher, settings
+    finally:
+        await collector.events.close()
+        publisher.close()
+
+
+def test_endpoints_and_framing() -> None:
+    assert events_endpoint("10.0.0.1:8000", 5557, 0) == "tcp://10.0.0.1:5557"
+    assert events_endpoint("127.0.0.1:8001", 0, 100) == "tcp://127.0.0.1:8101"
+    assert events_endpoint("[::1]:8000", 5557, 0) == "tcp://[::1]:5557"
+    assert decode([b"kv", (7).to_bytes(8, "big"), msgpack.packb([0.0, [{"type": "X"}], 0])]
+                  ) == (7, [{"type": "X"}])
+    for frames in ([b"kv", b"1", b""], [b"kv"], [b"kv", bytes(8), msgpack.packb({"a": 1})]):
+        with pytest.raises(ValueError):
+            decode(frames)
+
+
+async def test_a_session_stored_reaches_a_replica_and_a_gap_forgets_the_engine(
+        rig: tuple[FleetCollector, Publisher, CollectorSettings]) -> None:
+    collector, publisher, settings = rig
+    collector._gather_residency(settings, {ENGINE})  # subscribes
+    sub = collector.events.engines[ENGINE][0]
+
+    async def joined() -> int:  # a SUB socket hears nothing until its subscription lands
+        await publisher.send([{"type": "AllBlocksCleared"}])
+        await asyncio.sleep(0)
+        return sub.messages
+
+    await eventually(joined, what="the subscription hears the publisher")
+    collector._gather_residency(settings, {ENGINE})
+    key = normalize_session(b"alice")
+    assert key is not None
+    seen = sub.messages
+    await publisher.send([stored([1, 2, 3], None, "alice")])
+    await eventually(lambda: sub.messages > seen, what="the store arrives")
+    collector._gather_residency(settings, {ENGINE})
+    collector.rounds += 1
+    stream, board = FleetStream(collector, "cp-0", lambda: "cp-0"), HbmBoard()
+    first = stream.frame(collector, full=True)
+    assert first.residency_full and [(r.endpoint, r.session, r.tokens) for r in first.residency
+                                     ] == [(ENGINE, key, 3 * BS)]
+    board.apply(first)
+    assert board.hbm_tokens(ENGINE, key, 10_000) == 3 * BS
+    assert board.hbm_tokens(ENGINE, key, 20) == 20 and board.hbm_tokens("other", key, 9) is None
+
+    # Its tail evicted: the next round's message carries the change alone.
+    seen = sub.messages
+    await publisher.send([{"type": "BlockRemoved", "block_hashes": [3]}])
+    await eventually(lambda: sub.messages > seen, what="the eviction arrives")
+    collector._gather_residency(settings, {ENGINE})
+    collector.rounds += 1
+    delta = stream.frame(collector)
+    assert not delta.residency_full and [r.tokens for r in delta.residency] == [2 * BS]
+    board.apply(delta)
+    assert board.hbm_tokens(ENGINE, key, 10_000) == 2 * BS
+
+    # A message missed (its sequence skips one): the engine is forgotten, everywhere.
+    seen = sub.messages
+    await publisher.send([stored([4], 2, "alice")], skip=1)
+    await eventually(lambda: sub.messages > seen, what="the next message arrives")
+    assert sub.gaps == 1
+    collector._gather_residency(settings, {ENGINE})
+    collector.rounds += 1
+    lost = stream.frame(collector)
+    assert list(lost.residency_lost) == [ENGINE]
+    board.apply(lost)
+    assert board.hbm_tokens(ENGINE, key, 10_000) is None and board.sessions == 0
+
+    # The engine leaves: its subscription is dropped and its residency with it.
+    collector._gather_residency(settings, set())
+    assert collector.residency_lost == [ENGINE] and not collector.events.engines
