@@ -138,7 +138,7 @@ class FleetCollector:
         port, offset = settings.kv_events_port, settings.kv_events_port_offset
         lost = self.events.follow({a: events_endpoint(a, port, offset) for a in sorted(active)}
                                   if settings.kv_events else {})
-        changed = []
+        changed: list[Residency] = []
         for engine, (sub, _) in self.events.engines.items():
             if sub.lost:
                 sub.lost = False
