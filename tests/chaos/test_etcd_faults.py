@@ -24,7 +24,6 @@ from tests.support.upstreams import Upstream
 
 
 @pytest.mark.chaos
-@pytest.mark.open_fault  # both replicas cut off during an election place sessions apart
 @pytest.mark.timeout(600)
 async def test_the_etcd_leader_killed_again_and_again_loses_nothing(
         tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]],
