@@ -270,11 +270,13 @@ def _verdict(context: int, prompt: int, held: int | None, miss_safe: bool) -> bo
         holds.tokens = held
     gate = GatedPolicy(REAL_COST, replace(GATE, miss_safe=miss_safe), board, clock=lambda: 0.0,
                        residency=None if held is None else holds)
-    view = PoolView("pooled", tuple(Member(a, "shared") for a in POOLED))
+    # A third engine in another DDR pool: the pool is more than the two siblings' KV pool.
+    view = PoolView("pooled", (*(Member(a, "shared") for a in POOLED),
+                               Member("http://elsewhere", "other")))
     backlog = 0.5 * context / REAL_COST.prefill_tokens_per_s
     board.routed(POOLED[0], 0.0, backlog)
     known = Known(0.0, prompt, Seen(context, None), "s")
-    move = gate.move(Placing(view, 1, {}, 1.25), POOLED[0], backlog, known)
+    move = gate.move(Placing(view, 1, {POOLED[0]: 1}, 1.25), POOLED[0], backlog, known)
     return move is not None
 
 
