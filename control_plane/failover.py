@@ -26,6 +26,8 @@ from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient, EtcdError, KeyValue
 from kvgate.etcd.client import MAX_TXN_OPS, GuardedPut
+from kvgate.etcd.errors import EtcdFenced
+from kvgate.etcd.records import Fence
 from kvgate.etcd.scan import scan
 from kvgate.placement import place, session_hash
 from kvgate.placement.load import PoolLoad
@@ -53,8 +55,10 @@ class Failover:
         batch: int = MAX_TXN_OPS,
         clock: Callable[[], float] = time.time,
         on_moved: Callable[[MoveReason, int], None] = lambda reason, count: None,
+        fence: Callable[[], Fence | None] = lambda: None,
     ) -> None:
         self._client = client
+        self._fence = fence  # the leader's: a deposed leader's moves are refused by etcd
         self._on_moved = on_moved  # counts the sessions moved, by why
         self._directory = directory
         self._base = f"{prefix}bindings/".encode()
@@ -154,11 +158,14 @@ class Failover:
         moved = 0
         size = self._batch
         batches = [plans[i:i + size] for i in range(0, len(plans), size)]
+        fence = self._fence()
         for start in range(0, len(batches), PARALLEL):
             results = await asyncio.gather(
-                *(self._client.put_each(b, read_refused=False)
+                *(self._client.put_each(b, read_refused=False, fence=fence)
                   for b in batches[start:start + PARALLEL]), return_exceptions=True)
             for index, result in enumerate(results, start):
+                if isinstance(result, EtcdFenced):
+                    raise result  # no longer the leader: the sweep is the new leader's
                 if isinstance(result, BaseException):
                     continue
                 for offset, put in enumerate(result[0]):

@@ -1,7 +1,9 @@
 """One leader among control-plane replicas: a lease-backed etcd key, created only if absent.
 
 The leader keeps its lease alive; if it dies, the lease (and key) expire within `ttl` seconds
-and a follower, which checks every `ttl / 3`, takes over.
+and a follower, which checks every `ttl / 3`, takes over. A leader cut off or paused past its
+lease may not know yet that it lost the lead: its writes carry a fence (`fence()`: the key still
+on its lease), so etcd refuses them rather than let two leaders act.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Callable
 import structlog
 
 from kvgate.etcd import EtcdClient, EtcdError
+from kvgate.etcd.records import Fence
 
 log = structlog.get_logger("kvgate.leader")
 
@@ -69,6 +72,12 @@ class LeaderElection:
         await self._client.revoke_lease(self._lease)
         self._lease = 0
         self._set(False, current.value.decode() if current is not None else None)
+
+    def fence(self) -> Fence | None:
+        """What this replica's leader-only writes are conditioned on (None: it does not lead):
+        etcd refuses them once the election key is no longer on this replica's lease, even
+        before this replica learns that it lost the lead."""
+        return Fence(self._key, self._lease) if self.leading and self._lease else None
 
     def _set(self, leading: bool, leader: str | None) -> None:
         changed = leading != self.leading

@@ -103,7 +103,8 @@ class ControlPlaneService:
             on_change=self._on_leadership,
         )
         self.checker = HealthChecker(config, self._etcd, self.supervisor,
-                                     leading=lambda: self.leader.leading, registry=self.registry)
+                                     leading=lambda: self.leader.leading, registry=self.registry,
+                                     fence=self.leader.fence)
         # Same shape as ext_proc's kvgate_ext_proc_rebinds_total: the moves made here.
         rebinds = Counter("kvgate_control_plane_rebinds",
                           "Sessions the control plane moved, by reason (failed, drained: the "
@@ -116,7 +117,8 @@ class ControlPlaneService:
             rebinds.labels(reason.value).inc(count)
 
         self.failover = Failover(self._etcd, self.directory, config.etcd.prefix,
-                                 config.placement.load_factor, on_moved=moved)
+                                 config.placement.load_factor, on_moved=moved,
+                                 fence=self.leader.fence)
         self.operations = Operations(self._etcd, config.etcd.prefix, loads=self.checker.load,
                                      on_moved=moved)
         self.last_reload_error: str | None = None

@@ -26,6 +26,7 @@ from control_plane.operations import EndpointLoad
 from kvgate.config.model import Config, Endpoint, Pool
 from kvgate.endpoints import EndpointRecords, UnknownEndpoint
 from kvgate.etcd import EtcdClient, EtcdError
+from kvgate.etcd.records import Fence
 from kvgate.runtime.tasks.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.health")
@@ -39,10 +40,12 @@ class HealthChecker:
         self, config: Config, client: EtcdClient, supervisor: Supervisor,
         leading: Callable[[], bool] = lambda: True,
         registry: CollectorRegistry | None = None,
+        fence: Callable[[], Fence | None] = lambda: None,
     ) -> None:
         self._config = config
         self._records = EndpointRecords(client, config.etcd.prefix)
         self._leading = leading
+        self._fence = fence  # the leader's: a deposed leader's verdicts are refused by etcd
         self._supervisor = supervisor
         self._tasks: list[str] = []  # names of this checker's tasks under the supervisor
         self._unpublished: set[tuple[str, str]] = set()  # states etcd has not taken yet
@@ -193,7 +196,8 @@ class HealthChecker:
         if not self._leading():
             return True
         try:
-            await self._records.update(pool, address, lambda r: replace(r, healthy=healthy))
+            await self._records.update(pool, address, lambda r: replace(r, healthy=healthy),
+                                       fence=self._fence())
         except UnknownEndpoint:
             pass  # removed from the config meanwhile
         except EtcdError as exc:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 from kvgate.endpoints.records import EndpointRecord, endpoints_prefix, record_key
 from kvgate.etcd import EtcdClient
+from kvgate.etcd.records import Fence
 
 
 class UnknownEndpoint(LookupError):
@@ -42,9 +43,11 @@ class EndpointRecords:
         return matches[0]
 
     async def update(
-        self, pool: str, address: str, change: Callable[[EndpointRecord], EndpointRecord]
+        self, pool: str, address: str, change: Callable[[EndpointRecord], EndpointRecord],
+        fence: Fence | None = None,
     ) -> EndpointRecord:
-        """Applies `change` to the current record, retrying if someone else wrote meanwhile."""
+        """Applies `change` to the current record, retrying if someone else wrote meanwhile;
+        with a leader's `fence`, only while it still leads (else EtcdFenced)."""
         key = record_key(self._prefix, pool, address)
         for _ in range(20):
             kv = await self._client.get(key)
@@ -54,7 +57,8 @@ class EndpointRecords:
             updated = change(current)
             if updated == current:
                 return current
-            done, _ = await self._client.replace(key, updated.encode(), kv.mod_revision)
+            done, _ = await self._client.replace(key, updated.encode(), kv.mod_revision,
+                                                 fence=fence)
             if done:
                 return updated
         raise RuntimeError(f"endpoint {address}: too many concurrent updates")

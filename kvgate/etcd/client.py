@@ -17,10 +17,12 @@ from kvgate.etcd.connection import EtcdConnection
 from kvgate.etcd.errors import (
     EtcdError,
     EtcdErrorKind,
+    EtcdFenced,
     EtcdUnavailable,
     from_message,
 )
 from kvgate.etcd.records import (
+    Fence,
     Guard,
     GuardedPut,
     KeyValue,
@@ -128,30 +130,40 @@ class EtcdClient(EtcdConnection):
 
     async def replace(
         self, key: bytes, value: bytes, mod_revision: int, lease: int = 0,
-        limit_s: float | None = None,
+        limit_s: float | None = None, fence: Fence | None = None,
     ) -> tuple[bool, KeyValue | None]:
-        """Put only if the key still has `mod_revision`. Returns (replaced, the value now)."""
+        """Put only if the key still has `mod_revision`. Returns (replaced, the value now).
+        `fence`: only while that election key is on that lease, else EtcdFenced."""
         return await self._put_if(
             rpc.Compare(
                 key=key, target=rpc.Compare.MOD, result=rpc.Compare.EQUAL, mod_revision=mod_revision
             ),
-            key, value, lease, limit_s,
+            key, value, lease, limit_s, fence,
         )
 
     async def _put_if(
-        self, compare: rpc.Compare, key: bytes, value: bytes, lease: int, limit_s: float | None
+        self, compare: rpc.Compare, key: bytes, value: bytes, lease: int, limit_s: float | None,
+        fence: Fence | None = None,
     ) -> tuple[bool, KeyValue]:
+        failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=key))]
+        if fence is not None:
+            failure.append(rpc.RequestOp(request_range=rpc.RangeRequest(key=fence.key)))
         request = rpc.TxnRequest(
-            compare=[compare],
+            compare=[compare, *_fenced(fence)],
             success=[
                 rpc.RequestOp(request_put=rpc.PutRequest(key=key, value=value, lease=lease))
             ],
-            failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=key))],
+            failure=failure,
         )
         reply = await self._call("Txn", "_kv", request, limit_s)
         if reply.succeeded:  # type: ignore[attr-defined]
             revision = reply.header.revision  # type: ignore[attr-defined]
             return True, KeyValue(key, value, revision, lease)
+        if fence is not None:
+            holder = reply.responses[1].response_range.kvs  # type: ignore[attr-defined]
+            if not holder or holder[0].lease != fence.lease:
+                raise EtcdFenced("this replica's election key is gone: another leads now",
+                                 operation="Txn")
         kvs = reply.responses[0].response_range.kvs  # type: ignore[attr-defined]
         return False, key_value(kvs[0]) if kvs else None  # type: ignore[return-value]
 
@@ -178,12 +190,13 @@ class EtcdClient(EtcdConnection):
 
     async def put_each(
         self, puts: Sequence[GuardedPut], limit_s: float | None = None,
-        read_refused: bool = True,
+        read_refused: bool = True, fence: Fence | None = None,
     ) -> tuple[list[PutResult], int]:
         """Each put under its own guard, all in one transaction (one etcd write for the batch:
         nested transactions, etcd >= 3.3): a guard that fails skips only its own key, whose
         value now is read in the same transaction unless `read_refused` is False. At most
-        MAX_TXN_OPS puts. Returns each put's result, in order, and the revision after them."""
+        MAX_TXN_OPS puts. Returns each put's result, in order, and the revision after them.
+        `fence`: nothing is written unless that election key is on that lease (EtcdFenced)."""
         if len(puts) > MAX_TXN_OPS:
             raise ValueError(f"at most {MAX_TXN_OPS} puts per transaction, got {len(puts)}")
         ops = []
@@ -201,7 +214,11 @@ class EtcdClient(EtcdConnection):
                 failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=p.key))]
                 if read_refused else [],
             )))
-        reply = await self._call("Txn", "_kv", rpc.TxnRequest(success=ops), limit_s)
+        reply = await self._call("Txn", "_kv", rpc.TxnRequest(compare=_fenced(fence),
+                                                              success=ops), limit_s)
+        if not reply.succeeded:  # type: ignore[attr-defined]  # only a fence can fail here
+            raise EtcdFenced("this replica's election key is gone: another leads now",
+                             operation="Txn")
         revision = reply.header.revision  # type: ignore[attr-defined]
         results = []
         for p, response in zip(puts, reply.responses, strict=True):  # type: ignore[attr-defined]
@@ -347,5 +364,15 @@ async def wait_until_ready(client: EtcdClient, deadline: float, key: bytes = b"/
             await asyncio.sleep(0.05)
 
 
-__all__ = ["EtcdClient", "EtcdError", "EtcdErrorKind", "EtcdUnavailable", "Guard", "GuardedPut",
-           "KeyValue", "PutResult", "WatchEvent", "Write", "prefix_end", "wait_until_ready"]
+def _fenced(fence: Fence | None) -> list[rpc.Compare]:
+    """The compare that holds while `fence`'s key is on its lease (none without a fence)."""
+    if fence is None:
+        return []
+    return [rpc.Compare(key=fence.key, target=rpc.Compare.LEASE, result=rpc.Compare.EQUAL,
+                        lease=fence.lease)]
+
+
+__all__ = ["EtcdClient", "EtcdError", "EtcdErrorKind", "EtcdUnavailable", "Fence", "Guard",
+           "GuardedPut", "KeyValue", "PutResult", "WatchEvent", "Write", "prefix_end",
+           "wait_until_ready"]
+

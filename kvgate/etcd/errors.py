@@ -65,6 +65,13 @@ class EtcdLeaseNotFound(EtcdError):
     kind = EtcdErrorKind.OTHER
 
 
+class EtcdFenced(EtcdError):
+    """A leader's write refused: its election key is no longer on its lease (a leader took over
+    meanwhile). Nothing was written."""
+
+    kind = EtcdErrorKind.OTHER
+
+
 class EtcdCompacted(EtcdError):
     """A read at a revision etcd has compacted away (a paged listing outlived the history it
     started on): read again from now."""

@@ -29,6 +29,16 @@ class Guard:
 
 
 @dataclass(frozen=True, slots=True)
+class Fence:
+    """A leader's writes hold only while its election key is still on its lease: a leader
+    deposed unawares (its lease expired during a pause or a partition, a follower took over)
+    has its late writes refused by etcd itself, not by its own idea of who leads."""
+
+    key: bytes
+    lease: int
+
+
+@dataclass(frozen=True, slots=True)
 class GuardedPut:
     """One key of a batch (`EtcdClient.put_each`): put `value` with `lease` if the key still has
     `mod_revision` (0: only if absent). `value` None keeps the stored value and changes only the
