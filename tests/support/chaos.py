@@ -9,6 +9,7 @@ import asyncio
 import itertools
 import time
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import httpx
@@ -96,8 +97,11 @@ class Account:
                 f"| {self.slowest_s:.2f} s |")
 
 
-def account(fault: str, served: list[Served], bindings: dict[str, str], faults: int) -> Account:
-    """``bindings``: session uuid -> endpoint, as etcd holds them at the end."""
+def account(fault: str, served: list[Served], bindings: dict[str, str], faults: int,
+            failed_over: Collection[str] = ()) -> Account:
+    """``bindings``: session uuid -> endpoint, as etcd holds them at the end. ``failed_over``:
+    engines the fault failed, whose sessions' bindings the failover moves elsewhere as it
+    should (one answered last by such an engine and bound elsewhere is not lost)."""
     engines: dict[str, list[str]] = defaultdict(list)
     for s in sorted(served, key=lambda s: s.start):
         if s.engine is not None:
@@ -108,7 +112,7 @@ def account(fault: str, served: list[Served], bindings: dict[str, str], faults: 
         held = None if key is None else bindings.get(key)
         if held is None:
             missing += 1
-        elif held != answered[-1]:
+        elif held != answered[-1] and answered[-1] not in failed_over:
             moved += 1
     failed = [s for s in served if s.engine is None]
     return Account(fault, len(served), len(failed), len(engines),

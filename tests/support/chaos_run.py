@@ -68,10 +68,12 @@ async def _proxied(targets: dict[str, list[str]]) -> AsyncIterator[dict[str, lis
 async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault: Fault,
                         partitioned: Sequence[str] = (), hot_restart: bool = False,
                         placement: dict[str, object] | None = None,
-                        traffic: Callable[[str], Traffic] = Traffic) -> Account:
+                        traffic: Callable[[str], Traffic] = Traffic,
+                        failed_over: Sequence[str] = ()) -> Account:
     """``hot_restart``: Envoy runs with hot restart on (a base id of its own), so the fault can
     replace it (Stack.hot_restart_envoy). ``placement``: extra placement keys (the load gate);
-    ``traffic``: the traffic for the gateway's URL."""
+    ``traffic``: the traffic for the gateway's URL; ``failed_over``: engines the fault fails
+    (their sessions' bindings move, see tests.support.chaos.account)."""
     loop = asyncio.get_running_loop()
     async with EtcdCluster(tmp_path / "etcd", 3) as cluster:
         config = gateway_config([u.address for u in ups], prefix=prefix,
@@ -96,7 +98,8 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
             async def settled() -> Account:
                 # Bindings placed while etcd was away are written back once it answers again.
                 return account(name, load.served,
-                               await stored_bindings(cluster.endpoints, prefix), faults)
+                               await stored_bindings(cluster.endpoints, prefix), faults,
+                               failed_over)
 
             def nothing_lost(row: Account) -> bool:
                 return row.lost == 0

@@ -15,6 +15,7 @@ class Upstream:
         self.metrics_page = ""  # what /metrics/ and /metrics answer (vLLM text format)
         self.seen_headers: list[dict[str, str]] = []
         self.seen_body_sizes: list[int] = []
+        self.probes_refused = False  # /health answers 503: the control plane's probes fail
         self._runner: web.AppRunner | None = None
 
     @property
@@ -42,6 +43,8 @@ class Upstream:
         if request.path in ("/health", "/metrics", "/metrics/"):
             self.probes += 1
             if request.path == "/health":
+                if self.probes_refused:
+                    return web.Response(status=503, text="unavailable\n")
                 return web.Response(text="ok\n")
             self.scrapes += request.path == "/metrics/"
             return web.Response(text=self.metrics_page)

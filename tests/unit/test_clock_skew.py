@@ -45,7 +45,7 @@ async def _decisions() -> list[tuple[str, str, str | None]]:
         return decision.endpoints[0]
 
     homes = [await turn(b"s%d" % i) for i in range(12)]
-    for step in range(3):
+    for _ in range(3):
         clock.now += 5.0
         board.observe(homes[0], ObservedLoad(at=clock.now, backlog_s=40.0, waiting=20))
         board.observe(homes[1], ObservedLoad(at=clock.now - 10.0, backlog_s=90.0))  # stale
