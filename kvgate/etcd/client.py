@@ -243,16 +243,12 @@ class EtcdClient(EtcdConnection):
     async def keep_alive_once(self, lease: int) -> int:
         """Refreshes a lease; returns its new TTL (0 if it had already expired)."""
         self._stubs()
-        channel = self._channel
         call = self._lease.LeaseKeepAlive(timeout=self._timeout)
         try:
-            await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
-            reply = await call.read()
-            await call.done_writing()
-        except grpc.aio.AioRpcError as exc:
-            raise await self._failed(exc, "LeaseKeepAlive", channel) from None
-        except asyncio.CancelledError:
-            raise self._closed_under("LeaseKeepAlive", channel) from None
+            async with self._classified("LeaseKeepAlive"):
+                await call.write(rpc.LeaseKeepAliveRequest(ID=lease))
+                reply = await call.read()
+                await call.done_writing()
         finally:
             call.cancel()
         return 0 if reply is grpc.aio.EOF else reply.TTL
@@ -277,30 +273,26 @@ class EtcdClient(EtcdConnection):
             )
         )
         self._stubs()
-        channel = self._channel
         call = self._watch.Watch()
         try:
-            await call.write(create)
-            while True:
-                reply = await call.read()
-                if reply is grpc.aio.EOF:
-                    raise self._watch_lost("watch stream ended")
-                if reply.compact_revision:
-                    raise self._watch_lost(f"watch compacted at {reply.compact_revision}")
-                if reply.canceled:
-                    error = from_message(f"watch canceled: {reply.cancel_reason}", "Watch",
-                                         self.endpoint)
-                    self._report(error)
-                    raise error
-                events = [
-                    WatchEvent(event.type == kv_pb2.Event.DELETE, key_value(event.kv))
-                    for event in reply.events
-                ]
-                yield events, 0 if reply.fragment else reply.header.revision
-        except grpc.aio.AioRpcError as exc:
-            raise await self._failed(exc, "Watch", channel) from None
-        except asyncio.CancelledError:
-            raise self._closed_under("Watch", channel) from None
+            async with self._classified("Watch"):
+                await call.write(create)
+                while True:
+                    reply = await call.read()
+                    if reply is grpc.aio.EOF:
+                        raise self._watch_lost("watch stream ended")
+                    if reply.compact_revision:
+                        raise self._watch_lost(f"watch compacted at {reply.compact_revision}")
+                    if reply.canceled:
+                        error = from_message(f"watch canceled: {reply.cancel_reason}", "Watch",
+                                             self.endpoint)
+                        self._report(error)
+                        raise error
+                    events = [
+                        WatchEvent(event.type == kv_pb2.Event.DELETE, key_value(event.kv))
+                        for event in reply.events
+                    ]
+                    yield events, 0 if reply.fragment else reply.header.revision
         finally:
             call.cancel()
 

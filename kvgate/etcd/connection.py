@@ -5,7 +5,8 @@ are in ``kvgate.etcd.client``."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 
 import grpc
 from aetcd.rpc import rpc_pb2_grpc as stubs
@@ -91,14 +92,21 @@ class EtcdConnection:
         self, name: str, service: str, request: object, limit_s: float | None = None
     ) -> object:
         self._stubs()
-        channel = self._channel
         method = getattr(getattr(self, service), name)
-        try:
+        async with self._classified(name):
             return await method(request, timeout=limit_s or self._timeout)
+
+    @asynccontextmanager
+    async def _classified(self, operation: str) -> AsyncIterator[None]:
+        """Around a call on the current channel: gRPC's failures raised as classified
+        EtcdErrors (:meth:`_failed`), a cancellation as what it means (:meth:`_closed_under`)."""
+        channel = self._channel
+        try:
+            yield
         except grpc.aio.AioRpcError as exc:
-            raise await self._failed(exc, name, channel) from None
+            raise await self._failed(exc, operation, channel) from None
         except asyncio.CancelledError:
-            raise self._closed_under(name, channel) from None
+            raise self._closed_under(operation, channel) from None
 
     async def _failed(self, exc: grpc.aio.AioRpcError, operation: str,
                       channel: grpc.aio.Channel | None) -> EtcdError:
