@@ -77,7 +77,7 @@ class Row:
 
 
 async def converse(engines: list[WatchedEngine], http: httpx.AsyncClient, block_size: int, *,
-                   sessions: int = 6, rounds: int = 5, context: int = 600,
+                   sessions: int = 8, rounds: int = 8, context: int = 600,
                    move_round: int = 2) -> list[Row]:
     """Every session takes a turn per round on its engine (alternating homes); in
     ``move_round`` every other session moves to the other engine and stays there. A question
