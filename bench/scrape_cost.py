@@ -17,12 +17,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry
 
+from kvgate.fleet.scrape import ScrapeRounds
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
 from kvgate.routing.recent import PrefillMix
@@ -42,7 +41,7 @@ async def measure(engines: int, rounds: int, work: Path) -> tuple[float, float]:
         registry = CollectorRegistry()
         metrics = EngineScrapeMetrics(registry)
         scraper = EngineLoadScraper(lambda: addresses, board, PrefillMix(), 0.1, metrics)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+        async with ScrapeRounds.session() as http:
             await scraper.scrape_round(http)  # connections opened
             cpu, wall = time.process_time(), time.perf_counter()
             for _ in range(rounds):

@@ -19,10 +19,8 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import aiohttp
-
 from kvgate.fleet.kv_events import EventSubscriptions, events_endpoint
-from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, ScrapeRounds
+from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, Pages, ScrapeRounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +108,7 @@ class FleetCollector:
                 spent = await self.collect_round(http)
                 await asyncio.sleep(max(0.0, settings.refresh_s - spent))
 
-    async def collect_round(self, http: aiohttp.ClientSession) -> float:
+    async def collect_round(self, http: Pages) -> float:
         """One round over every active engine, then the watchers are woken; returns the
         seconds it took."""
         settings = self._settings()

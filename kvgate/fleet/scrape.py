@@ -7,22 +7,24 @@ filters, see LOAD_PATH): `vllm:num_requests_waiting`, `vllm:num_requests_running
 collector (kvgate.fleet.collector).
 
 A scrape that fails or times out reports nothing: the engine's last figures age where they are
-kept. Nothing here is on a decision's path.
+kept. Nothing here is on a decision's path. The GETs go through kvgate.fleet.keepalive (one
+kept-alive connection per engine), several times cheaper in CPU than a general HTTP client.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 from urllib.parse import urlencode
 
-import aiohttp
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kvgate.contract import vllm
+from kvgate.fleet.keepalive import KeepAliveClient, OnReply, Page, PageError
 
 log = structlog.get_logger("kvgate.fleet")
 
@@ -65,9 +67,21 @@ class EngineScrapeMetrics:
 OnRead = Callable[[str, EngineFigures, float], None]  # address, figures, when (the clock's)
 
 
+class Pages(Protocol):
+    """What scrapes GET with: a KeepAliveClient (`ScrapeRounds.session`) in the product; a bench
+    may pass another client to compare (bench/fleet_state_cost.py)."""
+
+    async def get_each(self, wanted: Sequence[tuple[str, str]], timeout_s: float,
+                       on_reply: OnReply) -> None:
+        """GETs each `(address, path)` at once; `on_reply(index, reply)` as each reply arrives
+        (a Page, or the PageError, OSError or TimeoutError that ended it); returns when all
+        have been handed over, `timeout_s` at the latest."""
+        ...
+
+
 class ScrapeRounds:
-    """Every `refresh_s`, each engine `engines()` names, once, concurrently; one HTTP session
-    with keep-alive connections. Runs under a supervisor (`run`)."""
+    """Every `refresh_s`, each engine `engines()` names, once, concurrently; one kept-alive
+    connection per engine. Runs under a supervisor (`run`)."""
 
     def __init__(
         self, engines: Callable[[], Iterable[str]], on_read: OnRead, refresh_s: float,
@@ -80,8 +94,6 @@ class ScrapeRounds:
         self.timeout_s = timeout_s
         self._metrics = metrics
         self._clock = clock
-        # A scrape slower than this is abandoned (its engine's figures age meanwhile).
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._failing: set[str] = set()  # logged once per failing streak
         self._whole_page: set[str] = set()  # engines without the filtered path (404)
 
@@ -92,10 +104,11 @@ class ScrapeRounds:
                 await asyncio.sleep(max(0.0, self.refresh_s - spent))
 
     @staticmethod
-    def session() -> aiohttp.ClientSession:
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None))
+    def session() -> KeepAliveClient:
+        """The client rounds GET with; close it when done (`async with`)."""
+        return KeepAliveClient()
 
-    async def timed_round(self, http: aiohttp.ClientSession) -> float:
+    async def timed_round(self, http: Pages) -> float:
         """One round, observed; returns the seconds it took."""
         started = self._clock()
         await self.scrape_round(http)
@@ -103,25 +116,37 @@ class ScrapeRounds:
         self._metrics.round_seconds.observe(spent)
         return spent
 
-    async def scrape_round(self, http: aiohttp.ClientSession) -> None:
-        """Every engine once, concurrently."""
-        await asyncio.gather(*(self._scrape(http, address) for address in self._engines()))
+    async def scrape_round(self, http: Pages) -> None:
+        """Every engine once, concurrently; each engine's figures are read as its reply comes
+        (not at the round's end), so one slow engine delays no other's."""
+        wanted = [(address, FULL_PATH if address in self._whole_page else LOAD_PATH)
+                  for address in self._engines()]
+        # A scrape slower than timeout_s is abandoned (its engine's figures age meanwhile).
+        await http.get_each(wanted, self.timeout_s,
+                            lambda index, reply: self._read(*wanted[index], reply))
 
-    async def _scrape(self, http: aiohttp.ClientSession, address: str) -> None:
-        path = FULL_PATH if address in self._whole_page else LOAD_PATH
-        try:
-            async with http.get(f"http://{address}{path}", timeout=self._timeout) as reply:
-                if reply.status == 404 and path == LOAD_PATH:
-                    self._whole_page.add(address)  # the next round asks for the whole page
-                if reply.status != 200:
-                    raise aiohttp.ClientResponseError(reply.request_info, (), status=reply.status)
-                text = await reply.text()
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+    def _read(self, address: str, path: str, reply: Page | Exception) -> None:
+        """One engine's reply (or why there is none), counted and, if it has the gauges, read."""
+        error: Exception | None = None
+        if isinstance(reply, Exception):
+            if not isinstance(reply, PageError | OSError):  # TimeoutError is an OSError
+                raise reply  # not a failed scrape: a bug, for the supervisor
+            error = reply
+        elif reply.status != 200:
+            if reply.status == 404 and path == LOAD_PATH:
+                self._whole_page.add(address)  # the next round asks for the whole page
+            error = PageError(f"HTTP {reply.status}")
+        else:
+            try:
+                text = reply.body.decode()  # the exposition format is UTF-8
+            except UnicodeDecodeError as exc:
+                error = exc
+        if error is not None:
             self._metrics.failed.inc()
             if address not in self._failing:
                 self._failing.add(address)
                 log.warning("engine_scrape_failed", endpoint=address,
-                            error=str(exc) or type(exc).__name__)
+                            error=str(error) or type(error).__name__)
             return
         sums = vllm.read_samples(text, LOAD_GAUGES)
         if not sums and path == LOAD_PATH:

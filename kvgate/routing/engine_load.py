@@ -20,8 +20,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
-import aiohttp
-
 from kvgate.fleet.scrape import (
     FULL_PATH,
     LOAD_GAUGES,
@@ -29,6 +27,7 @@ from kvgate.fleet.scrape import (
     LOAD_QUERY,
     EngineFigures,
     EngineScrapeMetrics,
+    Pages,
     ScrapeRounds,
 )
 from kvgate.placement.live import LoadBoard, ObservedLoad
@@ -52,7 +51,7 @@ def scrape_timeout(max_age_s: float, refresh_s: float) -> float:
 
 
 class EngineLoadScraper:
-    """Runs under the service's supervisor (`run`); one HTTP session, keep-alive connections."""
+    """Runs under the service's supervisor (`run`); one kept-alive connection per engine."""
 
     def __init__(
         self, engines: Callable[[], Iterable[str]], board: LoadBoard, mix: PrefillMix,
@@ -70,6 +69,6 @@ class EngineLoadScraper:
     async def run(self) -> None:
         await self._rounds.run()
 
-    async def scrape_round(self, http: aiohttp.ClientSession) -> None:
+    async def scrape_round(self, http: Pages) -> None:
         """Every engine once, concurrently."""
         await self._rounds.scrape_round(http)

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
+from kvgate.fleet.scrape import ScrapeRounds
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.engine_load import (
     FULL_PATH,
@@ -76,7 +77,7 @@ async def test_an_engine_without_the_filtered_path_is_read_from_its_whole_page(
         whole_page_only: tuple[str, list[str]]) -> None:
     address, asked = whole_page_only
     scrape, board, registry = scraper([address])
-    async with aiohttp.ClientSession() as http:
+    async with ScrapeRounds.session() as http:
         await scrape.scrape_round(http)  # nothing usable at the filtered path: counted failed
         assert board.observed(address, time.monotonic()) is None
         await scrape.scrape_round(http)
@@ -97,9 +98,10 @@ async def test_an_emulated_engine_is_read_from_its_filtered_page() -> None:
     async with Fleet(EmulatorOptions(time_scale=0, no_ddr_pool=True)) as fleet:
         address = fleet.engines[0]
         scrape, board, registry = scraper([address])
-        async with aiohttp.ClientSession() as http:
+        async with ScrapeRounds.session() as http:
             await scrape.scrape_round(http)
-            async with http.get(f"http://{address}{LOAD_PATH}") as reply:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://{address}{LOAD_PATH}") as reply:
                 page = await reply.text()
     assert "vllm:num_requests_waiting" in page and "vllm:prompt_tokens" not in page
     assert board.observed(address, time.monotonic()) is not None
