@@ -25,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bench.client import DriveResult
 from emulator.timing import SCHEDULERS
 from kvgate.contract.modes import RoutingMode
 from real_vllm.calibrate import (
@@ -147,10 +148,15 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
         decode = next(iter(idle.values())).decode_ms_per_token / 1000  # the same in every fit
         workload_a = calibration_workload(seed=3, sessions=sessions, decode_s_per_token=decode)
         workload_b = calibration_workload(seed=4, sessions=sessions, decode_s_per_token=decode)
-        real_a, real_b = [], []
+        real_a: list[dict[RoutingMode, DriveResult]] = []
+        real_b: list[dict[RoutingMode, DriveResult]] = []
+        engine_side: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
         for r in range(repeats):
-            real_a.append(await run_real(fleet, workload_a, modes, fleet.workdir / f"a{r}", _say))
-            real_b.append(await run_real(fleet, workload_b, modes, fleet.workdir / f"b{r}", _say))
+            for name, workload, runs in (("a", workload_a, real_a), ("b", workload_b, real_b)):
+                measured: dict[str, dict[str, float | None]] = {}
+                runs.append(await run_real(fleet, workload, modes, fleet.workdir / f"{name}{r}",
+                                           _say, measured))
+                engine_side[name].append(measured)
     finally:
         await fleet.stop()
     a_samples = [s for run in real_a for s in samples_of(run)]
@@ -177,6 +183,9 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
         "workload_a_samples": by_mode,
         "workload_b_samples": {str(m): [asdict(x) for run in real_b for x in run[m].samples]
                                for m in modes},
+        # What the engines measured of each real run (vLLM's own histograms, means in seconds):
+        # the client's TTFT less the engine's is time spent outside the engine.
+        "engine_side": engine_side,
         "markdown": tables(rows, idle, loaded),
     }
 

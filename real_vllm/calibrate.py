@@ -43,6 +43,7 @@ from emulator.timing import CPU_MAX_NUM_BATCHED_TOKENS, FCFS, VLLM_STEPS
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.children.ports import free_ports
+from real_vllm.engine_side import means, read_totals
 from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL, RealFleet
 from stack.local import Stack
 from workload.bank import BankCodingOptions, bank_coding
@@ -207,7 +208,11 @@ async def reset_prefix_caches(urls: Sequence[str]) -> None:
 
 
 async def run_real(fleet: RealFleet, workload: Workload, modes: Sequence[RoutingMode],
-                   workdir: Path, say: Callable[[str], None]) -> dict[RoutingMode, DriveResult]:
+                   workdir: Path, say: Callable[[str], None],
+                   engine_side: dict[str, dict[str, float | None]] | None = None,
+                   ) -> dict[RoutingMode, DriveResult]:
+    """``engine_side``: filled with what the engines measured of each mode's run (means of
+    vLLM's queue, prefill and TTFT histograms, real_vllm.engine_side)."""
     results: dict[RoutingMode, DriveResult] = {}
     for mode in modes:
         await reset_prefix_caches(fleet.urls)
@@ -217,8 +222,11 @@ async def run_real(fleet: RealFleet, workload: Workload, modes: Sequence[Routing
         say(f"real {mode}: gateway in front of {len(fleet.urls)} vLLM engines")
         await stack.start()
         try:
+            before = await read_totals(fleet.urls)
             results[mode] = await drive(workload, DriveOptions(
                 f"http://{stack.config.listener}", engines=fleet.urls, label=f"real {mode}"))
+            if engine_side is not None:
+                engine_side[str(mode)] = means(before, await read_totals(fleet.urls))
         finally:
             await stack.stop()
     return results
