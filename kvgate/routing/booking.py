@@ -7,7 +7,7 @@ from __future__ import annotations
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.view import PoolView
-from kvgate.routing.policy import Known
+from kvgate.routing.policy import HbmResidency, Known
 from kvgate.routing.recent import PrefillMix, RecentSessions
 
 
@@ -20,6 +20,7 @@ class Ledger:
         self._board = board
         self._recent = recent
         self._mix = mix
+        self.hbm: HbmResidency | None = None  # what each engine's HBM holds, where known
 
     def _book(self, endpoint: str, now: float, prefill_s: float,
               ready_at: float | None = None) -> None:
@@ -27,12 +28,18 @@ class Ledger:
         self._mix.add(prefill_s)
 
     def kept(self, pool: str, session: str, endpoint: str, known: Known) -> None:
-        """A session that stays: its context is in its engine's HBM."""
+        """A session that stays: its context is in its engine's HBM, or, where the engine's
+        residency says part of it has left, that part is read back from the DDR pool first."""
         # Read from the tuple, not `known.size`: no object is made on the sticky path.
         prompt, seen = known.prompt_tokens, known.seen
         context = 0 if seen is None else seen.tokens
         if prompt > 0:  # unknown size (no body, chunked): nothing booked, as in routed()
-            self._book(endpoint, known.now, self._cost.prefill_s(prompt - context))
+            held = None if self.hbm is None else self.hbm.hbm_tokens(endpoint, session, context)
+            if held is None or held >= context:
+                self._book(endpoint, known.now, self._cost.prefill_s(prompt - context))
+            else:
+                self._book(endpoint, known.now, self._cost.prefill_s(prompt - context),
+                           ready_at=known.now + self._cost.transfer_s(context - held))
         tokens = max(prompt, context)
         if seen is None or seen.tokens != tokens:  # unchanged: nothing written on this path
             self._recent.remember(pool, session, tokens, None)

@@ -67,9 +67,20 @@ class GatedPolicy:
         self.recent = recent if recent is not None else RecentSessions()
         self.mix = mix if mix is not None else PrefillMix()  # what booked requests cost
         self.estimate = Estimate(default_terms(cost, config) if terms is None else terms)
-        self.hooks: tuple[BookingHook, ...] = (Ledger(cost, board, self.recent, self.mix),)
+        self._ledger = Ledger(cost, board, self.recent, self.mix)
+        self.hooks: tuple[BookingHook, ...] = (self._ledger,)
         self.residency = residency
         self.hbm = hbm
+
+    @property
+    def hbm(self) -> HbmResidency | None:
+        """What each engine's HBM holds of a session, where known: prices staying (`move`)
+        and what a kept request books (the ledger)."""
+        return self._ledger.hbm
+
+    @hbm.setter
+    def hbm(self, hbm: HbmResidency | None) -> None:
+        self._ledger.hbm = hbm
 
     def known(self, pool: str, session: str, prompt_tokens: int) -> Known:
         return Known(self.clock(), prompt_tokens, self.recent.get(pool, session), session)

@@ -293,3 +293,18 @@ def test_known_hbm_holdings_price_staying(in_hbm: int | None, pool: int | None,
     assert (move is not None) == moves
     if move is not None:  # the DDR read hides in either queue
         assert (move.stay_s, move.move_s) == (pytest.approx(6.22), pytest.approx(4.22))
+
+
+def test_a_kept_request_whose_context_left_hbm_books_its_reload_first() -> None:
+    view, board, current, _siblings = _bound_and_queued(0.0, 0.0)
+    size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
+    hbm = _InHbm(None)
+    gate = _gate(board=board, hbm=hbm)
+    known = Known(0.0, size.prompt_tokens, Seen(size.context_tokens, None), "s")
+    prefill = COST.prefill_s(1_000)
+    gate.policy.hooks[0].kept("coder", "s", current, known)
+    assert board.backlog_s(current, 0.0) == pytest.approx(prefill)  # not known: a hit
+    hbm.tokens = 4_000  # 15,000 tokens left its HBM: read back from the pool, then prefilled
+    gate.policy.hooks[0].kept("coder", "s", current, known)
+    assert board.backlog_s(current, 0.0) == pytest.approx(
+        max(prefill, COST.transfer_s(15_000)) + prefill)
