@@ -39,6 +39,7 @@ from kvgate.routing.handler import RequestHandler
 from kvgate.routing.recent import RecentSessions
 from kvgate.routing.sources import SessionSources
 from kvgate.runtime.tasks.supervisor import Supervisor
+from kvgate.session import SessionIds
 
 log = structlog.get_logger("kvgate.ext_proc")
 
@@ -120,7 +121,8 @@ class ExtProcService:
         policy = self._policy()
         pipeline = Pipeline(self.store, self.directory, config.placement.load_factor,
                             policy=policy, max_bindings=config.session.max_bindings,
-                            on_unbound=self._unbound)
+                            on_unbound=self._unbound,
+                            sessions=SessionIds(max_age_s=config.session.idle_ttl))
         default_pool = config.pools[0].name if len(config.pools) == 1 else None
         handler = RequestHandler(
             pipeline, SessionSources(config.session), self.metrics, default_pool,

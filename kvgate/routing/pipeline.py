@@ -48,6 +48,7 @@ class Pipeline:
         self, store: BindingStore, directory: Directory, load_factor: float,
         *, policy: Policy = STATIC, max_bindings: int = 0,
         on_unbound: Callable[[str, str, Unbound], None] = lambda pool, session, why: None,
+        sessions: SessionIds | None = None,
     ) -> None:
         self._store = store
         self._directory = directory
@@ -55,7 +56,7 @@ class Pipeline:
         self._max_bindings = max_bindings  # per pool; 0: no cap
         self._on_unbound = on_unbound
         self._inflight: dict[str, asyncio.Future[Binding]] = {}  # placements being written
-        self._sessions = SessionIds()
+        self._sessions = sessions if sessions is not None else SessionIds()
         self.policy = policy
 
     async def decide(self, pool: str, raw_session: bytes | None,

@@ -143,8 +143,14 @@ def test_calibrate_repeats_and_writes_what_replay_reads(
         return samples
 
     async def run_real(fleet: object, workload: object, modes: list[RoutingMode],
-                       workdir: Path, say: object) -> dict[RoutingMode, DriveResult]:
+                       workdir: Path, say: object,
+                       engine_side: dict[str, dict[str, float | None]] | None = None,
+                       ) -> dict[RoutingMode, DriveResult]:
         ttft = 0.2 if workdir.name.startswith("a") else 0.3
+        if engine_side is not None:  # what the engines' histograms would say of the run
+            engine_side.update({str(m): {"queue_s": 0.01, "prefill_s": 0.05,
+                                         "ttft_s": ttft - 0.02, "requests": 4.0}
+                                for m in modes})
         return {m: DriveResult(_result(0.5, ttft).stats, samples=samples) for m in modes}
 
     async def emulated_sim(*args: Any, **kwargs: Any) -> dict[str, list[dict[str, Any]]]:
@@ -164,6 +170,9 @@ def test_calibrate_repeats_and_writes_what_replay_reads(
         ("round_robin", VLLM_STEPS), ("affinity", VLLM_STEPS)]
     assert all(r["repeats"] == {"real": 2, "emulated": 2} for r in rows)
     assert len(report["workload_a_samples"]["affinity"]) == 2 * len(samples)
+    # What the engines measured of each real run, per workload and repeat, kept in the report.
+    assert [run["affinity"]["ttft_s"] for run in report["engine_side"]["b"]] == [
+        pytest.approx(0.28)] * 2
     out = tmp_path / "out"
     main._write(dict(report), out)
     replayed = run_loop(replay(out, [VLLM_STEPS], tmp_path / "r", lambda _: None, "sim"))

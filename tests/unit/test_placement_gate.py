@@ -296,7 +296,7 @@ def test_known_hbm_holdings_price_staying(in_hbm: int | None, pool: int | None,
 
 
 def test_a_kept_request_whose_context_left_hbm_books_its_reload_first() -> None:
-    view, board, current, _siblings = _bound_and_queued(0.0, 0.0)
+    _view, board, current, _siblings = _bound_and_queued(0.0, 0.0)
     size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
     hbm = _InHbm(None)
     gate = _gate(board=board, hbm=hbm)

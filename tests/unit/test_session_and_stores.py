@@ -101,3 +101,23 @@ def test_health_thresholds() -> None:
     assert tracker.observe(False) is True
     assert tracker.observe(True) is None
     assert tracker.observe(True) is False
+
+
+def test_the_session_memo_also_starts_a_generation_every_max_age_on_a_miss() -> None:
+    now = [0.0]
+    reads = []
+
+    def clock() -> float:
+        reads.append(now[0])
+        return now[0]
+
+    ids = SessionIds(capacity=1000, max_age_s=60.0, clock=clock)
+    first = ids.normalize(b"a")
+    read_before = len(reads)
+    assert ids.normalize(b"a") == first and len(reads) == read_before  # a hit reads no clock
+    now[0] = 61.0
+    ids.normalize(b"b")  # a miss past the age: a new generation, "a" kept in the old one
+    now[0] = 122.0
+    ids.normalize(b"c")  # and again: "a" is gone from both generations
+    assert b"a" not in ids._memo and b"a" not in ids._old
+    assert ids.normalize(b"a") == first  # recomputed, the same
