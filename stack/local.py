@@ -138,7 +138,7 @@ class Stack:
             name="default",
             kv_pool="ddr-pool" if fleet.get("pool_url") else "none",
             endpoints=tuple(
-                Endpoint(HostPort(*_split(address)), "ddr-pool" if fleet.get("pool_url") else
+                Endpoint(HostPort.parse(address), "ddr-pool" if fleet.get("pool_url") else
                          f"hbm-{i}")
                 for i, address in enumerate(fleet["engines"])
             ),
@@ -251,11 +251,6 @@ class Stack:
         await child.start()
         await child.wait_ready(probe, self.ready_timeout)
         self.report(f"  {child.name:<12} ready  {where}  (pid {child.pid})")
-
-
-def _split(address: str) -> tuple[str, int]:
-    host, _, port = address.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 async def grpc_serving(address: HostPort) -> bool:

@@ -27,6 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from kvgate.config.address import HostPort
+
 # Heads (and chunk-size lines) are a few hundred bytes; a larger one is not a metrics page.
 HEAD_LIMIT = 64 * 1024
 # vLLM's whole /metrics is ~55 KB; a page far past that is not worth reading every 100 ms.
@@ -156,15 +158,14 @@ class KeepAliveClient:
     async def _connect(self, connection: _Connection, address: str, request: bytes,
                        done: Done) -> None:
         try:
-            host, sep, port = address.rpartition(":")
-            if not sep or not port.isdigit() or not host:
-                raise PageError(f"not host:port: {address!r}")
-            if host.startswith("[") and host.endswith("]"):
-                host = host[1:-1]  # an IPv6 address, bracketed as in a URL
+            try:
+                at = HostPort.parse(address)  # an IPv6 host bracketed, as in a URL
+            except ValueError as exc:
+                raise PageError(str(exc)) from None
             # An IP literal connects without a lookup; a name is resolved off the loop
             # (asyncio's getaddrinfo runs in its executor).
-            await asyncio.get_running_loop().create_connection(lambda: connection, host,
-                                                               int(port))
+            await asyncio.get_running_loop().create_connection(lambda: connection, at.host,
+                                                               at.port)
         except (PageError, OSError) as exc:
             done(exc)
             return

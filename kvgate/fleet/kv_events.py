@@ -19,6 +19,7 @@ import structlog
 import zmq
 import zmq.asyncio
 
+from kvgate.config.address import HostPort
 from kvgate.fleet.residency import EngineResidency
 from kvgate.session import normalize_session
 
@@ -28,10 +29,8 @@ log = structlog.get_logger("kvgate.fleet")
 def events_endpoint(engine: str, port: int, offset: int) -> str:
     """The engine's event publisher: on its host at ``port``, else at its own port + ``offset``
     (several engines on one host, as ``kvgate emulate --kv-events-port`` numbers them)."""
-    host, _, engine_port = engine.rpartition(":")
-    host = host.strip("[]")
-    target = port or int(engine_port) + offset
-    return f"tcp://[{host}]:{target}" if ":" in host else f"tcp://{host}:{target}"
+    at = HostPort.parse(engine)
+    return f"tcp://{HostPort(at.host, port or at.port + offset)}"
 
 
 def decode(frames: list[bytes]) -> tuple[int, list[Any]]:

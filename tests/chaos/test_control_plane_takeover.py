@@ -27,8 +27,7 @@ from kvgate.config.model import HostPort
 from kvgate.runtime.children.child import Child
 from kvgate.runtime.children.ports import free_ports
 from stack.local import grpc_serving
-from tests.chaos.test_engine_faults import state_of
-from tests.support.chaos_run import Scene, under_traffic
+from tests.support.chaos_run import Scene, state_of, under_traffic
 from tests.support.polling import eventually
 from tests.support.upstreams import Upstream
 

@@ -14,13 +14,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import grpc
 import pytest
 
-from kvgate.admin_api.v1 import admin_pb2 as pb
-from kvgate.admin_api.v1 import admin_pb2_grpc
-from kvgate.config.model import HostPort
-from tests.support.chaos_run import FULL, Scene, under_traffic
+from tests.support.chaos_run import FULL, Scene, state_of, under_traffic
 from tests.support.polling import eventually
 from tests.support.upstreams import Upstream
 
@@ -59,12 +55,3 @@ async def test_an_engine_the_probes_cannot_reach_loses_its_sessions_once(
     assert states == ["failed", "active"]
     assert hidden.requests > served_before  # it served before (and after) the fault
 
-
-async def state_of(scene: Scene, address: str, admin: HostPort | None = None) -> str:
-    """The endpoint's state as a control plane's admin API (the stack's unless `admin`)
-    reports it."""
-    asked = admin or scene.stack.config.control_plane.admin
-    async with grpc.aio.insecure_channel(str(asked)) as channel:
-        listed = await admin_pb2_grpc.AdminStub(channel).ListEndpoints(
-            pb.ListEndpointsRequest(), timeout=10)
-    return next(e.endpoint.state for e in listed.endpoints if e.endpoint.address == address)

@@ -13,6 +13,10 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+
+from kvgate.admin_api.v1 import admin_pb2 as pb
+from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.config.model import HostPort
 from stack.local import Stack
 from tests.support.chaos import Account, Traffic, account
@@ -83,7 +87,7 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
         async with _proxied(targets) as proxies, running_stack(
                 config, tmp_path / "stack",
                 {n: [p.address for p in ps] for n, ps in proxies.items() if n != "envoy"},
-                _host_port(proxies["envoy"][0].address) if "envoy" in proxies else None,
+                HostPort.parse(proxies["envoy"][0].address) if "envoy" in proxies else None,
                 os.getpid() % 10_000 if hot_restart else None,
         ) as stack:
             load = traffic(f"http://{stack.config.listener}")
@@ -113,13 +117,19 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
                       f"{loop.time() - stopped:.1f} s after the traffic stopped")
 
 
-def _host_port(address: str) -> HostPort:
-    host, port = address.rsplit(":", 1)
-    return HostPort(host, int(port))
-
 
 def holds(row: Account, faults: int) -> None:
     """The targets: every fault made, enough traffic, none failed, split or lost."""
     assert row.faults >= faults
     assert row.requests > 100 and row.sessions > 20, row
     assert (row.failed, row.split, row.lost) == (0, 0, 0), row
+
+
+async def state_of(scene: Scene, address: str, admin: HostPort | None = None) -> str:
+    """The endpoint's state as a control plane's admin API (the stack's unless `admin`)
+    reports it."""
+    asked = admin or scene.stack.config.control_plane.admin
+    async with grpc.aio.insecure_channel(str(asked)) as channel:
+        listed = await admin_pb2_grpc.AdminStub(channel).ListEndpoints(
+            pb.ListEndpointsRequest(), timeout=10)
+    return next(e.endpoint.state for e in listed.endpoints if e.endpoint.address == address)
