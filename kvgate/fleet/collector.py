@@ -78,6 +78,8 @@ class FleetCollector:
         self.events = EventSubscriptions()  # each engine's KV events (kv_events_port)
         self.residency_changed: list[Residency] = []  # in the last round
         self.residency_lost: list[str] = []  # engines forgotten in the last round
+        self._followed: tuple[tuple[int, int], frozenset[str]] = ((0, 0), frozenset())
+        self._endpoints: dict[str, str] = {}  # engine → its event stream, for `_followed`
 
     def configured(self) -> bool:
         return self._settings().configured
@@ -133,9 +135,13 @@ class FleetCollector:
 
     def _gather_residency(self, settings: CollectorSettings, active: set[str]) -> None:
         """Follows the active engines' event streams; what changed since the last round."""
-        port, offset = settings.kv_events_port, settings.kv_events_port_offset
-        lost = self.events.follow({a: events_endpoint(a, port, offset) for a in sorted(active)}
-                                  if settings.kv_events else {})
+        wanted = ((settings.kv_events_port, settings.kv_events_port_offset), frozenset(active)
+                  if settings.kv_events else frozenset())
+        if wanted != self._followed:  # the endpoints are made again only when these change
+            self._followed = wanted
+            (port, offset), engines = wanted
+            self._endpoints = {a: events_endpoint(a, port, offset) for a in sorted(engines)}
+        lost = self.events.follow(self._endpoints)
         changed: list[Residency] = []
         for engine, (sub, _) in self.events.engines.items():
             if sub.lost:
