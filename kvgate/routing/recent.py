@@ -7,6 +7,8 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
+from kvgate.generations import Generations
+
 
 class Seen(NamedTuple):
     tokens: int  # its last prompt's estimated size: what its engine holds of the next one
@@ -14,50 +16,26 @@ class Seen(NamedTuple):
 
 
 class RecentSessions:
-    """A bounded memory, two generations like `SessionIds`: when the current one is full, or
-    older than ``max_age_s``, it becomes the old one, and a session found there moves back. Per
-    replica, never stored: a session it has not seen is priced as if nothing of it were cached.
-
-    ``max_age_s`` (ext_proc: the session's idle TTL): a session idle that long has lost its
-    binding and comes back as a new one, so remembering it longer only costs memory; without it
-    the memory filled up to its capacity (about 80 MB at 2 × 262,144 sessions), growing for
-    hours under steady new sessions (tests/chaos/test_soak.py). The simulator keeps the
-    capacity alone, so no figure moved."""
+    """A bounded memory in two generations (:class:`Generations`; ext_proc ends one every idle
+    TTL too, ``max_age_s``). Per replica, never stored: a session it has not seen is priced as
+    if nothing of it were cached. The simulator keeps the capacity alone."""
 
     def __init__(self, capacity: int = 262_144, max_age_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._current: dict[str, Seen] = {}
-        self._old: dict[str, Seen] = {}
-        self._capacity = capacity
-        self._max_age_s = max_age_s
-        self._clock = clock
-        self._since = clock()  # when the current generation began
+        self._seen: Generations[str, Seen | None] = Generations(capacity, max_age_s, clock)
 
     def get(self, pool: str, session: str) -> Seen | None:
-        key = f"{pool}/{session}"
-        seen = self._current.get(key)
-        if seen is None:
-            seen = self._old.get(key)
-        return seen
+        return self._seen.find(f"{pool}/{session}", None)
 
     def remember(self, pool: str, session: str, tokens: int, moved_at: float | None) -> None:
         key = f"{pool}/{session}"
         if moved_at is None:
-            before = self._current.get(key) or self._old.get(key)
+            before = self._seen.find(key, None)
             moved_at = None if before is None else before.moved_at
-        if key not in self._current and len(self._current) >= self._capacity:
-            self._rotate()
-        elif self._max_age_s is not None and self._clock() - self._since >= self._max_age_s:
-            self._rotate()
-        self._current[key] = Seen(tokens, moved_at)
-
-    def _rotate(self) -> None:
-        self._old = self._current
-        self._current = {}
-        self._since = self._clock()
+        self._seen.put(key, Seen(tokens, moved_at))
 
     def __len__(self) -> int:
-        return len(self._current) + len(self._old)
+        return len(self._seen)
 
 
 class PrefillMix:
