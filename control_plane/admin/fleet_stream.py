@@ -47,12 +47,16 @@ class FleetStream:
         """The round's message (built once for every stream), or with every session's
         residency for one stream that needs it all."""
         if self._frame is None or self._frame[0] != collector.rounds:
+            ages = collector.ages()
             message = pb.FleetLoad(
                 round=collector.rounds, interval_s=collector.refresh_s,
                 collector=self._identity,
-                engines=[pb.EngineLoad(endpoint=a.address, waiting=a.figures.waiting,
-                                       running=a.figures.running, kv_usage=a.figures.kv_usage,
-                                       age_s=a.age_s) for a in collector.ages()],
+                loads=pb.EngineLoads(
+                    endpoint=[a.address for a in ages],
+                    waiting=[a.figures.waiting for a in ages],
+                    running=[a.figures.running for a in ages],
+                    kv_usage=[a.figures.kv_usage for a in ages],
+                    age_s=[a.age_s for a in ages]),
                 residency=_residency(collector.residency_changed),
                 residency_lost=collector.residency_lost)
             self._frame = (collector.rounds, message)

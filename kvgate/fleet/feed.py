@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.fleet.hbm_board import HbmBoard
-from kvgate.placement.live import LoadBoard, ObservedLoad
+from kvgate.placement.live import LoadBoard, ObservedLoad, ObservedRound
 from kvgate.routing.recent import PrefillMix
 
 log = structlog.get_logger("kvgate.fleet")
@@ -51,6 +51,11 @@ class FleetFeedMetrics:
         self.oldest = Histogram(
             "kvgate_ext_proc_fleet_state_oldest_figure_seconds", "Age of the oldest figure of "
             "each round as it arrived", buckets=(0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0),
+            registry=registry)
+        self.replaced = Histogram(
+            "kvgate_ext_proc_fleet_state_replaced_age_seconds", "Age of each round's oldest "
+            "figure when the next round replaced it: the oldest a decision could have read",
+            buckets=(0.05, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.5, 1.0, 2.0, 5.0),
             registry=registry)
         if hbm is not None:
             Gauge("kvgate_ext_proc_hbm_residency_sessions", "Sessions whose residency in their "
@@ -81,6 +86,9 @@ class FleetFeed:
         self.hbm = hbm  # the engines' HBM residency, where the collector reads KV events
         self.following: str | None = None  # the address streaming to it now
         self._newest_at: float | None = None  # when its newest figure was read (our clock)
+        self._oldest_at: float | None = None  # when the last round's oldest figure was read
+        self._endpoints: list[str] = []  # the last round's engines, in its order
+        self._index: dict[str, int] = {}  # and where each is in the round's columns
         self._trouble: set[str] = set()  # failures of the current streak, each logged once
         metrics.reachable.set_function(lambda: 1.0 if self.reachable() else 0.0)
         metrics.age.set_function(self._age_or_inf)
@@ -146,28 +154,48 @@ class FleetFeed:
     def apply(self, frame: pb.FleetLoad) -> None:
         """One round onto the board: each figure read `age_s` ago, on this replica's clock, and
         priced as a scraped one is (kvgate.routing.engine_load.observed_load: waiting × the
-        mean prefill booked). Built inline: at a thousand engines per round, per replica, the
-        helper's intermediate object was most of the cost."""
+        mean prefill booked). The round's columns are kept as they came and each engine's
+        figures made only when a decision reads them (ObservedRound): at a thousand engines
+        per round, per replica, building every figure was most of the cost."""
         now = self._clock()
+        if frame.engines:  # a collector from before the columns
+            self._apply_engines(frame, now)
+        else:
+            loads = frame.loads
+            endpoints = list(loads.endpoint)
+            if endpoints != self._endpoints:  # the same engines keep their index
+                self._endpoints = endpoints
+                self._index = {address: i for i, address in enumerate(endpoints)}
+            ages = list(loads.age_s)
+            self._board.observe_round(ObservedRound(
+                self._index, now, ages, list(loads.waiting), list(loads.running),
+                list(loads.kv_usage), self._mix.mean_s))
+            if ages:
+                self._seen(now, min(ages), max(ages))
+        if self.hbm is not None:
+            self.hbm.apply(frame)
+        self._metrics.frames.inc()
+
+    def _apply_engines(self, frame: pb.FleetLoad, now: float) -> None:
         mean_s = self._mix.mean_s
         observe = self._board.observe
-        youngest, oldest = float("inf"), 0.0
         for engine in frame.engines:
             age, waiting = engine.age_s, engine.waiting
             observe(engine.endpoint, ObservedLoad(now - age, waiting * mean_s, engine.running,
                                                   waiting, engine.kv_usage))
-            if age < youngest:
-                youngest = age
-            if age > oldest:
-                oldest = age
-        if frame.engines and (self._newest_at is None or now - youngest > self._newest_at):
+        ages = [engine.age_s for engine in frame.engines]
+        self._seen(now, min(ages), max(ages))
+
+    def _seen(self, now: float, youngest: float, oldest: float) -> None:
+        if self._newest_at is None or now - youngest > self._newest_at:
             self._newest_at = now - youngest
-        if self.hbm is not None:
-            self.hbm.apply(frame)
-        self._metrics.frames.inc()
         self._metrics.oldest.observe(oldest)
+        if self._oldest_at is not None:
+            self._metrics.replaced.observe(now - self._oldest_at)
+        self._oldest_at = now - oldest
 
     def _failed(self, address: str, reason: str) -> None:
+        self._oldest_at = None  # what the next stream brings replaces nothing this one sent
         if self.hbm is not None:
             self.hbm.clear()  # changes missed meanwhile: the next stream starts whole
         if f"{address} {reason}" not in self._trouble:

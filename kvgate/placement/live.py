@@ -10,6 +10,7 @@ The backlog of an engine is the larger of the two, each aged by the time since i
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -28,6 +29,57 @@ class ObservedLoad:
         return max(0.0, self.backlog_s - max(0.0, now - self.at))
 
 
+class ObservedRound:
+    """Every engine's report from one collector round, kept as it arrived (columns, entry i for
+    `endpoints[i]`) and made into an `ObservedLoad` only when a decision asks for that engine:
+    a replica takes a round of a thousand engines without building a thousand objects, most of
+    which no decision reads before the next round replaces them. Immutable once made."""
+
+    __slots__ = (
+        "_ages",
+        "_kv_usage",
+        "_made",
+        "_mean_s",
+        "_now",
+        "_running",
+        "_waiting",
+        "index",
+    )
+
+    def __init__(self, index: Mapping[str, int], now: float, ages: Sequence[float],
+                 waiting: Sequence[int], running: Sequence[int], kv_usage: Sequence[float],
+                 mean_prefill_s: float) -> None:
+        """`index`: endpoint → its entry; `now`: when the round arrived (the router's clock),
+        each figure read `ages[i]` before; a waiting request is `mean_prefill_s` of backlog,
+        as a scrape prices it (kvgate.routing.engine_load.observed_load)."""
+        self.index = index  # shared by the rounds of one set of engines
+        self._now = now
+        self._ages = ages
+        self._waiting = waiting
+        self._running = running
+        self._kv_usage = kv_usage
+        self._mean_s = mean_prefill_s
+        self._made: dict[str, ObservedLoad | None] = {}
+
+    def get(self, address: str) -> ObservedLoad | None:
+        made = self._made.get(address, _UNMADE)
+        if made is not _UNMADE:
+            return made
+        i = self.index.get(address)
+        load = None if i is None else ObservedLoad(
+            self._now - self._ages[i], self._waiting[i] * self._mean_s, self._running[i],
+            self._waiting[i], self._kv_usage[i])
+        self._made[address] = load
+        return load
+
+    def drop(self, address: str) -> None:
+        """Forget `address`'s report in this round (the engine left)."""
+        self._made[address] = None
+
+
+_UNMADE = ObservedLoad(float("nan"))  # ObservedRound: not made yet (compared by identity)
+
+
 class LoadBoard:
     """Per engine, the ledger of work this router sent and the latest observation.
 
@@ -37,6 +89,7 @@ class LoadBoard:
         self.max_age_s = max_age_s
         self._busy_until: dict[str, float] = {}  # when the work this router sent is prefilled
         self._observed: dict[str, ObservedLoad] = {}
+        self._round: ObservedRound | None = None  # the collector's latest, where it feeds us
 
     def routed(self, address: str, now: float, prefill_s: float, ready_at: float | None = None,
                ) -> None:
@@ -49,9 +102,24 @@ class LoadBoard:
         """An engine's own report (a scrape), replacing the previous one."""
         self._observed[address] = load
 
+    def observe_round(self, round_: ObservedRound) -> None:
+        """A collector round, replacing the previous one (reports it lacks age out as before:
+        an engine it no longer covers keeps its last report until `max_age_s`)."""
+        previous, self._round = self._round, round_
+        if previous is not None and previous.index is not round_.index:
+            for address in previous.index.keys() - round_.index.keys():
+                load = previous.get(address)
+                if load is not None:
+                    self._observed[address] = load
+
     def observed(self, address: str, now: float) -> ObservedLoad | None:
         """The engine's latest report, if it is no older than `max_age_s`."""
         load = self._observed.get(address)
+        round_ = self._round
+        if round_ is not None:
+            in_round = round_.get(address)
+            if in_round is not None and (load is None or in_round.at >= load.at):
+                load = in_round
         if load is None or now - load.at > self.max_age_s:
             return None
         return load
@@ -66,3 +134,5 @@ class LoadBoard:
         """An engine left the pool (or failed: its queue is gone)."""
         self._busy_until.pop(address, None)
         self._observed.pop(address, None)
+        if self._round is not None:
+            self._round.drop(address)

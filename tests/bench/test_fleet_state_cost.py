@@ -1,7 +1,8 @@
 """bench/fleet_state_cost.py on a few stub engines: it runs, reads the recorded real vLLM
 pages and event stream, finds the three gauges cheaper to scrape than the whole page, and
 projects the collector (its own scrapes, and a round delivered to every replica) below every
-replica scraping for itself."""
+replica scraping for itself; bench/fleet_state_at_scale.py on twenty cheap stubs: every engine
+scraped each round, each feed's rounds replaced and their ages counted."""
 
 from __future__ import annotations
 
@@ -37,3 +38,24 @@ def test_the_three_gauges_cost_less_than_the_whole_page_and_events_are_decoded(
             + cores["one collector: a round to every replica"]
             < cores["every replica scrapes the three gauges"])
     assert "three gauges" in done.stdout
+    # Columns: a round is taken for less than a message per engine, in the same run
+    assert 0 < per["delivery_replica_cpu_s"] < per["delivery_replica_baseline_cpu_s"]
+    assert per["delivery_bytes"] < per["delivery_baseline_bytes"]
+    assert per["delivery_replica_read_cpu_s"] > 0
+
+
+def test_at_scale_every_engine_is_scraped_and_every_feed_replaced_its_rounds(
+        tmp_path: Path) -> None:
+    out = tmp_path / "scale.json"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "fleet_state_at_scale.py"), "--engines", "20",
+         "--feeds", "2", "--seconds", "1", "--json", str(out)],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(out.read_text())
+    assert result["engines"] == 20 and result["collector_rounds"] >= 1
+    assert result["scrapes_ok"] >= 20 * result["collector_rounds"] - 20  # a round in flight
+    assert result["rounds"] >= 1 and result["cores"] > 0
+    share = result["share_at_or_under"]  # bucket bound → rounds at or under it
+    assert share["inf"] == 1.0 and share[f"{result['p99_at_most_s']:g}"] >= 0.99
+    assert "rounds replaced" in done.stdout

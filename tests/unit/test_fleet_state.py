@@ -116,15 +116,27 @@ async def test_a_collector_that_does_not_lead_scrapes_nothing_and_holds_nothing(
                 await task
 
 
-def test_the_feed_ages_each_figure_by_what_the_collector_said() -> None:
+def _round(*engines: tuple[str, int, int, float, float], columns: bool) -> pb.FleetLoad:
+    """A round of (endpoint, waiting, running, kv_usage, age_s), as today's collector sends it
+    (columns) or as one from before the columns did (a message per engine)."""
+    if not columns:
+        return pb.FleetLoad(round=1, interval_s=0.1, engines=[
+            pb.EngineLoad(endpoint=e, waiting=w, running=r, kv_usage=kv, age_s=age)
+            for e, w, r, kv, age in engines])
+    endpoint, waiting, running, kv_usage, age_s = (list(c) for c in zip(*engines, strict=True))
+    return pb.FleetLoad(round=1, interval_s=0.1, loads=pb.EngineLoads(
+        endpoint=endpoint, waiting=waiting, running=running, kv_usage=kv_usage, age_s=age_s))
+
+
+@pytest.mark.parametrize("columns", [True, False], ids=["columns", "a message per engine"])
+def test_the_feed_ages_each_figure_by_what_the_collector_said(columns: bool) -> None:
     clock, registry = Clock(), CollectorRegistry()
     board, mix = LoadBoard(max_age_s=1.0), PrefillMix()
     feed = FleetFeed(["127.0.0.1:1"], board, mix, FleetFeedMetrics(registry), clock=clock)
     assert not feed.reachable() and feed.age_s() is None
     assert registry.get_sample_value("kvgate_ext_proc_fleet_state_age_seconds") == float("inf")
-    feed.apply(pb.FleetLoad(round=1, interval_s=0.1, engines=[
-        pb.EngineLoad(endpoint="10.0.0.1:1", waiting=4, running=2, kv_usage=0.5, age_s=0.2),
-        pb.EngineLoad(endpoint="10.0.0.2:1", waiting=1, running=0, kv_usage=0.0, age_s=1.5)]))
+    feed.apply(_round(("10.0.0.1:1", 4, 2, 0.5, 0.2), ("10.0.0.2:1", 1, 0, 0.0, 1.5),
+                      columns=columns))
     fresh = board.observed("10.0.0.1:1", clock.now)
     assert fresh is not None and fresh.at == pytest.approx(clock.now - 0.2)
     assert (fresh.waiting, fresh.running, fresh.kv_usage) == (4, 2, 0.5)
@@ -140,6 +152,21 @@ def test_the_feed_ages_each_figure_by_what_the_collector_said() -> None:
     assert registry.get_sample_value("kvgate_ext_proc_fleet_collector_reachable") == 0.0
     assert registry.get_sample_value("kvgate_ext_proc_fleet_state_age_seconds") \
         == pytest.approx(1.1)
+
+
+def test_the_feed_reports_how_old_figures_got_before_the_next_round() -> None:
+    clock, registry = Clock(), CollectorRegistry()
+    feed = FleetFeed(["127.0.0.1:1"], LoadBoard(), PrefillMix(), FleetFeedMetrics(registry),
+                     clock=clock)
+    name = "kvgate_ext_proc_fleet_state_replaced_age_seconds"
+    feed.apply(_round(("a:1", 0, 0, 0.0, 0.03), ("b:1", 0, 0, 0.0, 0.08), columns=True))
+    assert registry.get_sample_value(f"{name}_count") == 0  # nothing replaced yet
+    clock.now += 0.1
+    feed.apply(_round(("a:1", 0, 0, 0.0, 0.02), ("b:1", 0, 0, 0.0, 0.01), columns=True))
+    # b's figure, read 0.08 s before the first round arrived, was 0.18 s old when replaced
+    assert registry.get_sample_value(f"{name}_sum") == pytest.approx(0.18)
+    assert registry.get_sample_value(f"{name}_bucket", {"le": "0.175"}) == 0
+    assert registry.get_sample_value(f"{name}_bucket", {"le": "0.2"}) == 1
 
 
 def _status() -> ControlPlaneStatus:

@@ -24,6 +24,20 @@ class EngineLoad(_message.Message):
     age_s: float
     def __init__(self, endpoint: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., age_s: _Optional[float] = ...) -> None: ...
 
+class EngineLoads(_message.Message):
+    __slots__ = ("endpoint", "waiting", "running", "kv_usage", "age_s")
+    ENDPOINT_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    KV_USAGE_FIELD_NUMBER: _ClassVar[int]
+    AGE_S_FIELD_NUMBER: _ClassVar[int]
+    endpoint: _containers.RepeatedScalarFieldContainer[str]
+    waiting: _containers.RepeatedScalarFieldContainer[int]
+    running: _containers.RepeatedScalarFieldContainer[int]
+    kv_usage: _containers.RepeatedScalarFieldContainer[float]
+    age_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, endpoint: _Optional[_Iterable[str]] = ..., waiting: _Optional[_Iterable[int]] = ..., running: _Optional[_Iterable[int]] = ..., kv_usage: _Optional[_Iterable[float]] = ..., age_s: _Optional[_Iterable[float]] = ...) -> None: ...
+
 class SessionResidency(_message.Message):
     __slots__ = ("endpoint", "session", "tokens", "unknown")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -37,7 +51,7 @@ class SessionResidency(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., session: _Optional[str] = ..., tokens: _Optional[int] = ..., unknown: _Optional[bool] = ...) -> None: ...
 
 class FleetLoad(_message.Message):
-    __slots__ = ("round", "interval_s", "collector", "engines", "residency", "residency_full", "residency_lost")
+    __slots__ = ("round", "interval_s", "collector", "engines", "residency", "residency_full", "residency_lost", "loads")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     COLLECTOR_FIELD_NUMBER: _ClassVar[int]
@@ -45,6 +59,7 @@ class FleetLoad(_message.Message):
     RESIDENCY_FIELD_NUMBER: _ClassVar[int]
     RESIDENCY_FULL_FIELD_NUMBER: _ClassVar[int]
     RESIDENCY_LOST_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
     round: int
     interval_s: float
     collector: str
@@ -52,7 +67,8 @@ class FleetLoad(_message.Message):
     residency: _containers.RepeatedCompositeFieldContainer[SessionResidency]
     residency_full: bool
     residency_lost: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, round: _Optional[int] = ..., interval_s: _Optional[float] = ..., collector: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineLoad, _Mapping]]] = ..., residency: _Optional[_Iterable[_Union[SessionResidency, _Mapping]]] = ..., residency_full: _Optional[bool] = ..., residency_lost: _Optional[_Iterable[str]] = ...) -> None: ...
+    loads: EngineLoads
+    def __init__(self, round: _Optional[int] = ..., interval_s: _Optional[float] = ..., collector: _Optional[str] = ..., engines: _Optional[_Iterable[_Union[EngineLoad, _Mapping]]] = ..., residency: _Optional[_Iterable[_Union[SessionResidency, _Mapping]]] = ..., residency_full: _Optional[bool] = ..., residency_lost: _Optional[_Iterable[str]] = ..., loads: _Optional[_Union[EngineLoads, _Mapping]] = ...) -> None: ...
 
 class FleetCollectorStatus(_message.Message):
     __slots__ = ("collecting", "engines", "watchers", "interval_s", "rounds")
