@@ -102,6 +102,8 @@ ENGINE_FLAGS: tuple[FlagRow, ...] = (
     ("--prefill-tokens-per-s", float, "prefill rate"),
     ("--decode-ms-per-token", float, "decode time per output token"),
     ("--prefill-overhead-ms", float, "fixed TTFT overhead c0"),
+    ("--prompt-us-per-token", float, "TTFT per prompt token, cached or not (tokenizing, "
+                                     "hashing and looking up its blocks)"),
     ("--kv-bytes-per-token", int, "KV bytes per token, for DDR transfer time"),
     ("--max-num-seqs", int, "concurrent requests per instance"),
     ("--max-num-batched-tokens", int, "token budget of one engine step, vllm-steps only "
@@ -163,6 +165,7 @@ def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
         prefill_tokens_per_s=args.prefill_tokens_per_s,
         decode_ms_per_token=args.decode_ms_per_token,
         prefill_overhead_ms=args.prefill_overhead_ms,
+        prompt_us_per_token=args.prompt_us_per_token,
         kv_bytes_per_token=args.kv_bytes_per_token,
         ddr_gbps=args.ddr_gbps,
         node_gbps=args.node_gbps,

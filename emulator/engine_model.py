@@ -226,7 +226,7 @@ class EngineModel:
         extra = max(0, total_blocks - len(held))
         hold = cache.acquire(held, extra)
         slot = self._schedule(now, computed, 0 if arrival is not None else ddr_blocks * bs,
-                              max_tokens, arrival)
+                              max_tokens, arrival, n)
         self._inflight += 1
         self._count(n, max_tokens, hbm_blocks * bs,
                     None if ddr_hit_blocks is None else ddr_blocks * bs, slot)
@@ -261,16 +261,16 @@ class EngineModel:
         return hbm_blocks, max(0, ddr_end - hbm_blocks)
 
     def _schedule(self, now: float, computed: int, ddr_tokens: int, max_tokens: int,
-                  arrival: float | None) -> Slot:
+                  arrival: float | None, prompt_tokens: int = 0) -> Slot:
         """The request's slot: prefill of ``computed`` tokens (plus ``ddr_tokens`` loaded inside
         it), then the decode; its TTFT counts from ``arrival`` when given."""
         timing = self.config.timing
-        prefill_s = timing.prefill_seconds(computed, ddr_tokens)
+        prefill_s = timing.prefill_seconds(computed, ddr_tokens, prompt_tokens)
         decode_s = timing.decode_seconds(max_tokens)
         scheduler = self.scheduler
         if self.config.queueing and isinstance(scheduler, StepScheduler):
             load_s = ddr_tokens * timing.kv_bytes_per_token / timing.ddr_bytes_per_s
-            slot = scheduler.schedule(now, computed, max_tokens, load_s)
+            slot = scheduler.schedule(now, computed, max_tokens, load_s, prompt_tokens)
         elif self.config.queueing and isinstance(scheduler, Scheduler):
             slot = scheduler.schedule(now, prefill_s, decode_s)
         else:

@@ -32,6 +32,7 @@ class EmulatorOptions:
     prefill_tokens_per_s: float = 5000.0
     decode_ms_per_token: float = 35.0
     prefill_overhead_ms: float = 20.0
+    prompt_us_per_token: float = 0.0  # per prompt token, cached or not (TimingParams)
     kv_bytes_per_token: int = 256 * 1024
     ddr_gbps: float = 20.0  # GB/s DDR->HBM per device (its link from the pool)
     node_gbps: float = 144.0  # a node's aggregate from the pool; 0 = no limit but its devices'
@@ -76,6 +77,7 @@ class EmulatorOptions:
             (self.prefill_tokens_per_s > 0, "prefill_tokens_per_s must be > 0"),
             (self.decode_ms_per_token >= 0, "decode_ms_per_token must be >= 0"),
             (self.prefill_overhead_ms >= 0, "prefill_overhead_ms must be >= 0"),
+            (self.prompt_us_per_token >= 0, "prompt_us_per_token must be >= 0"),
             (self.kv_bytes_per_token >= 0, "kv_bytes_per_token must be >= 0"),
             (self.ddr_gbps > 0, "ddr_gbps must be > 0"),
             (self.node_gbps >= 0, "node_gbps must be >= 0"),
@@ -156,6 +158,7 @@ class EmulatorOptions:
             prefill_tokens_per_s=self.prefill_tokens_per_s,
             decode_s_per_token=self.decode_ms_per_token / 1000.0,
             prefill_overhead_s=self.prefill_overhead_ms / 1000.0,
+            prompt_s_per_token=self.prompt_us_per_token / 1e6,
             kv_bytes_per_token=self.kv_bytes_per_token,
             ddr_bytes_per_s=self.ddr_gbps * 1e9,
             max_num_seqs=self.max_num_seqs,

@@ -75,6 +75,7 @@ class StepScheduler:
         self.token_s = 1.0 / timing.prefill_tokens_per_s
         self.step_s = step_overhead_s(timing)
         self.entry_s = timing.prefill_overhead_s
+        self.prompt_s = timing.prompt_s_per_token
         self.budget = timing.max_num_batched_tokens
         self.max_num_seqs = timing.max_num_seqs
         # The planned busy period: step ``i`` (from ``_head``) starts when step ``i - 1`` ends;
@@ -103,12 +104,14 @@ class StepScheduler:
         return start
 
     def schedule(self, now: float, prefill_tokens: int, output_tokens: int,
-                 load_s: float = 0.0) -> Slot:
+                 load_s: float = 0.0, prompt_tokens: int = 0) -> Slot:
         """Place a request arriving at ``now`` into the steps: ``prefill_tokens`` to compute
         (at least one: vLLM always computes the prompt's last token), then one decode token per
         step for ``output_tokens - 1`` steps; ``load_s`` of synchronous KV loading lengthens the
-        step its prefill starts in."""
-        t = now + self.entry_s
+        step its prefill starts in; the whole prompt's ``prompt_tokens`` are tokenized, hashed
+        and looked up before the engine core can schedule it
+        (``TimingParams.prompt_s_per_token``)."""
+        t = now + self.entry_s + prompt_tokens * self.prompt_s
         self._advance(t)
         i, start = self._first_joinable(t)
         remaining = max(1, prefill_tokens)

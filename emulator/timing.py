@@ -31,15 +31,25 @@ class TimingParams:
     prefill_tokens_per_s: float = 5000.0
     decode_s_per_token: float = 0.035
     prefill_overhead_s: float = 0.02  # c0: scheduling, sampling, first-step launch
+    # Work per prompt token whether its KV is cached or not, before the first step: vLLM 0.32
+    # tokenizes the whole prompt inside its TTFT clock (vllm/renderers/base.py
+    # render_cmpl_async → tokenize_prompts), hashes every full block of it when the engine core
+    # makes the request (vllm/v1/core/kv_cache_utils.py get_request_block_hasher) and looks
+    # them up (vllm/v1/core/kv_cache_manager.py get_computed_blocks). 0: not charged (every
+    # committed figure); the calibration fits it (real_vllm.calibrate).
+    prompt_s_per_token: float = 0.0
     kv_bytes_per_token: int = 256 * 1024
     ddr_bytes_per_s: float = 20e9
     max_num_seqs: int = 256
     scheduler: str = FCFS  # which timing model (SCHEDULERS)
     max_num_batched_tokens: int = CPU_MAX_NUM_BATCHED_TOKENS  # a step's token budget (steps)
 
-    def prefill_seconds(self, computed_tokens: int, ddr_tokens: int) -> float:
-        """Service time of a prefill: c0 + computed tokens / rate + DDR-loaded bytes / bandwidth."""
-        seconds = self.prefill_overhead_s + computed_tokens / self.prefill_tokens_per_s
+    def prefill_seconds(self, computed_tokens: int, ddr_tokens: int,
+                        prompt_tokens: int = 0) -> float:
+        """Service time of a prefill: c0 + the prompt's per-token work + computed tokens / rate
+        + DDR-loaded bytes / bandwidth."""
+        seconds = (self.prefill_overhead_s + prompt_tokens * self.prompt_s_per_token
+                   + computed_tokens / self.prefill_tokens_per_s)
         if ddr_tokens:
             seconds += ddr_tokens * self.kv_bytes_per_token / self.ddr_bytes_per_s
         return seconds

@@ -39,6 +39,8 @@ from real_vllm.calibrate import (
 from real_vllm.fleet import BLOCK_SIZE, EngineOptions, RealFleet, default_cores
 from real_vllm.install import VLLM_VERSION, cache_root, ensure_installed
 from real_vllm.model import ensure_model, kv_bytes_per_token, model_info
+from real_vllm.outside import markdown as outside_markdown
+from real_vllm.outside import outside_the_engine
 from real_vllm.record import record
 from real_vllm.replay import BACKENDS, emulated_half, replay, tables
 from real_vllm.report import describe_timing, runs_of
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
                      help="runs of each workload, real and emulated; medians and spread")
     cal.add_argument("--replay", type=Path, metavar="DIR",
                      help="only the emulated half, against DIR/calibration.json's real runs")
+    cal.add_argument("--prompt-term", choices=("stored", "on", "off"), default="stored",
+                     help="--replay: fit the per-prompt-token cost (on), not (off), or as the "
+                     "stored fits were made (stored, the default)")
     cal.add_argument("--backend", choices=BACKENDS, default="live",
                      help="emulated runs: live (gateway + emulator, real time, as calibrate "
                           "does) or sim (the discrete-event simulator); %(default)s")
@@ -79,8 +84,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--models: from {', '.join(SCHEDULERS)}; --repeats: >= 1")
         if args.replay is not None:  # starts no engine: vLLM need not be installed
             workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-replay-"))
+            term = {"stored": None, "on": True, "off": False}[args.prompt_term]
             return _write(asyncio.run(replay(args.replay, models, workdir, _say, args.backend,
-                                             args.repeats)), args.out)
+                                             args.repeats, term)), args.out)
     try:
         env = ensure_installed()
         model = ensure_model(env, cache_root())
@@ -173,6 +179,10 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
                 "vllm": VLLM_VERSION, "repeats": repeats,
                 "command": f"python -m real_vllm calibrate --repeats {repeats}"}
     by_mode = {str(m): [asdict(x) for run in real_a for x in run[m].samples] for m in modes}
+    stored = {"engine_side": engine_side, "workload_a_samples": by_mode,
+              "workload_b_samples": {str(m): [asdict(x) for run in real_b for x in run[m].samples]
+                                     for m in modes}}
+    outside = outside_the_engine(stored)
     return {
         "describe": describe, "idle_fit": _first(idle), "in_workload_fit": _first(loaded),
         "idle_fits": {m: asdict(t) for m, t in idle.items()},
@@ -180,13 +190,11 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
         "workload_a": {"emulator_timing": "idle_fit", "modes": rows["a"]},
         "workload_b": {"emulator_timing": "in_workload_fit", "modes": rows["b"]},
         "idle_samples": [asdict(x) for x in idle_samples],
-        "workload_a_samples": by_mode,
-        "workload_b_samples": {str(m): [asdict(x) for run in real_b for x in run[m].samples]
-                               for m in modes},
+        **stored,
         # What the engines measured of each real run (vLLM's own histograms, means in seconds):
         # the client's TTFT less the engine's is time spent outside the engine.
-        "engine_side": engine_side,
-        "markdown": tables(rows, idle, loaded),
+        "outside_the_engine": outside,
+        "markdown": tables(rows, idle, loaded) + outside_markdown(outside),
     }
 
 

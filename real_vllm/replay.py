@@ -112,14 +112,20 @@ def stored_workloads(describe: Mapping[str, Any]) -> dict[str, Workload]:
 
 
 async def replay(directory: Path, models: Sequence[str], workdir: Path, say: Say,
-                 backend: str = "live", repeats: int = 1) -> dict[str, Any]:
+                 backend: str = "live", repeats: int = 1,
+                 prompt_term: bool | None = None) -> dict[str, Any]:
     """The emulated half against ``directory``'s stored real half, with fits made again from
-    its stored samples for each of ``models``."""
+    its stored samples for each of ``models`` (``prompt_term``: with the per-prompt-token
+    term or without; None: as the stored fits were made)."""
     data = json.loads((directory / "calibration.json").read_text())
     describe = data["describe"]
-    idle = fits(stored_samples(data["idle_samples"]), models)
+    # By default fitted as the stored run was: with the per-prompt-token term only if its fits
+    # had it.
+    stored_fit = next(iter((data.get("idle_fits") or {"": data["idle_fit"]}).values()))
+    term = "prompt_us_per_token" in stored_fit if prompt_term is None else prompt_term
+    idle = fits(stored_samples(data["idle_samples"]), models, term)
     loaded = fits(stored_samples([s for by_mode in data["workload_a_samples"].values()
-                                  for s in by_mode]), models)
+                                  for s in by_mode]), models, term)
     for name, by_model in (("idle fit", idle), ("in-workload fit", loaded)):
         for timing in by_model.values():
             say(describe_timing(name, timing))
@@ -130,6 +136,7 @@ async def replay(directory: Path, models: Sequence[str], workdir: Path, say: Say
                                modes, engine, workdir, say, backend, repeats)
     return {
         "replayed": str(directory), "backend": backend, "repeats": repeats,
+        "prompt_term": term,
         "idle_fits": {m: asdict(t) for m, t in idle.items()},
         "in_workload_fits": {m: asdict(t) for m, t in loaded.items()},
         "workload_a": {"emulator_timing": "idle_fit", "modes": rows["a"]},

@@ -67,6 +67,8 @@ def describe_timing(name: str, timing: Timing) -> str:
     """One line for a fit, in the model's own terms."""
     tail = (f"({timing.samples} samples, median TTFT residual "
             f"{timing.ttft_residual_p50_ms:.0f} ms)")
+    if timing.prompt_us_per_token:
+        tail = f"+ {timing.prompt_us_per_token:.2f} µs per prompt token " + tail
     if timing.scheduler == VLLM_STEPS:
         return (f"{name} [{VLLM_STEPS}]: API server {timing.prefill_overhead_ms:.1f} ms, step "
                 f"{timing.step_ms:.1f} ms + {timing.prefill_tokens_per_s:,.0f} tokens/s, "

@@ -240,7 +240,8 @@ def no_queue_ttfts(workload: Workload, options: EmulatorOptions, blocks: PromptB
     requests = workload.requests
     c0 = options.prefill_overhead_ms / 1000.0
     rate = options.prefill_tokens_per_s
-    return [c0 + (blocks.tokens[i] - hits[i]) / rate
+    per_token = options.prompt_us_per_token / 1e6
+    return [c0 + blocks.tokens[i] * per_token + (blocks.tokens[i] - hits[i]) / rate
             for i, r in enumerate(requests) if workload.measured(r)]
 
 

@@ -77,6 +77,32 @@ def test_repeats_compare_medians_and_show_their_spread() -> None:
                                                   "hit_rate_ok": 1}}
 
 
+def test_fits_recover_the_cost_of_every_prompt_token_cached_or_not() -> None:
+    # Samples made with 11 ms fixed, 6 µs per prompt token and 9,000 tokens/s of prefill:
+    # cold prompts and warm ones (64 new tokens on a cached prefix) of several sizes.
+    samples = []
+    for prompt in (192, 576, 1088, 2112, 3136):
+        for cached in (0, prompt - 64):
+            uncached = prompt - cached
+            samples.append(RequestSample(prompt, cached, 0.011 + prompt * 6e-6 + uncached / 9000,
+                                         33, 32 * 0.008))
+    timing = fit(samples)
+    assert timing.prefill_overhead_ms == pytest.approx(11.0, abs=0.01)
+    assert timing.prompt_us_per_token == pytest.approx(6.0, abs=0.01)
+    assert timing.prefill_tokens_per_s == pytest.approx(9000.0, rel=1e-3)
+    assert timing.ttft_residual_p50_ms == pytest.approx(0.0, abs=0.01)
+    options = emulated(2, timing, 131072, 16)
+    assert options.prompt_us_per_token == timing.prompt_us_per_token
+    # As fits were made before the term: none, and the warm prompts' cost lands elsewhere.
+    before = fit(samples, prompt_term=False)
+    assert before.prompt_us_per_token == 0.0 and before.ttft_residual_p50_ms > 1.0
+    # A per-prompt cost that would come out negative is not fitted at all.
+    falling = [RequestSample(s.prompt_tokens, s.cached_tokens,
+                             0.011 - s.prompt_tokens * 1e-6 + s.uncached / 9000, 33, 0.25)
+               for s in samples]
+    assert fit(falling).prompt_us_per_token == 0.0
+
+
 def test_step_fit_recovers_step_cost_rate_and_api_time() -> None:
     # Samples made by the step model itself: 12 ms in the API server, 15 ms a step, 2,000
     # tokens/s; a lone decode is one step and one token (15.5 ms).

@@ -10,6 +10,7 @@ from emulator import engine_model as engine_model_module
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import Admission, EngineConfig, EngineModel
 from emulator.prefix_cache import PrefixCache, block_hashes, max_hit_blocks, root_hash
+from emulator.steps import StepScheduler
 from emulator.timing import Scheduler, TimingParams
 from emulator.tokenize import Tokenizer, render_chat
 
@@ -258,6 +259,33 @@ def test_prefill_time_formula() -> None:
     assert t.prefill_seconds(5000, 0) == pytest.approx(1.02)
     assert t.prefill_seconds(0, 10_000) == pytest.approx(0.02 + 10_000 * 262_144 / 20e9)
     assert TimingParams(decode_s_per_token=0.035).decode_seconds(11) == pytest.approx(0.35)
+
+
+def test_the_whole_prompt_is_charged_per_token_cached_or_not() -> None:
+    t = TimingParams(prefill_tokens_per_s=5000, prefill_overhead_s=0.01,
+                     prompt_s_per_token=6e-6)
+    # 64 new tokens on a 3,072-token cached prefix: the prefix's tokens are tokenized, hashed
+    # and looked up too (vLLM's renderer and block hasher), so they cost their 6 µs each.
+    assert t.prefill_seconds(64, 0, prompt_tokens=3136) == pytest.approx(
+        0.01 + 3136 * 6e-6 + 64 / 5000)
+    assert t.prefill_seconds(64, 0) == pytest.approx(0.01 + 64 / 5000)  # no prompt, no charge
+    steps = StepScheduler(TimingParams(prefill_tokens_per_s=5000, prefill_overhead_s=0.01,
+                                       decode_s_per_token=0.012, prompt_s_per_token=6e-6))
+    lone = steps.schedule(0.0, 64, 1, prompt_tokens=3136)
+    # entry (API server + the prompt's work), then one step: its fixed cost and 64 tokens
+    step_s = 0.012 - 1 / 5000
+    assert lone.ttft == pytest.approx(0.01 + 3136 * 6e-6 + step_s + 64 / 5000)
+
+
+def test_a_warm_turn_on_the_engine_pays_for_its_whole_prompt() -> None:
+    def ttft(per_token_s: float) -> float:
+        model = EngineModel(EngineConfig(block_size=16, hbm_tokens=16_000, timing=TimingParams(
+            prefill_tokens_per_s=5000, prefill_overhead_s=0.0, prompt_s_per_token=per_token_s)))
+        prompt = list(range(1600))
+        model.finish(model.admit(0.0, model.probe(0.0, prompt), 1))
+        return model.admit(10.0, model.probe(10.0, [*prompt, *range(2000, 2032)]), 1).slot.ttft
+
+    assert ttft(1e-5) - ttft(0.0) == pytest.approx(1632 * 1e-5)
 
 
 def test_scheduler_queues_for_slots_and_serialises_prefill() -> None:

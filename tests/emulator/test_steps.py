@@ -106,6 +106,11 @@ def test_the_default_model_is_the_serial_queue() -> None:
     assert isinstance(EngineModel(stepped).scheduler, StepScheduler)
     with pytest.raises(ValueError, match="scheduler must be one of"):
         EmulatorOptions(scheduler="sjf").validate()
+    # The per-prompt-token cost is off unless asked for (every committed figure), never < 0.
+    assert EmulatorOptions().timing().prompt_s_per_token == 0.0
+    assert EmulatorOptions(prompt_us_per_token=6.0).timing().prompt_s_per_token == 6e-6
+    with pytest.raises(ValueError, match="prompt_us_per_token must be >= 0"):
+        EmulatorOptions(prompt_us_per_token=-1.0).validate()
 
 
 def test_the_engine_model_under_steps_counts_cached_tokens_out() -> None:
