@@ -261,7 +261,7 @@ class EngineModel:
         return hbm_blocks, max(0, ddr_end - hbm_blocks)
 
     def _schedule(self, now: float, computed: int, ddr_tokens: int, max_tokens: int,
-                  arrival: float | None, prompt_tokens: int = 0) -> Slot:
+                  arrival: float | None, prompt_tokens: int) -> Slot:
         """The request's slot: prefill of ``computed`` tokens (plus ``ddr_tokens`` loaded inside
         it), then the decode; its TTFT counts from ``arrival`` when given."""
         timing = self.config.timing

@@ -33,7 +33,8 @@ class ObservedRound:
     """Every engine's report from one collector round, kept as it arrived (columns, entry i for
     `endpoints[i]`) and made into an `ObservedLoad` only when a decision asks for that engine:
     a replica takes a round of a thousand engines without building a thousand objects, most of
-    which no decision reads before the next round replaces them. Immutable once made."""
+    which no decision reads before the next round replaces them. Its figures never change once
+    it is made; `drop` only hides an engine that left."""
 
     __slots__ = (
         "_ages",
