@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -86,6 +87,9 @@ class Account:
     # Of `split`: sessions whose engines interleave (A, B, A: both served it over overlapping
     # times, the cache split); the rest moved once (A, then only B).
     interleaved: int = 0
+    # Each session on two engines, its turns in order and its binding as etcd holds it (a
+    # move's reason and time): what a failed assertion shows of a split.
+    on_two: tuple[str, ...] = ()
 
     HEADER = ("| fault | requests | failed | sessions | on two engines (interleaved) "
               "| bindings lost | faults | slowest request |\n"
@@ -97,11 +101,12 @@ class Account:
                 f"| {self.slowest_s:.2f} s |")
 
 
-def account(fault: str, served: list[Served], bindings: dict[str, str], faults: int,
-            failed_over: Collection[str] = ()) -> Account:
-    """``bindings``: session uuid -> endpoint, as etcd holds them at the end. ``failed_over``:
-    engines the fault failed, whose sessions' bindings the failover moves elsewhere as it
-    should (one answered last by such an engine and bound elsewhere is not lost)."""
+def account(fault: str, served: list[Served], bindings: dict[str, dict[str, Any]],
+            faults: int, failed_over: Collection[str] = ()) -> Account:
+    """``bindings``: session uuid -> the binding's stored value, as etcd holds them at the end.
+    ``failed_over``: engines the fault failed, whose sessions' bindings the failover moves
+    elsewhere as it should (one answered last by such an engine and bound elsewhere is not
+    lost)."""
     engines: dict[str, list[str]] = defaultdict(list)
     for s in sorted(served, key=lambda s: s.start):
         if s.engine is not None:
@@ -109,7 +114,8 @@ def account(fault: str, served: list[Served], bindings: dict[str, str], faults: 
     missing = moved = 0
     for session, answered in engines.items():
         key = normalize_session(session.encode())
-        held = None if key is None else bindings.get(key)
+        value = None if key is None else bindings.get(key)
+        held = None if value is None else value["endpoint"]
         if held is None:
             missing += 1
         elif held != answered[-1] and answered[-1] not in failed_over:
@@ -119,7 +125,19 @@ def account(fault: str, served: list[Served], bindings: dict[str, str], faults: 
                    sum(len(set(e)) > 1 for e in engines.values()), missing + moved, faults,
                    max((s.end - s.start for s in served), default=0.0),
                    tuple(sorted({s.error for s in failed})), missing,
-                   sum(_interleaved(e) for e in engines.values()))
+                   sum(_interleaved(e) for e in engines.values()),
+                   tuple(_on_two(session, served, bindings) for session, e in engines.items()
+                         if len(set(e)) > 1))
+
+
+def _on_two(session: str, served: list[Served], bindings: dict[str, dict[str, Any]]) -> str:
+    """`session`'s answered turns (engine, start on the wall clock) and its stored binding."""
+    wall = time.time() - time.monotonic()
+    turns = ", ".join(f"{s.engine}@{s.start + wall:.3f}"
+                      for s in sorted(served, key=lambda s: s.start)
+                      if s.session == session and s.engine is not None)
+    key = normalize_session(session.encode())
+    return f"{session}: {turns}; binding {None if key is None else bindings.get(key)}"
 
 
 def _interleaved(answered: list[str]) -> bool:

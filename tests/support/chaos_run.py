@@ -23,7 +23,7 @@ from tests.support.chaos import Account, Traffic, account
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.fault_proxy import FaultProxy
 from tests.support.polling import eventually
-from tests.support.stack import gateway_config, running_stack, stored_bindings
+from tests.support.stack import gateway_config, running_stack, stored_binding_values
 from tests.support.upstreams import Upstream
 
 FULL = os.environ.get("KVGATE_CHAOS") == "full"
@@ -102,7 +102,7 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
             async def settled() -> Account:
                 # Bindings placed while etcd was away are written back once it answers again.
                 return account(name, load.served,
-                               await stored_bindings(cluster.endpoints, prefix), faults,
+                               await stored_binding_values(cluster.endpoints, prefix), faults,
                                failed_over)
 
             def nothing_lost(row: Account) -> bool:

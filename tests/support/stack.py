@@ -6,6 +6,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -96,9 +97,16 @@ async def running_stack(config: Config, workdir: Path,
 
 async def stored_bindings(etcd: Sequence[str], prefix: str) -> dict[str, str]:
     """Every binding etcd holds under ``prefix``: session uuid -> endpoint."""
+    return {session: value["endpoint"]
+            for session, value in (await stored_binding_values(etcd, prefix)).items()}
+
+
+async def stored_binding_values(etcd: Sequence[str], prefix: str) -> dict[str, dict[str, Any]]:
+    """Every binding etcd holds under ``prefix``: session uuid -> its stored value (endpoint,
+    and a moved one's `reason` and `moved_at`)."""
     client = EtcdClient(list(etcd))
     try:
         kvs, _ = await client.get_prefix(f"{prefix}bindings/".encode())
     finally:
         await client.close()
-    return {kv.key.decode().rsplit("/", 1)[1]: json.loads(kv.value)["endpoint"] for kv in kvs}
+    return {kv.key.decode().rsplit("/", 1)[1]: json.loads(kv.value) for kv in kvs}
