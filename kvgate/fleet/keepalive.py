@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -37,7 +38,15 @@ MAX_BODY = 8 * 1024 * 1024
 # close idle ones too (uvicorn after 5 s), which `_Connection.reusable` notices before reuse.
 IDLE_S = 30.0
 _HEX = b"0123456789abcdefABCDEF"
-_READ = frozenset((b"connection", b"content-encoding", b"content-length", b"transfer-encoding"))
+# Each header line: a name that neither starts nor ends with blanks, a colon, a value; no CR or
+# LF inside a line (RFC 9112 5: a recipient may reject them).
+_FIELD_LINES = re.compile(rb"(?:\r\n[^ \t:\r\n][^:\r\n]*(?<![ \t]):[^\r\n]*)*")
+# The status line: a version this client speaks, three digits, then a reason or nothing.
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) ([0-9]{3})(?: .*)?", re.DOTALL)
+# The headers that frame the body or the connection (whatever their case); the rest are unread.
+_FRAMING = re.compile(
+    rb"\r\n(connection|content-encoding|content-length|transfer-encoding):([^\r\n]*)",
+    re.IGNORECASE)
 
 
 class PageError(Exception):
@@ -337,21 +346,19 @@ def _head(head: bytes) -> tuple[int, bool, dict[bytes, bytes]]:
     """A reply's status line and headers (without the blank line): its status, whether the
     connection may be kept, and the headers that frame the body or the connection by their
     lowercased names (a repeated one's values joined, as RFC 9110 5.3 combines them)."""
-    lines = head.split(b"\r\n")
-    version, _, rest = lines[0].partition(b" ")
-    code = rest[:3]
-    if (version not in (b"HTTP/1.1", b"HTTP/1.0") or len(code) != 3 or not code.isdigit()
-            or rest[3:4] not in (b"", b" ")):
-        raise PageError(f"status line {lines[0][:80]!r}")
+    # Two regular expressions, not a loop over the lines: a head is read 10,000 times a second
+    # at 1,000 engines, and a Python step per header line cost about a tenth of a scrape.
+    status_end = head.find(b"\r\n")
+    status_line, fields = (head, b"") if status_end < 0 else (head[:status_end],
+                                                            head[status_end:])
+    status = _STATUS_LINE.fullmatch(status_line)
+    if status is None:
+        raise PageError(f"status line {status_line[:80]!r}")
+    if _FIELD_LINES.fullmatch(fields) is None:
+        raise PageError(f"header line {_bad_field_line(fields)[:80]!r}")
     headers: dict[bytes, bytes] = {}
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or name[-1:] in b" \t" or name[:1] in b" \t":
-            raise PageError(f"header line {line[:80]!r}")
-        name = name.lower()
-        if name not in _READ:
-            continue  # kept by nobody: not worth stripping and joining
-        value = value.strip()
+    for name, value in _FRAMING.findall(fields):
+        name, value = name.lower(), value.strip()
         if name in headers:
             if name == b"content-length":
                 if headers[name] != value:  # which length frames the body is unknowable
@@ -361,5 +368,13 @@ def _head(head: bytes) -> tuple[int, bool, dict[bytes, bytes]]:
         headers[name] = value
     connection = headers.get(b"connection", b"").lower()
     # HTTP/1.1 keeps the connection unless told otherwise; HTTP/1.0 only when told to.
-    keep = b"close" not in connection if version == b"HTTP/1.1" else b"keep-alive" in connection
-    return int(code), keep, headers
+    keep = b"close" not in connection if status[1] == b"1" else b"keep-alive" in connection
+    return int(status[2]), keep, headers
+
+
+def _bad_field_line(fields: bytes) -> bytes:
+    """The first line `_FIELD_LINES` does not take (for the error)."""
+    for line in fields.split(b"\r\n")[1:]:
+        if _FIELD_LINES.fullmatch(b"\r\n" + line) is None:
+            return line
+    return fields

@@ -199,6 +199,8 @@ MALFORMED = {
     "not http/1.x": b"HTTP/2 200 OK\r\nContent-Length: 1\r\n\r\nx",
     "status not three digits": b"HTTP/1.1 20 OK\r\nContent-Length: 1\r\n\r\nx",
     "header without a colon": b"HTTP/1.1 200 OK\r\nContent-Length 1\r\n\r\nx",
+    "a header name ending in a blank": b"HTTP/1.1 200 OK\r\nContent-Length : 1\r\n\r\nx",
+    "a bare CR in a header": b"HTTP/1.1 200 OK\r\nX-A: a\rb\r\nContent-Length: 1\r\n\r\nx",
     "body to the close": b"HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nx",
     "another transfer coding": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
     "a content coding": b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 1"
