@@ -58,7 +58,8 @@ def router_setup(options: EmulatorOptions, config: SimConfig) -> RouterSetup:
     cost = EngineCost(prefill_tokens_per_s=options.prefill_tokens_per_s,
                       prefill_overhead_s=options.prefill_overhead_ms / 1000.0,
                       kv_bytes_per_token=options.kv_bytes_per_token, ddr_gbps=options.ddr_gbps,
-                      transfer_fixed_s=options.transfer_fixed_ms / 1000.0)
+                      transfer_fixed_s=options.transfer_fixed_ms / 1000.0,
+                      prompt_s_per_token=options.prompt_us_per_token / 1e6)
     return RouterSetup(cost, config.gate, config.load_max_age_s, options.block_size,
                        max(1, options.hbm_tokens // options.block_size))
 

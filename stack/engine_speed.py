@@ -28,6 +28,7 @@ def emulated_cost(engine: EmulatorOptions, time_scale: float) -> EngineCost:
         kv_bytes_per_token=engine.kv_bytes_per_token or 1,
         ddr_gbps=engine.ddr_gbps / time_scale,
         transfer_fixed_s=engine.transfer_fixed_ms / 1000 * time_scale,
+        prompt_s_per_token=engine.prompt_us_per_token / 1e6 * time_scale,
     )
 
 

@@ -24,6 +24,10 @@ class EngineCost:
     kv_bytes_per_token: int = 256 * 1024
     ddr_gbps: float = 20.0  # one device's link from the pool
     transfer_fixed_s: float = 0.003  # pool lookup, RDMA set-up, scatter into the paged cache
+    # Per prompt token, cached or not: what an engine does with the whole prompt before its
+    # prefill (the emulator's TimingParams.prompt_s_per_token, which cites vLLM's rendering,
+    # block hashing and prefix lookup). 0 in the defaults, as in the emulator's.
+    prompt_s_per_token: float = 0.0
 
     def problems(self) -> list[str]:
         """What is wrong, each naming its field; empty when usable."""
@@ -33,12 +37,15 @@ class EngineCost:
             (self.kv_bytes_per_token > 0, "kv_bytes_per_token must be > 0"),
             (self.ddr_gbps > 0, "ddr_gbps must be > 0"),
             (self.transfer_fixed_s >= 0, "transfer_fixed_s must be >= 0"),
+            (self.prompt_s_per_token >= 0, "prompt_s_per_token must be >= 0"),
         )
         return [text for ok, text in checks if not ok]
 
-    def prefill_s(self, uncached_tokens: int) -> float:
-        """One request's own prefill: c0 + its uncached tokens at the prefill rate."""
-        return self.prefill_overhead_s + max(0, uncached_tokens) / self.prefill_tokens_per_s
+    def prefill_s(self, uncached_tokens: int, prompt_tokens: int) -> float:
+        """One request's own prefill: c0, the per-token cost of its whole prompt, and its
+        uncached tokens at the prefill rate (the emulator's TimingParams.prefill_s)."""
+        return (self.prefill_overhead_s + max(0, prompt_tokens) * self.prompt_s_per_token
+                + max(0, uncached_tokens) / self.prefill_tokens_per_s)
 
     def transfer_s(self, tokens: int) -> float:
         """Reading `tokens` of context from the DDR pool into HBM, the link to itself."""

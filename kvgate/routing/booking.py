@@ -36,9 +36,9 @@ class Ledger:
         if prompt > 0:  # unknown size (no body, chunked): nothing booked, as in routed()
             held = None if self.hbm is None else self.hbm.hbm_tokens(endpoint, session, context)
             if held is None or held >= context:
-                self._book(endpoint, known.now, self._cost.prefill_s(prompt - context))
+                self._book(endpoint, known.now, self._cost.prefill_s(prompt - context, prompt))
             else:
-                self._book(endpoint, known.now, self._cost.prefill_s(prompt - context),
+                self._book(endpoint, known.now, self._cost.prefill_s(prompt - context, prompt),
                            ready_at=known.now + self._cost.transfer_s(context - held))
         tokens = max(prompt, context)
         if seen is None or seen.tokens != tokens:  # unchanged: nothing written on this path
@@ -56,12 +56,13 @@ class Ledger:
             # engine's own report still counts.
             self._recent.remember(pool, session, context, moved_at)
             return
+        prompt = size.prompt_tokens
         if previous == endpoint:  # its context is in this engine's HBM
-            self._book(endpoint, now, cost.prefill_s(size.prompt_tokens - context))
+            self._book(endpoint, now, cost.prefill_s(prompt - context, prompt))
         elif previous is not None and view.kv_pool_of(previous) == view.kv_pool_of(endpoint):
             # Moved within its DDR pool: the context is read from DDR first.
-            self._book(endpoint, now, cost.prefill_s(size.prompt_tokens - context),
+            self._book(endpoint, now, cost.prefill_s(prompt - context, prompt),
                        ready_at=now + cost.transfer_s(context))
         else:
-            self._book(endpoint, now, cost.prefill_s(size.prompt_tokens))
+            self._book(endpoint, now, cost.prefill_s(prompt, prompt))
         self._recent.remember(pool, session, max(size.prompt_tokens, context), moved_at)

@@ -67,14 +67,15 @@ class DdrRead:
 @dataclass(frozen=True, slots=True)
 class Prefill:
     """Prefilling what neither tier holds (`placement.engine_cost`: prefill_tokens_per_s,
-    prefill_overhead_s)."""
+    prefill_overhead_s), and the whole prompt's per-token cost (prompt_us_per_token)."""
 
     cost: EngineCost
     overlaps_wait: bool = False
 
     def seconds(self, candidate: Candidate) -> float:
         c = candidate
-        return self.cost.prefill_s(c.prompt_tokens - c.hbm_tokens - c.ddr_tokens)
+        uncached = c.prompt_tokens - c.hbm_tokens - c.ddr_tokens
+        return self.cost.prefill_s(uncached, c.prompt_tokens)
 
 
 def default_terms(cost: EngineCost, gate: GateConfig) -> tuple[Term, ...]:

@@ -84,11 +84,12 @@ def test_every_key_is_read_and_survives_the_round_trip() -> None:
     kv_bytes_per_token: 128KiB
     ddr_gbps: 400
     transfer_fixed_ms: 0.15
+    prompt_us_per_token: 5.8
 """)
     gate, cost = config.placement.load_gate, config.placement.engine_cost
     assert gate.gate() == GateConfig(False, 0.25, 0.2, 60.0, 3, miss_safe=False)
     assert (gate.refresh_s, gate.max_load_age_s, gate.bytes_per_token) == (0.05, 1.0, 3.5)
-    assert cost == EngineCost(100_000.0, 0.001, 128 * 1024, 400.0, 0.00015)
+    assert cost == EngineCost(100_000.0, 0.001, 128 * 1024, 400.0, 0.00015, 5.8 / 1e6)
     assert load_text(to_yaml(config)) == config  # what kvgate up hands its services
 
 

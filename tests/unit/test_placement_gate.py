@@ -295,13 +295,24 @@ def test_known_hbm_holdings_price_staying(in_hbm: int | None, pool: int | None,
         assert (move.stay_s, move.move_s) == (pytest.approx(6.22), pytest.approx(4.22))
 
 
+def test_the_whole_prompt_is_priced_per_token_where_the_engines_cost_it() -> None:
+    """`engine_cost.prompt_us_per_token`: the emulator's per-prompt-token rule, cached or not."""
+    cost = EngineCost(prompt_s_per_token=10e-6)
+    assert cost.prefill_s(1_000, 20_000) == pytest.approx(COST.prefill_s(1_000, 20_000) + 0.2)
+    assert COST.prefill_s(1_000, 20_000) == pytest.approx(0.02 + 1_000 / 5_000)  # default 0
+    board = LoadBoard()
+    policy = GatedPolicy(cost, GateConfig(), board, clock=lambda: 0.0)
+    policy.hooks[0].kept("coder", "s", ADDRESSES[0], Known(0.0, 20_000, Seen(19_000, None), "s"))
+    assert board.backlog_s(ADDRESSES[0], 0.0) == pytest.approx(0.02 + 0.2 + 0.2)
+
+
 def test_a_kept_request_whose_context_left_hbm_books_its_reload_first() -> None:
     _view, board, current, _siblings = _bound_and_queued(0.0, 0.0)
     size = PromptSize(prompt_tokens=20_000, context_tokens=19_000)
     hbm = _InHbm(None)
     gate = _gate(board=board, hbm=hbm)
     known = Known(0.0, size.prompt_tokens, Seen(size.context_tokens, None), "s")
-    prefill = COST.prefill_s(1_000)
+    prefill = COST.prefill_s(1_000, 20_000)
     gate.policy.hooks[0].kept("coder", "s", current, known)
     assert board.backlog_s(current, 0.0) == pytest.approx(prefill)  # not known: a hit
     hbm.tokens = 4_000  # 15,000 tokens left its HBM: read back from the pool, then prefilled

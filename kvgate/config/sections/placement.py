@@ -118,6 +118,10 @@ describe(
     transfer_fixed_s=Key(Scaled(0.0, 60_000.0, 1000.0, "ms"), "a DDR transfer's fixed cost: "
                          "pool lookup, RDMA set-up, scatter into the paged cache",
                          name="transfer_fixed_ms"),
+    prompt_s_per_token=Key(Scaled(0.0, 1e6, 1e6, "µs"), "per prompt token, cached or not: "
+                           "what the engine does with the whole prompt before its prefill "
+                           "(tokenizing, hashing its blocks, looking them up; the emulator's "
+                           "`--prompt-us-per-token`)", name="prompt_us_per_token"),
 )
 
 
