@@ -274,24 +274,24 @@ def _tagged(payloads: list[bytes]) -> list[bytes]:
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
-    work = Path(tempfile.mkdtemp(prefix="kvgate-fleet-state-"))
-    ready = work / "stubs.json"
-    child = Child("stubs", [sys.executable, __file__, "--serve", str(args.recorded),
-                            "--engines", str(args.engines), "--ready", str(ready)],
-                  work / "stubs.log")
-    await child.start()
-    try:
-        await child.wait_ready(lambda: asyncio.to_thread(ready.exists), 60)
-        stubs = json.loads(ready.read_text())
-        whole = await scrape_cpu(stubs["whole_page"], args.rounds)
-        filtered = await scrape_cpu(stubs["filtering"], args.rounds)
-        # Alternated, so that a noisy neighbour's burst is less likely to land on one client.
-        baseline, collected, half = 0.0, 0.0, max(1, args.rounds // 2)
-        for _ in range(2):
-            baseline += await collector_cpu(stubs["filtering"], half, "aiohttp") / 2
-            collected += await collector_cpu(stubs["filtering"], half, "keepalive") / 2
-    finally:
-        await child.stop()
+    with tempfile.TemporaryDirectory(prefix="kvgate-fleet-state-") as work:
+        ready = Path(work) / "stubs.json"
+        child = Child("stubs", [sys.executable, __file__, "--serve", str(args.recorded),
+                                "--engines", str(args.engines), "--ready", str(ready)],
+                      Path(work) / "stubs.log")
+        await child.start()
+        try:
+            await child.wait_ready(lambda: asyncio.to_thread(ready.exists), 60)
+            stubs = json.loads(ready.read_text())
+            whole = await scrape_cpu(stubs["whole_page"], args.rounds)
+            filtered = await scrape_cpu(stubs["filtering"], args.rounds)
+            # Alternated, so that a noisy neighbour's burst is less likely to land on one client.
+            baseline, collected, half = 0.0, 0.0, max(1, args.rounds // 2)
+            for _ in range(2):
+                baseline += await collector_cpu(stubs["filtering"], half, "aiohttp") / 2
+                collected += await collector_cpu(stubs["filtering"], half, "keepalive") / 2
+        finally:
+            await child.stop()
     events = event_cost(args.recorded, args.repeat)
     delivery = delivery_cost(args.fleet, args.delivery_rounds)
     rounds_per_s = 1 / args.refresh_s
