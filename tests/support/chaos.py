@@ -140,7 +140,12 @@ def _on_two(session: str, served: list[Served], bindings: dict[str, dict[str, An
     return f"{session}: {turns}; binding {None if key is None else bindings.get(key)}"
 
 
+def runs(answered: list[str]) -> list[str]:
+    """The engines that answered a session, each run of turns on one engine once, in order."""
+    return [e for i, e in enumerate(answered) if i == 0 or e != answered[i - 1]]
+
+
 def _interleaved(answered: list[str]) -> bool:
     """An engine answers again after another one did."""
-    runs = [e for i, e in enumerate(answered) if i == 0 or e != answered[i - 1]]
-    return len(runs) != len(set(runs))
+    engines = runs(answered)
+    return len(engines) != len(set(engines))
