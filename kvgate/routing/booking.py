@@ -65,4 +65,4 @@ class Ledger:
                        ready_at=now + cost.transfer_s(context))
         else:
             self._book(endpoint, now, cost.prefill_s(prompt, prompt))
-        self._recent.remember(pool, session, max(size.prompt_tokens, context), moved_at)
+        self._recent.remember(pool, session, max(prompt, context), moved_at)

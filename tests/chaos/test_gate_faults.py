@@ -10,12 +10,11 @@ most once and never back and forth.
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
 from pathlib import Path
 
 import pytest
 
-from tests.support.chaos import Account, Served, Traffic, runs
+from tests.support.chaos import Account, Served, Traffic, engines_by_session, runs
 from tests.support.chaos_run import FULL, Scene, under_traffic
 from tests.support.metrics_faults import FaultyMetricsUpstream, MetricsFault
 from tests.support.upstreams import Upstream
@@ -26,14 +25,6 @@ BODY_BYTES = 16_000
 # ledger of the work it sent sees them lightly loaded at this traffic, as they are; a lie of a
 # thousand waiting requests is then 24 s of backlog.
 PLACEMENT: dict[str, object] = {"engine_cost": {"prefill_tokens_per_s": 1_000_000}}
-
-
-def engines_by_session(served: list[Served]) -> dict[str, list[str]]:
-    engines: dict[str, list[str]] = defaultdict(list)
-    for s in sorted(served, key=lambda s: s.start):
-        if s.engine is not None:
-            engines[s.session].append(s.engine)
-    return engines
 
 
 async def run(tmp_path: Path, prefix: str, fault: MetricsFault, source: str = "scrape"

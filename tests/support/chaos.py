@@ -107,10 +107,8 @@ def account(fault: str, served: list[Served], bindings: dict[str, dict[str, Any]
     ``failed_over``: engines the fault failed, whose sessions' bindings the failover moves
     elsewhere as it should (one answered last by such an engine and bound elsewhere is not
     lost)."""
-    engines: dict[str, list[str]] = defaultdict(list)
-    for s in sorted(served, key=lambda s: s.start):
-        if s.engine is not None:
-            engines[s.session].append(s.engine)
+    in_order = sorted(served, key=lambda s: s.start)
+    engines = engines_by_session(in_order)
     missing = moved = 0
     for session, answered in engines.items():
         key = normalize_session(session.encode())
@@ -126,15 +124,24 @@ def account(fault: str, served: list[Served], bindings: dict[str, dict[str, Any]
                    max((s.end - s.start for s in served), default=0.0),
                    tuple(sorted({s.error for s in failed})), missing,
                    sum(_interleaved(e) for e in engines.values()),
-                   tuple(_on_two(session, served, bindings) for session, e in engines.items()
+                   tuple(_on_two(session, in_order, bindings) for session, e in engines.items()
                          if len(set(e)) > 1))
 
 
-def _on_two(session: str, served: list[Served], bindings: dict[str, dict[str, Any]]) -> str:
-    """`session`'s answered turns (engine, start on the wall clock) and its stored binding."""
+def engines_by_session(served: list[Served]) -> dict[str, list[str]]:
+    """Each session's answering engines, in the order its requests started."""
+    engines: dict[str, list[str]] = defaultdict(list)
+    for s in sorted(served, key=lambda s: s.start):
+        if s.engine is not None:
+            engines[s.session].append(s.engine)
+    return engines
+
+
+def _on_two(session: str, in_order: list[Served], bindings: dict[str, dict[str, Any]]) -> str:
+    """`session`'s answered turns (engine, start on the wall clock) and its stored binding;
+    `in_order`: every request, by start."""
     wall = time.time() - time.monotonic()
-    turns = ", ".join(f"{s.engine}@{s.start + wall:.3f}"
-                      for s in sorted(served, key=lambda s: s.start)
+    turns = ", ".join(f"{s.engine}@{s.start + wall:.3f}" for s in in_order
                       if s.session == session and s.engine is not None)
     key = normalize_session(session.encode())
     return f"{session}: {turns}; binding {None if key is None else bindings.get(key)}"
