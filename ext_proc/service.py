@@ -99,6 +99,7 @@ class ExtProcService:
                 self._etcd, config.etcd.prefix, config.session.idle_ttl,
                 supervisor=self.supervisor, on_etcd_error=self.metrics.etcd_errors.inc,
                 write_limit_s=config.ext_proc.etcd_write_deadline,
+                write_budget_s=config.ext_proc.etcd_write_budget,
                 max_pending=config.ext_proc.max_pending_bindings,
             )
             self._mirror = self.mirrors.track(

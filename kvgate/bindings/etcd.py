@@ -34,7 +34,7 @@ from kvgate.bindings.reattach import Reattachment
 from kvgate.contract.states import MoveReason
 from kvgate.etcd import EtcdClient, EtcdError, KeyValue, PrefixMirror
 from kvgate.etcd.client import MAX_TXN_OPS, GuardedPut, WatchEvent
-from kvgate.etcd.errors import EtcdDeadline, EtcdLeaseNotFound
+from kvgate.etcd.errors import EtcdDeadline, EtcdLeaseNotFound, EtcdUnavailable
 from kvgate.etcd.mirror import MirrorState
 from kvgate.runtime.tasks.supervisor import Supervisor
 
@@ -56,6 +56,7 @@ class EtcdBindingStore:
         on_etcd_error: Callable[[], None] | None = None,
         flush_interval: float = 0.5,
         write_limit_s: float = 0.1,
+        write_budget_s: float | None = None,
         max_pending: int = DEFAULT_MAX_PENDING,
     ) -> None:
         self._client = client
@@ -76,6 +77,10 @@ class EtcdBindingStore:
         # Hot-path writes must finish well inside Envoy's ext_proc message timeout; a slower
         # etcd is treated as away (the write is queued and flushed in the background).
         self._write_limit_s = write_limit_s
+        # A hot-path write that misses its deadline, or whose member is gone, is tried once
+        # more (on the next member) within this: answered from a queued binding the other
+        # replicas cannot read, a session's next turn at a peer is placed anew (docs/faults.md).
+        self._write_budget_s = max(write_limit_s, write_budget_s or 0.0)
         self._on_etcd_error = on_etcd_error
         self._mirror = PrefixMirror(client, self._prefix, self, name="bindings")
         self._supervisor = supervisor
@@ -196,21 +201,40 @@ class EtcdBindingStore:
     async def _write(self, op: PendingWrite) -> Binding:
         if self._degraded or op.binding.key in self._pending:
             return self._queue(op)
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + self._write_budget_s
+        outcome = await self._attempt(op, self._write_limit_s)
+        slow = isinstance(outcome, EtcdDeadline)
+        if isinstance(outcome, EtcdDeadline):
+            self._slow_write(outcome)  # counted now: a cut etcd degrades as soon as before
+        retry_s = give_up - loop.time()
+        if isinstance(outcome, EtcdUnavailable) and retry_s > 0 and not self._degraded:
+            # Once more, on the member the client moved to (a deadline moves it too); a create
+            # that landed meanwhile is what the retry's compare finds and returns.
+            outcome = await self._attempt(op, retry_s)
+        if isinstance(outcome, Binding):
+            self._slow_writes = 0
+            return outcome
+        # Whatever etcd's trouble, the request is answered from memory: the write is queued.
+        if not isinstance(outcome, EtcdDeadline):
+            self._set_degraded(outcome)
+        elif not slow:
+            self._slow_write(outcome)
+        return self._queue(op)
+
+    async def _attempt(self, op: PendingWrite, limit_s: float) -> Binding | EtcdError:
         try:
-            stored = await self._commit(op, self._write_limit_s)
-        except EtcdDeadline as exc:
-            # One slow write queues only itself; several in a row mean etcd is away for now.
-            self._slow_writes += 1
-            if self._slow_writes >= SLOW_WRITES_TO_DEGRADE:
-                self._set_degraded(exc)
-            elif self._on_etcd_error is not None:
-                self._on_etcd_error()
-            return self._queue(op)
-        except EtcdError as exc:  # whatever etcd's trouble, the request is answered from memory
-            self._set_degraded(exc)
-            return self._queue(op)
-        self._slow_writes = 0
-        return stored
+            return await self._commit(op, limit_s)
+        except EtcdError as exc:
+            return exc
+
+    def _slow_write(self, error: EtcdError) -> None:
+        # One slow write queues only itself; several in a row mean etcd is away for now.
+        self._slow_writes += 1
+        if self._slow_writes >= SLOW_WRITES_TO_DEGRADE:
+            self._set_degraded(error)
+        elif self._on_etcd_error is not None:
+            self._on_etcd_error()
 
     def _queue(self, op: PendingWrite) -> Binding:
         self._pending.add(op)  # raises Unbound when full

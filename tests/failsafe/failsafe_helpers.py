@@ -59,10 +59,11 @@ def restarts(registry: CollectorRegistry, service: str, task: str) -> float:
 
 
 def fail_once(
-    monkeypatch: pytest.MonkeyPatch, target: object, name: str, error: BaseException
+    monkeypatch: pytest.MonkeyPatch, target: object, name: str, error: BaseException,
+    *, calls_failed: int = 1,
 ) -> Callable[[], int]:
-    """Makes `target.name` raise `error` on its first call, then behave as before; returns a
-    function counting the calls."""
+    """Makes `target.name` raise `error` on its first call (its first `calls_failed`), then
+    behave as before; returns a function counting the calls."""
     original = getattr(target, name)
     calls = 0
 
@@ -70,14 +71,14 @@ def fail_once(
         async def wrapper(*args: Any, **kwargs: Any) -> Any:
             nonlocal calls
             calls += 1
-            if calls == 1:
+            if calls <= calls_failed:
                 raise error
             return await original(*args, **kwargs)
     else:
         def wrapper(*args: Any, **kwargs: Any) -> Any:  # type: ignore[misc]
             nonlocal calls
             calls += 1
-            if calls == 1:
+            if calls <= calls_failed:
                 raise error
             return original(*args, **kwargs)
 

@@ -98,9 +98,10 @@ async def test_a_used_binding_still_moves_to_the_newest_lease(
 async def test_degraded_mode_flush_recovers(replicas, prefix: str,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     replica = await replicas()
-    # etcd misses the hot-path write, so the binding is queued for the flush task, whose first
-    # attempt then hits a bug.
-    fail_once(monkeypatch, replica.client, "create", EtcdUnavailable("away", operation="Txn"))
+    # etcd misses the hot-path write and its retry, so the binding is queued for the flush
+    # task, whose first attempt then hits a bug.
+    fail_once(monkeypatch, replica.client, "create", EtcdUnavailable("away", operation="Txn"),
+              calls_failed=2)
     fail_once(monkeypatch, replica.store, "_flush", RuntimeError("flush bug"))
     local = await replica.store.create(Binding("s-3", "coder", B))
     assert local.revision == 0 and replica.store.degraded

@@ -238,6 +238,12 @@ def test_message_timeout_and_the_etcd_write_deadline_go_together() -> None:
     assert load_text(POOL).ext_proc.etcd_write_deadline == pytest.approx(0.1)
     assert load_text(POOL + "ext_proc: {message_timeout: 2s}\n").ext_proc \
         .etcd_write_deadline == pytest.approx(0.1)
+    # One more try on the next member, inside Envoy's wait.
+    assert load_text(POOL + "ext_proc: {message_timeout: 60ms}\n").ext_proc \
+        .etcd_write_budget == pytest.approx(0.045)
+    assert load_text(POOL).ext_proc.etcd_write_budget == pytest.approx(0.15)
+    assert load_text(POOL + "ext_proc: {message_timeout: 5s}\n").ext_proc \
+        .etcd_write_budget == pytest.approx(1.0)
 
 
 def test_example_loads_and_round_trips() -> None:

@@ -56,7 +56,8 @@ class ExtProc:
         "how long Envoy waits for a decision before falling back to its ring (with `transport: "
         "http`, also the timeout of the HTTP request that asks). A new session's etcd write gets "
         "half of it, at most 100 ms (below 50 ms, etcd, an fsync per write, would routinely "
-        "miss that and every new binding be queued)", default=0.2, default_doc="`200ms`")
+        "miss that and every new binding be queued), and one more try on the next etcd member "
+        "within three quarters of it, at most 1 s", default=0.2, default_doc="`200ms`")
     transport: str = key(
         Choice(EXT_PROC_TRANSPORTS),
         "how Envoy's ext_proc filter reaches ext_proc: `grpc` (the ext_proc gRPC service, one "
@@ -75,3 +76,10 @@ class ExtProc:
         instead: half of Envoy's wait for the decision (the rest is for the gRPC round trip and
         the decision), at most 100 ms (a slower etcd is treated as away)."""
         return min(0.1, self.message_timeout / 2)
+
+    @property
+    def etcd_write_budget(self) -> float:
+        """How long a request may wait for its binding's etcd write in all: a write that misses
+        its deadline, or whose etcd member is gone, is tried once more on the next member
+        within this (three quarters of Envoy's wait, at most 1 s) before it is queued."""
+        return max(self.etcd_write_deadline, min(1.0, self.message_timeout * 0.75))

@@ -1,0 +1,55 @@
+"""A binding write whose etcd member stops answering is tried once more, on the next member,
+within the write's budget: the request is answered from a binding the other replicas can read,
+not from a queued one (which let a peer place the session's next turn elsewhere: docs/faults.md,
+one replica's slow write). Real etcd; the first member is behind a proxy the test cuts."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+
+from kvgate.bindings.etcd import EtcdBindingStore
+from kvgate.bindings.model import Binding
+from kvgate.etcd import EtcdClient
+from kvgate.runtime.tasks.supervisor import Supervisor
+from tests.support.fault_proxy import FaultProxy
+
+WRITE_LIMIT_S = 0.2  # each try's deadline
+WRITE_BUDGET_S = 5.0  # both tries; generous for a busy machine, the test waits on no clock
+
+
+async def _written_across_a_cut(etcd, prefix: str, budget_s: float | None) -> tuple[
+        Binding, EtcdBindingStore]:
+    async with FaultProxy(etcd.endpoint) as proxy:
+        # The same etcd twice: through the proxy first (the member that goes silent), then direct.
+        client = EtcdClient([proxy.address, etcd.endpoint])
+        store = EtcdBindingStore(client, prefix, 3600, supervisor=Supervisor(
+            "ext_proc", CollectorRegistry()), write_limit_s=WRITE_LIMIT_S,
+            write_budget_s=budget_s)
+        try:
+            await store.start()
+            assert store.synced and client.endpoint == proxy.address
+            proxy.cut()  # holds every byte: the write misses its deadline
+            stored = await store.create(Binding("s", "p", "10.0.0.1:1"))
+            return stored, store
+        finally:
+            await store.close()
+            await client.close()
+
+
+async def test_a_write_past_its_deadline_is_tried_again_on_the_next_member(
+    etcd, prefix: str
+) -> None:
+    stored, store = await _written_across_a_cut(etcd, prefix, WRITE_BUDGET_S)
+    assert stored.revision > 0, "answered from a queued binding the other replicas cannot read"
+    assert store.pending == 0 and not store.degraded
+    reader = EtcdClient([etcd.endpoint])
+    try:
+        kv = await reader.get(f"{prefix}bindings/p/s".encode())
+    finally:
+        await reader.close()
+    assert kv is not None and kv.mod_revision == stored.revision
+
+
+async def test_without_a_budget_the_slow_write_is_queued(etcd, prefix: str) -> None:
+    stored, store = await _written_across_a_cut(etcd, prefix, None)
+    assert stored.revision == 0 and store.pending == 1
