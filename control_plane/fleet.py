@@ -36,7 +36,8 @@ class ControlPlaneCollector:
             refresh_s=gate.refresh_s, timeout_s=scrape_timeout(gate.max_load_age_s,
                                                                gate.refresh_s),
             kv_events_port=gate.kv_events_port,
-            kv_events_port_offset=gate.kv_events_port_offset)
+            kv_events_port_offset=gate.kv_events_port_offset,
+            kv_events_replay_offset=gate.kv_events_replay_offset)
 
     def status(self) -> CollectorStatus | None:
         """None when the load gate uses no collector."""

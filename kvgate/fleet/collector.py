@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-from kvgate.fleet.kv_events import EventSubscriptions, events_endpoint
+from kvgate.fleet.kv_events import EventsAt, EventSubscriptions, events_endpoint, replay_endpoint
 from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, Pages, ScrapeRounds
 
 
@@ -33,6 +33,7 @@ class CollectorSettings:
     timeout_s: float  # a scrape slower than this is abandoned
     kv_events_port: int = 0  # each engine's event publisher (0: none) ...
     kv_events_port_offset: int = 0  # ... or at its own port plus this
+    kv_events_replay_offset: int = 0  # its replay socket at the publisher's port plus this
 
     @property
     def kv_events(self) -> bool:
@@ -78,8 +79,8 @@ class FleetCollector:
         self.events = EventSubscriptions()  # each engine's KV events (kv_events_port)
         self.residency_changed: list[Residency] = []  # in the last round
         self.residency_lost: list[str] = []  # engines forgotten in the last round
-        self._followed: tuple[tuple[int, int], frozenset[str]] = ((0, 0), frozenset())
-        self._endpoints: dict[str, str] = {}  # engine → its event stream, for `_followed`
+        self._followed: tuple[tuple[int, int, int], frozenset[str]] = ((0, 0, 0), frozenset())
+        self._endpoints: dict[str, EventsAt] = {}  # engine → its publisher, for `_followed`
 
     def configured(self) -> bool:
         return self._settings().configured
@@ -135,12 +136,15 @@ class FleetCollector:
 
     def _gather_residency(self, settings: CollectorSettings, active: set[str]) -> None:
         """Follows the active engines' event streams; what changed since the last round."""
-        wanted = ((settings.kv_events_port, settings.kv_events_port_offset), frozenset(active)
-                  if settings.kv_events else frozenset())
+        wanted = ((settings.kv_events_port, settings.kv_events_port_offset,
+                   settings.kv_events_replay_offset),
+                  frozenset(active) if settings.kv_events else frozenset())
         if wanted != self._followed:  # the endpoints are made again only when these change
             self._followed = wanted
-            (port, offset), engines = wanted
-            self._endpoints = {a: events_endpoint(a, port, offset) for a in sorted(engines)}
+            (port, offset, replay), engines = wanted
+            self._endpoints = {a: (events_endpoint(a, port, offset),
+                                   replay_endpoint(a, port, offset, replay))
+                               for a in sorted(engines)}
         lost = self.events.follow(self._endpoints)
         changed: list[Residency] = []
         for engine, (sub, _) in self.events.engines.items():

@@ -41,6 +41,9 @@ def test_kv_events_are_one_port_or_an_offset_and_need_the_collector() -> None:
     gate = load_text(POOLS + "placement: {load_gate: {source: collector, "
                      "kv_events_port_offset: -100}}\n").placement.load_gate
     assert (gate.kv_events_port, gate.kv_events_port_offset) == (0, -100)
+    gate = load_text(POOLS + "placement: {load_gate: {source: collector, "
+                     "kv_events_port: 5557, kv_events_replay_offset: 1}}\n").placement.load_gate
+    assert gate.kv_events_replay_offset == 1
     for text, expected in (
         ("{source: collector, kv_events_port: 5557, kv_events_port_offset: 1}",
          "placement.load_gate.kv_events_port_offset: set kv_events_port or"),
@@ -48,6 +51,9 @@ def test_kv_events_are_one_port_or_an_offset_and_need_the_collector() -> None:
          "placement.load_gate.kv_events_port: KV events are read by the collector: needs "
          "source: collector, got source: scrape"),
         ("{source: collector, kv_events_port: 70000}", "placement.load_gate.kv_events_port"),
+        ("{source: collector, kv_events_replay_offset: 1}",
+         "placement.load_gate.kv_events_replay_offset: a replay socket belongs to an event "
+         "publisher"),
     ):
         with pytest.raises(ConfigError) as caught:
             load_text(POOLS + f"placement: {{load_gate: {text}}}\n")

@@ -150,14 +150,18 @@ def _placement(draw: Draw) -> dict[str, Any]:
     source = gate.add("source", st.sampled_from(["scrape", "collector"]))
     if source == "collector":  # KV events: one port, or an offset, read by the collector
         if draw(st.booleans()):
-            gate.add("kv_events_port", st.integers(0, 65535))
+            events = gate.add("kv_events_port", st.integers(0, 65535))
             GENERATED.add("placement.load_gate.kv_events_port_offset")
         else:
-            gate.add("kv_events_port_offset", st.integers(-65535, 65535))
+            events = gate.add("kv_events_port_offset", st.integers(-65535, 65535))
             GENERATED.add("placement.load_gate.kv_events_port")
+        if events:  # a replay socket only beside a publisher
+            gate.add("kv_events_replay_offset", st.integers(-65535, 65535))
+        else:
+            GENERATED.add("placement.load_gate.kv_events_replay_offset")
     else:
-        GENERATED.update(f"placement.load_gate.{k}" for k in ("kv_events_port",
-                                                              "kv_events_port_offset"))
+        GENERATED.update(f"placement.load_gate.{k}" for k in (
+            "kv_events_port", "kv_events_port_offset", "kv_events_replay_offset"))
     gate.add("collector", st.lists(st.builds(_address, HOST, st.integers(1, 65535)),
                                    max_size=3))
     refresh = draw(st.floats(0.01, 60.0, allow_nan=False))

@@ -79,6 +79,11 @@ class LoadGateConfig:
         Integer(-65535, 65535), "... or at the engine's own port plus this (several engines "
         "on one host: `kvgate emulate --kv-events-port` numbers them so). 0: not used",
         default=0)
+    kv_events_replay_offset: int = key(
+        Integer(-65535, 65535), "... and its replay socket (vLLM's `replay_endpoint`) at the "
+        "publisher's port plus this: after a gap in an engine's stream the collector asks it "
+        "for the messages missed, and forgets what that engine's HBM holds only when it no "
+        "longer has them. 0: no replay (a gap forgets the engine)", default=0)
     refresh_s: float = key(Duration(0.01, 60.0), "how often each active engine's `/metrics` is "
                            "scraped: by each ext_proc replica (`source: scrape`) or by the "
                            "collector (`source: collector`)", default=0.1)
@@ -98,6 +103,9 @@ def _check_gate(f: Fields, gate: LoadGateConfig, path: Path) -> None:
                 "not both")
     events = "kv_events_port" if gate.kv_events_port else (
         "kv_events_port_offset" if gate.kv_events_port_offset else None)
+    if gate.kv_events_replay_offset and events is None:
+        f.error((*path, "kv_events_replay_offset"), "a replay socket belongs to an event "
+                "publisher: set kv_events_port or kv_events_port_offset too")
     if events is not None and gate.source != "collector":
         f.error((*path, events), "KV events are read by the collector: needs source: collector, "
                 f"got source: {gate.source}")

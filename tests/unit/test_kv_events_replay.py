@@ -1,0 +1,115 @@
+"""A gap in an engine's KV event stream, filled from the publisher's replay socket: the
+emulator's publisher (vLLM's framing and replay protocol), the collector's subscription fed
+every message but the missed ones, which it must fetch itself."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import zmq.asyncio
+
+from emulator.kv_events import KvEventLog
+from emulator.kv_events_zmq import KvEventPublisher
+from kvgate.fleet.kv_events import EventSubscription, replay_endpoint
+from kvgate.fleet.residency import EngineResidency
+from kvgate.session import normalize_session
+from tests.support.kv_events import Message, Subscriber
+
+BS = 16
+ALICE = normalize_session(b"alice")
+
+
+class Rig:
+    def __init__(self, publisher: KvEventPublisher, log: KvEventLog,
+                 messages: list[Message]) -> None:
+        self.publisher, self.log, self.messages = publisher, log, messages
+        self.context = zmq.asyncio.Context()
+        self.subscriptions: list[EventSubscription] = []
+
+    def subscription(self, replay: bool) -> EventSubscription:
+        engine = f"127.0.0.1:{self.publisher.port}"
+        offset = (self.publisher.replay_port or 0) - self.publisher.port if replay else 0
+        sub = EventSubscription(
+            self.context, engine, f"tcp://{engine}",
+            EngineResidency(session_key=lambda raw: normalize_session(raw.encode())),
+            replay=replay_endpoint(engine, 0, 0, offset))
+        self.subscriptions.append(sub)
+        return sub
+
+
+async def _rig(buffer_steps: int) -> AsyncIterator[Rig]:
+    log = KvEventLog(BS)
+    publisher = KvEventPublisher(log, "127.0.0.1", 0, replay_port=0,
+                                 buffer_steps=buffer_steps)
+    await publisher.start()
+    try:
+        async with Subscriber(f"tcp://127.0.0.1:{publisher.port}") as watcher:
+            async def clear() -> None:
+                log.cleared()
+                publisher.flush()
+
+            await watcher.ready(clear)
+            # Alice's context grows one block a message: [1, 2], then 3, 4 and 5.
+            for start, hashes in ((0, [1, 2]), (2, [1, 2, 3]), (3, [1, 2, 3, 4]),
+                                  (4, [1, 2, 3, 4, 5])):
+                log.expect(list(range(len(hashes) * BS)), [], len(hashes), session="alice")
+                log.stored(hashes, start)
+                publisher.flush()
+            await watcher.collect(lambda events: len(events) >= 4)
+            rig = Rig(publisher, log, list(watcher.received))
+        try:
+            yield rig
+        finally:
+            for sub in rig.subscriptions:
+                sub.close()
+            rig.context.term()
+    finally:
+        await publisher.close()
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    async for made in _rig(buffer_steps=100):
+        yield made
+
+
+@pytest.fixture
+async def short_buffer() -> AsyncIterator[Rig]:
+    async for made in _rig(buffer_steps=1):  # keeps only the newest message
+        yield made
+
+
+def _frames(message: Message) -> list[bytes]:
+    return [message.topic, message.seq.to_bytes(8, "big"), message.payload]
+
+
+async def _first_and_last(rig: Rig, replay: bool) -> EventSubscription:
+    """The subscription takes the first and the last message: the two between are missed."""
+    sub = rig.subscription(replay)
+    first, *missed, last = rig.messages
+    assert len(missed) == 2 and last.seq == first.seq + 3
+    await sub.take(_frames(first))
+    await sub.take(_frames(last))
+    return sub
+
+
+async def test_a_gap_is_filled_from_the_replay_socket(rig: Rig) -> None:
+    assert ALICE is not None
+    sub = await _first_and_last(rig, replay=True)
+    assert (sub.gaps, sub.replayed, sub.messages, sub.lost) == (1, 2, 4, False)
+    assert sub.residency.hbm_tokens(ALICE) == 5 * BS  # the whole chain, as if nothing was lost
+
+
+async def test_without_a_replay_socket_a_gap_forgets_the_engine(rig: Rig) -> None:
+    assert ALICE is not None
+    sub = await _first_and_last(rig, replay=False)
+    assert (sub.gaps, sub.replayed, sub.lost) == (1, 0, True)
+    assert sub.residency.hbm_tokens(ALICE) is None  # its chain starts at a block never seen
+
+
+async def test_a_replay_that_no_longer_has_them_forgets_the_engine(short_buffer: Rig) -> None:
+    assert ALICE is not None
+    sub = await _first_and_last(short_buffer, replay=True)
+    assert (sub.gaps, sub.replayed, sub.lost) == (1, 0, True)
+    assert sub.residency.hbm_tokens(ALICE) is None  # its chain starts at a block never seen
