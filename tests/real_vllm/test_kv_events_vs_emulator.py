@@ -24,14 +24,16 @@ from typing import Any
 import httpx
 import pytest
 import pytest_asyncio
+import zmq.asyncio
 
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
+from kvgate.fleet import kv_events
 from kvgate.runtime.children.ports import free_ports
 from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL, EngineOptions, RealFleet, default_cores
 from real_vllm.install import cache_root, ensure_installed
 from real_vllm.model import ensure_model
-from tests.support.kv_events import Subscriber
+from tests.support.kv_events import Subscriber, replay
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.asyncio(loop_scope="session"),
               pytest.mark.timeout(1200)]
@@ -43,8 +45,10 @@ USABLE_BLOCKS = 8  # vLLM keeps one more block as its null block
 class Engine:
     """One engine of either kind: its HTTP base URL and a subscriber on its event stream."""
 
-    def __init__(self, url: str, sub: Subscriber, http: httpx.AsyncClient) -> None:
+    def __init__(self, url: str, sub: Subscriber, http: httpx.AsyncClient,
+                 replay_at: str) -> None:
         self.url, self.sub, self.http = url, sub, http
+        self.replay_at = replay_at  # its replay socket
         self.places: dict[Any, int] = {}  # each hash's place in this stream (first seen = 0)
 
     async def reset(self) -> None:
@@ -82,7 +86,7 @@ async def vllm(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Engine
     try:
         async with httpx.AsyncClient(timeout=120) as http, \
                 Subscriber(f"tcp://127.0.0.1:{pub}", b"kv") as sub:
-            engine = Engine(fleet.urls[0], sub, http)
+            engine = Engine(fleet.urls[0], sub, http, f"tcp://127.0.0.1:{replay}")
             await sub.ready(engine.reset)
             yield engine
     finally:
@@ -97,7 +101,7 @@ async def emulated() -> AsyncIterator[Engine]:
                               kv_events_port=pub, kv_events_replay_port=replay)
     async with Fleet(options) as fleet, httpx.AsyncClient(timeout=120) as http, \
             Subscriber(f"tcp://127.0.0.1:{pub}", b"kv") as sub:
-        engine = Engine(f"http://{fleet.engines[0]}", sub, http)
+        engine = Engine(f"http://{fleet.engines[0]}", sub, http, f"tcp://127.0.0.1:{replay}")
         await sub.ready(engine.reset)
         yield engine
 
@@ -179,3 +183,26 @@ async def test_an_eviction_removes_the_same_blocks_in_the_same_order(
     # 7 of 8 blocks again: 5 of the first prompt's cached blocks go, its end first
     await both(vllm, emulated, ids(6 * BS + 1, 4000))
     await compare(vllm, emulated, exact_tokens=True)
+
+
+async def test_the_replay_socket_answers_alike(vllm: Engine, emulated: Engine) -> None:
+    """Each replay socket, asked from one message back: the reply's framing (``replay``
+    asserts vLLM's source's: ``[b"", sequence, payload]``, no topic frame, then the end marker),
+    every buffered message from the sequence asked, in order, the bytes the PUB socket sent; and
+    the collector's own client (kvgate.fleet.kv_events.replay) reads the same."""
+    await both(vllm, emulated, ids(2 * BS + 5, 5000))
+    await compare(vllm, emulated, exact_tokens=True)
+    context = zmq.asyncio.Context()
+    try:
+        for engine in (vllm, emulated):
+            sent = {m.seq: m.payload for m in engine.sub.received}
+            last = max(sent)
+            got = await replay(engine.replay_at, last - 1)
+            seqs = [m.seq for m in got]
+            assert seqs[:2] == [last - 1, last] and seqs == list(range(last - 1, seqs[-1] + 1))
+            assert next(m.payload for m in got if m.seq == last) == sent[last]
+            ours = await kv_events.replay(context, engine.replay_at, last - 1, last + 1)
+            assert [seq for seq, _ in ours] == [last - 1, last]
+            assert ours[-1][1] == next(m for m in got if m.seq == last).events
+    finally:
+        context.term()
