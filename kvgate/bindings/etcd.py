@@ -267,7 +267,7 @@ class EtcdBindingStore:
                 await self._renew_lease()
         self._writes += 1
         if current is None:  # the expected key vanished (expired): create it afresh
-            return await self._commit(PendingWrite(op.binding, 0))
+            return await self._commit(PendingWrite(op.binding, 0), limit_s)
         stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
         self._bindings.put(stored, current.lease)
         return stored

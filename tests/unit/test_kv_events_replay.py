@@ -69,14 +69,9 @@ async def _rig(buffer_steps: int) -> AsyncIterator[Rig]:
 
 
 @pytest.fixture
-async def rig() -> AsyncIterator[Rig]:
-    async for made in _rig(buffer_steps=100):
-        yield made
-
-
-@pytest.fixture
-async def short_buffer() -> AsyncIterator[Rig]:
-    async for made in _rig(buffer_steps=1):  # keeps only the newest message
+async def rig(request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
+    """The publisher buffers 100 messages for replay, or ``param`` (indirect)."""
+    async for made in _rig(buffer_steps=getattr(request, "param", 100)):
         yield made
 
 
@@ -108,8 +103,9 @@ async def test_without_a_replay_socket_a_gap_forgets_the_engine(rig: Rig) -> Non
     assert sub.residency.hbm_tokens(ALICE) is None  # its chain starts at a block never seen
 
 
-async def test_a_replay_that_no_longer_has_them_forgets_the_engine(short_buffer: Rig) -> None:
+@pytest.mark.parametrize("rig", [1], indirect=True)  # the publisher keeps the newest alone
+async def test_a_replay_that_no_longer_has_them_forgets_the_engine(rig: Rig) -> None:
     assert ALICE is not None
-    sub = await _first_and_last(short_buffer, replay=True)
+    sub = await _first_and_last(rig, replay=True)
     assert (sub.gaps, sub.replayed, sub.lost) == (1, 0, True)
     assert sub.residency.hbm_tokens(ALICE) is None  # its chain starts at a block never seen
