@@ -5,8 +5,10 @@ multipart ``[topic, sequence, payload]``, the sequence an 8-byte big-endian coun
 payload a msgpack ``KVEventBatch`` (:func:`emulator.kv_events.encode_batch`). With a replay
 endpoint, a ROUTER socket serves missed messages (``ZmqEventPublisher._service_replay``): a
 client (a DEALER or REQ) sends its start sequence as 8 big-endian bytes and gets every buffered
-message from it as ``[sequence, payload]``, with no topic frame, then the end marker
-``[(-1 as 8 signed bytes), b""]`` (each behind the empty delimiter a DEALER sees).
+message from it, framed as on the PUB socket, then an end marker ``[b"", (-1 as 8 signed bytes),
+b""]``. That is vLLM 0.32's framing, read in its installed source and checked against a running
+engine (tests/real_vllm/test_kv_events_vs_emulator.py); vLLM's main branch has dropped the topic
+frame from the replies, which kvgate's reader (kvgate.fleet.kv_events.replay) accepts too.
 
 Events gathered during one engine step (here: one decode step of wall time, at most 50 ms; no
 wait at all with time scale 0) go out as one batch. Everything runs on the event loop: the PUB
@@ -131,8 +133,8 @@ class KvEventPublisher:
             for seq, payload in list(self._buffer):
                 if seq >= start_seq:
                     await self._replay.send_multipart(
-                        (client, b"", seq.to_bytes(8, "big"), payload))
-            await self._replay.send_multipart((client, b"", END_SEQ, b""))
+                        (client, b"", self.topic, seq.to_bytes(8, "big"), payload))
+            await self._replay.send_multipart((client, b"", b"", END_SEQ, b""))
 
     async def close(self) -> None:
         """Send what is pending, then close the sockets."""

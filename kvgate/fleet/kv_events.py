@@ -67,9 +67,10 @@ def _events(payload: bytes) -> list[Any]:
 async def replay(context: zmq.asyncio.Context, endpoint: str, start: int,
                  end: int) -> list[tuple[int, list[Any]]]:
     """The messages from ``start`` up to (not including) ``end`` that the replay socket at
-    ``endpoint`` still buffers, in order. vLLM's reply (``_service_replay``) to a DEALER:
-    ``[b"", sequence, payload]`` per message from ``start`` on, no topic frame, then
-    ``[b"", END_SEQ, b""]``. ValueError on anything else."""
+    ``endpoint`` still buffers, in order. vLLM's reply (``_service_replay``) to a DEALER: per
+    message from ``start`` on, ``[b"", topic, sequence, payload]`` (vLLM 0.32, as on the PUB
+    socket) or ``[b"", sequence, payload]`` (vLLM's main branch), then the end marker, the same
+    with END_SEQ as its sequence and no payload. ValueError on anything else."""
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
     try:
@@ -78,13 +79,13 @@ async def replay(context: zmq.asyncio.Context, endpoint: str, start: int,
         found: list[tuple[int, list[Any]]] = []
         while True:
             frames = await dealer.recv_multipart()
-            if len(frames) != 3 or frames[0] or len(frames[1]) != 8:
+            if len(frames) not in (3, 4) or frames[0] or len(frames[-2]) != 8:
                 raise ValueError(f"not a replay reply: {len(frames)} frames")
-            if frames[1] == END_SEQ:
+            if frames[-2] == END_SEQ:
                 return found
-            seq = int.from_bytes(frames[1], "big")
+            seq = int.from_bytes(frames[-2], "big")
             if start <= seq < end:
-                found.append((seq, _events(frames[2])))
+                found.append((seq, _events(frames[-1])))
     finally:
         dealer.close(linger=0)
 

@@ -187,7 +187,7 @@ async def test_an_eviction_removes_the_same_blocks_in_the_same_order(
 
 async def test_the_replay_socket_answers_alike(vllm: Engine, emulated: Engine) -> None:
     """Each replay socket, asked from one message back: the reply's framing (``replay``
-    asserts vLLM's source's: ``[b"", sequence, payload]``, no topic frame, then the end marker),
+    asserts vLLM 0.32's: ``[b"", topic, sequence, payload]``, then the end marker),
     every buffered message from the sequence asked, in order, the bytes the PUB socket sent; and
     the collector's own client (kvgate.fleet.kv_events.replay) reads the same."""
     await both(vllm, emulated, ids(2 * BS + 5, 5000))

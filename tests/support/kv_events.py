@@ -166,8 +166,9 @@ class Subscriber:
 
 async def replay(endpoint: str, start_seq: int, within: float = WITHIN) -> list[Message]:
     """Asks vLLM's replay socket (ROUTER) for every buffered message from ``start_seq``:
-    each comes as ``[b"", sequence, payload]``, no topic frame (vllm/distributed/kv_events.py
-    ``ZmqEventPublisher._service_replay``), the end as ``[b"", END_SEQ, b""]``."""
+    vLLM 0.32 (vllm/distributed/kv_events.py ``ZmqEventPublisher._service_replay``) frames
+    each as on the PUB socket behind the empty delimiter, the end as ``[b"", b"", END_SEQ,
+    b""]``."""
     context = zmq.asyncio.Context()
     dealer = context.socket(zmq.DEALER)
     dealer.setsockopt(zmq.LINGER, 0)
@@ -178,11 +179,10 @@ async def replay(endpoint: str, start_seq: int, within: float = WITHIN) -> list[
         while True:
             frames = await asyncio.wait_for(dealer.recv_multipart(), within)
             assert frames[0] == b"", "replay replies start with an empty delimiter"
-            assert len(frames) == 3, f"a replay reply of {len(frames)} frames"
-            if frames[1] == END_SEQ:
-                assert frames[2] == b"", "the end marker carries no payload"
+            assert len(frames) == 4, f"a replay reply of {len(frames)} frames"
+            if frames[2] == END_SEQ:
                 return out
-            out.append(message([b"", *frames[1:]]))
+            out.append(message(frames[1:]))
     finally:
         dealer.close(linger=0)
         context.term()

@@ -4,14 +4,16 @@ every message but the missed ones, which it must fetch itself."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
+import msgpack
 import pytest
 import zmq.asyncio
 
 from emulator.kv_events import KvEventLog
 from emulator.kv_events_zmq import KvEventPublisher
-from kvgate.fleet.kv_events import EventSubscription, replay_endpoint
+from kvgate.fleet.kv_events import END_SEQ, EventSubscription, replay, replay_endpoint
 from kvgate.fleet.residency import EngineResidency
 from kvgate.session import normalize_session
 from tests.support.kv_events import Message, Subscriber
@@ -109,3 +111,29 @@ async def test_a_replay_that_no_longer_has_them_forgets_the_engine(rig: Rig) -> 
     sub = await _first_and_last(rig, replay=True)
     assert (sub.gaps, sub.replayed, sub.lost) == (1, 0, True)
     assert sub.residency.hbm_tokens(ALICE) is None  # its chain starts at a block never seen
+
+
+async def test_replies_without_a_topic_frame_are_read_too() -> None:
+    """vLLM's main branch answers ``[b"", sequence, payload]`` (no topic): a replay socket
+    that does so, asked for 5 up to 7, gives 5 and 6 and not what it sends past them."""
+    context = zmq.asyncio.Context()
+    router = context.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+
+    async def serve() -> None:
+        client, _, start = await router.recv_multipart()
+        assert int.from_bytes(start, "big") == 5
+        for seq in (5, 6, 7):
+            payload = msgpack.packb([0.0, [{"type": "AllBlocksCleared", "n": seq}], 0])
+            await router.send_multipart([client, b"", seq.to_bytes(8, "big"), payload])
+        await router.send_multipart([client, b"", END_SEQ, b""])
+
+    try:
+        served = asyncio.ensure_future(serve())
+        got = await asyncio.wait_for(replay(context, f"tcp://127.0.0.1:{port}", 5, 7), 10)
+        await served
+        assert [(seq, events[0]["n"]) for seq, events in got] == [(5, 5), (6, 6)]
+    finally:
+        router.close(linger=0)
+        context.term()
