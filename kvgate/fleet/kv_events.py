@@ -181,8 +181,8 @@ class EventSubscriptions:
 
     def follow(self, engines: dict[str, EventsAt]) -> list[str]:
         """Subscribe to each engine's publisher (engine → its stream and replay endpoints),
-        again where a reader failed; drop the others. Returns the engines dropped (their
-        residency is gone)."""
+        again where a reader failed or the endpoints changed; drop the others. Returns the
+        engines whose residency is gone (dropped, or subscribed again from nothing)."""
         dropped = []
         for engine, (sub, task) in list(self.engines.items()):
             if task.done() and not task.cancelled() and task.exception() is not None:
@@ -199,15 +199,16 @@ class EventSubscriptions:
                 sub = EventSubscription(self._context, engine, endpoint, residency,
                                         replay=replay_at)
                 self.engines[engine] = (sub, asyncio.ensure_future(sub.run()))
-        return [e for e in dropped if e not in self.engines]
+        return dropped  # subscribed again or not, what was known of each is gone
 
     def residency(self, engine: str) -> EngineResidency | None:
         held = self.engines.get(engine)
         return None if held is None else held[0].residency
 
     def _drop(self, engine: str) -> None:
-        _, task = self.engines.pop(engine)
+        sub, task = self.engines.pop(engine)
         task.cancel()
+        task.add_done_callback(lambda _: sub.close())  # a task cancelled before it ran too
 
     async def close(self) -> None:
         tasks = [task for _, task in self.engines.values()]

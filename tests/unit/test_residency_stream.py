@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from control_plane.admin.fleet_stream import FleetStream
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.hbm_board import HbmBoard
-from kvgate.fleet.kv_events import decode, events_endpoint
+from kvgate.fleet.kv_events import decode, events_endpoint, replay_endpoint
 from kvgate.fleet.scrape import EngineScrapeMetrics
 from kvgate.runtime.children.ports import free_ports
 from kvgate.session import normalize_session
@@ -71,6 +71,9 @@ def test_endpoints_and_framing() -> None:
     assert events_endpoint("10.0.0.1:8000", 5557, 0) == "tcp://10.0.0.1:5557"
     assert events_endpoint("127.0.0.1:8001", 0, 100) == "tcp://127.0.0.1:8101"
     assert events_endpoint("[::1]:8000", 5557, 0) == "tcp://[::1]:5557"
+    assert replay_endpoint("10.0.0.1:8000", 5557, 0, 1) == "tcp://10.0.0.1:5558"
+    assert replay_endpoint("127.0.0.1:8001", 0, 100, 50) == "tcp://127.0.0.1:8151"
+    assert replay_endpoint("10.0.0.1:8000", 5557, 0, 0) is None
     assert decode([b"kv", (7).to_bytes(8, "big"), msgpack.packb([0.0, [{"type": "X"}], 0])]
                   ) == (7, [{"type": "X"}])
     for frames in ([b"kv", b"1", b""], [b"kv"], [b"kv", bytes(8), msgpack.packb({"a": 1})]):
@@ -83,6 +86,7 @@ async def test_a_session_stored_reaches_a_replica_and_a_gap_forgets_the_engine(
     collector, publisher, settings = rig
     collector._gather_residency(settings, {ENGINE})  # subscribes
     sub = collector.events.engines[ENGINE][0]
+    assert sub.replay is None  # no kv_events_replay_offset: a gap forgets the engine
 
     async def joined() -> int:  # a SUB socket hears nothing until its subscription lands
         await publisher.send([{"type": "AllBlocksCleared"}])
