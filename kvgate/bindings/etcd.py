@@ -194,13 +194,15 @@ class EtcdBindingStore:
         return await self._write(PendingWrite(binding, 0))
 
     async def move(self, current: Binding, endpoint: str,
-                   reason: MoveReason | None = None) -> Binding:
+                   reason: MoveReason | None = None, *, optional: bool = False) -> Binding:
         return await self._write(PendingWrite(current.moved_to(endpoint, reason),
-                                              current.revision))
+                                              current.revision),
+                                 unless_written=current if optional else None)
 
-    async def _write(self, op: PendingWrite) -> Binding:
+    async def _write(self, op: PendingWrite, unless_written: Binding | None = None) -> Binding:
+        """`unless_written`: what to answer, queueing nothing, if the write does not land now."""
         if self._degraded or op.binding.key in self._pending:
-            return self._queue(op)
+            return self._queue(op) if unless_written is None else unless_written
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._write_budget_s
         outcome = await self._attempt(op, self._write_limit_s)
@@ -220,7 +222,7 @@ class EtcdBindingStore:
             self._set_degraded(outcome)
         elif not slow:
             self._slow_write(outcome)
-        return self._queue(op)
+        return self._queue(op) if unless_written is None else unless_written
 
     async def _attempt(self, op: PendingWrite, limit_s: float) -> Binding | EtcdError:
         try:

@@ -67,7 +67,7 @@ class MemoryBindingStore:
         return self._store(binding)
 
     async def move(self, current: Binding, endpoint: str,
-                   reason: MoveReason | None = None) -> Binding:
+                   reason: MoveReason | None = None, *, optional: bool = False) -> Binding:
         existing = self.get(current.pool, current.session)
         if existing is not None and existing.revision != current.revision:
             return existing

@@ -57,6 +57,9 @@ class BindingStore(Protocol):
     async def create(self, binding: Binding) -> Binding: ...
 
     async def move(self, current: Binding, endpoint: str,
-                   reason: MoveReason | None = None) -> Binding:
-        """`reason`: why it moves, recorded in the stored binding with the time."""
+                   reason: MoveReason | None = None, *, optional: bool = False) -> Binding:
+        """`reason`: why it moves, recorded in the stored binding with the time. `optional`:
+        the session may as well stay (the load gate's move): moved only if the shared store
+        takes the write now; else `current` is returned and nothing is queued, since a move
+        the other replicas cannot see sends the session's turns to two engines."""
         ...

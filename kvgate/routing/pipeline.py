@@ -179,7 +179,9 @@ class Pipeline:
                 return await self._store.move(stored, ring)
             return stored
         # Memory keeps no ring hash per binding; the stored value carries it for the failover.
-        return await self._store.move(replace(current, hash=hash_value), target, reason)
+        # A move for load is optional: one etcd does not take now is not made (it would split).
+        return await self._store.move(replace(current, hash=hash_value), target, reason,
+                                      optional=reason is MoveReason.LOAD)
 
 
 def _ring(view: PoolView, hash_value: int, prefer_kv_pool: str | None = None,

@@ -1,7 +1,8 @@
 """A binding write whose etcd member stops answering is tried once more, on the next member,
 within the write's budget: the request is answered from a binding the other replicas can read,
 not from a queued one (which let a peer place the session's next turn elsewhere: docs/faults.md,
-one replica's slow write). Real etcd; the first member is behind a proxy the test cuts."""
+one replica's slow write). A move that may as well not happen (the load gate's) and cannot be
+stored is not made at all. Real etcd; its members are behind proxies the test cuts."""
 
 from __future__ import annotations
 
@@ -53,3 +54,23 @@ async def test_a_write_past_its_deadline_is_tried_again_on_the_next_member(
 async def test_without_a_budget_the_slow_write_is_queued(etcd, prefix: str) -> None:
     stored, store = await _written_across_a_cut(etcd, prefix, None)
     assert stored.revision == 0 and store.pending == 1
+
+
+async def test_an_optional_move_that_cannot_be_stored_is_not_made(etcd, prefix: str) -> None:
+    async with FaultProxy(etcd.endpoint) as proxy:
+        client = EtcdClient([proxy.address])  # one member, silent once cut: both tries miss
+        store = EtcdBindingStore(client, prefix, 3600, supervisor=Supervisor(
+            "ext_proc", CollectorRegistry()), write_limit_s=WRITE_LIMIT_S,
+            write_budget_s=2 * WRITE_LIMIT_S)
+        try:
+            await store.start()
+            bound = await store.create(Binding("s", "p", "10.0.0.1:1"))
+            assert bound.revision > 0
+            proxy.cut()
+            kept = await store.move(bound, "10.0.0.2:1", optional=True)
+            assert kept == bound and store.get("p", "s") == bound and store.pending == 0
+            queued = await store.move(bound, "10.0.0.2:1")  # a move that must happen is queued
+            assert (queued.endpoint, queued.revision, store.pending) == ("10.0.0.2:1", 0, 1)
+        finally:
+            await store.close()
+            await client.close()

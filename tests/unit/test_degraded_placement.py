@@ -26,30 +26,33 @@ NOW = 100.0
 
 class AwayStore(MemoryBindingStore):
     """Memory that can lose etcd like the etcd store: writes then wait in a local queue
-    (revision 0). `lose_at_next_create`: the next create is the write that finds etcd gone."""
+    (revision 0), and a move that may as well not happen (optional) is not made.
+    `lose_at_next_write`: the next create or move is the write that finds etcd gone."""
 
     def __init__(self) -> None:
         super().__init__()
         self.away = False
-        self.lose_at_next_create = False
+        self.lose_at_next_write = False
 
     @property
     def degraded(self) -> bool:
         return self.away
 
     async def create(self, binding: Binding) -> Binding:
-        if self.lose_at_next_create:
-            self.away, self.lose_at_next_create = True, False
+        if self.lose_at_next_write:
+            self.away, self.lose_at_next_write = True, False
         if not self.away:
             return await super().create(binding)
         existing = self.get(binding.pool, binding.session)
         return existing if existing is not None else self._queue(binding)
 
     async def move(self, current: Binding, endpoint: str,
-                   reason: MoveReason | None = None) -> Binding:
+                   reason: MoveReason | None = None, *, optional: bool = False) -> Binding:
+        if self.lose_at_next_write:
+            self.away, self.lose_at_next_write = True, False
         if not self.away:
             return await super().move(current, endpoint, reason)
-        return self._queue(current.moved_to(endpoint, reason))
+        return current if optional else self._queue(current.moved_to(endpoint, reason))
 
     def _queue(self, binding: Binding) -> Binding:
         local = replace(binding, revision=0)
@@ -97,7 +100,7 @@ async def test_the_write_that_finds_etcd_gone_re_places_its_session_on_the_ring(
     decider, board = _gated(store)
     ring = _ring_first(b"s")
     _busy(board, ring)
-    store.lose_at_next_create = True  # placed by the gate, then its write is queued
+    store.lose_at_next_write = True  # placed by the gate, then its write is queued
     placed = await decider.decide("p", b"s", prompt_tokens=2000)
     assert (placed.outcome, placed.endpoints[0]) == (Outcome.NEW, ring)
     assert [(b.endpoint, b.revision) for b in store.bindings("p")] == [(ring, 0)]
@@ -115,3 +118,15 @@ async def test_while_degraded_no_session_is_moved_for_load() -> None:
     moved = await decider.decide("p", b"s", prompt_tokens=2000)
     assert (moved.outcome, moved.reason) == (Outcome.REBIND, MoveReason.LOAD)
     assert moved.endpoints[0] != home
+
+
+async def test_a_move_for_load_whose_write_finds_etcd_gone_is_not_made() -> None:
+    """The other replicas would keep sending the session where it was: it stays there."""
+    store = AwayStore()
+    decider, board = _gated(store)
+    home = (await decider.decide("p", b"s", prompt_tokens=2000)).endpoints[0]
+    _busy(board, home)  # the gate wants it elsewhere ...
+    store.lose_at_next_write = True  # ... and its write is the one that finds etcd gone
+    kept = await decider.decide("p", b"s", prompt_tokens=2000)
+    assert (kept.outcome, kept.reason, kept.endpoints[0]) == (Outcome.STICKY, None, home)
+    assert [(b.endpoint, b.revision > 0) for b in store.bindings("p")] == [(home, True)]

@@ -65,9 +65,9 @@ class RecordingStore(MemoryBindingStore):
         self.moves: list[Binding] = []
 
     async def move(self, current: Binding, endpoint: str,
-                   reason: MoveReason | None = None) -> Binding:
+                   reason: MoveReason | None = None, *, optional: bool = False) -> Binding:
         self.moves.append(current.moved_to(endpoint, reason))
-        return await super().move(current, endpoint, reason)
+        return await super().move(current, endpoint, reason, optional=optional)
 
 
 class Clock:
