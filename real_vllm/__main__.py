@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import tempfile
@@ -57,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--ready-file", type=Path, help="write the engines' URLs here as JSON")
     cal = commands.add_parser("calibrate", help="fit the emulator to real vLLM and compare")
     cal.add_argument("--instances", type=int, default=2)
+    cal.add_argument("--frontend-core", type=int, metavar="N",
+                     help="vLLM's front end (API server, scheduler) on core N, each engine's "
+                          "forward passes on the other cores: `--instances 1 --frontend-core 1` "
+                          "gives one engine's model a core of its own (run the command itself "
+                          "under `taskset -c N` so the gateway shares the front end's)")
     cal.add_argument("--modes", default="round_robin,affinity")
     cal.add_argument("--sessions", type=int, default=16)
     cal.add_argument("--workdir", type=Path, help="logs (default: a new temporary dir)")
@@ -101,9 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "record":
         print(json.dumps(asyncio.run(record(env, model, workdir)).write(args.out), indent=1))
         return 0
-    options = EngineOptions(kv_cache_gib=getattr(args, "kv_cache_gib", EngineOptions.kv_cache_gib))
+    frontend = getattr(args, "frontend_core", None)
+    options = EngineOptions(kv_cache_gib=getattr(args, "kv_cache_gib", EngineOptions.kv_cache_gib),
+                            frontend_cores=() if frontend is None else (frontend,))
+    compute = None if frontend is None else [
+        c for c in range(os.cpu_count() or 1) if c != frontend]
+    if compute == []:
+        parser.error(f"--frontend-core {frontend}: no other core left for the engines")
     fleet = RealFleet(env, model, args.instances, workdir, cache_root(), options,
-                      default_cores(args.instances))
+                      default_cores(args.instances, compute))
     if args.command == "calibrate":
         modes = [RoutingMode(m.strip()) for m in args.modes.split(",") if m.strip()]
         kv_tokens = options.kv_cache_gib * 2**30 // kv_bytes_per_token(model)
@@ -177,7 +189,8 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
     describe = {**workload_a.describe, "seeds": {"a": 3, "b": 4}, "engines": fleet.instances,
                 "block_size": BLOCK_SIZE, "kv_tokens_per_engine": kv_tokens,
                 "vllm": VLLM_VERSION, "repeats": repeats,
-                "command": f"python -m real_vllm calibrate --repeats {repeats}"}
+                "frontend_cores": list(fleet.options.frontend_cores),
+                "command": " ".join(["python -m real_vllm", *sys.argv[1:]])}
     by_mode = {str(m): [asdict(x) for run in real_a for x in run[m].samples] for m in modes}
     stored = {"engine_side": engine_side, "workload_a_samples": by_mode,
               "workload_b_samples": {str(m): [asdict(x) for run in real_b for x in run[m].samples]

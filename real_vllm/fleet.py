@@ -32,6 +32,10 @@ class EngineOptions:
     extra_args: tuple[str, ...] = ()
     python_path: str = ""  # where the engine imports a KV connector from (real_vllm.shared_pool)
     ready_timeout_s: float = 600.0  # a loaded shared machine starts vLLM slowly
+    # Where vLLM's front end runs (the API server, and the engine-core process's scheduler):
+    # empty, on the engine's own cores; else on these, the model's forward passes alone on the
+    # engine's (the worker binds its threads there: VLLM_CPU_OMP_THREADS_BIND).
+    frontend_cores: tuple[int, ...] = ()
 
 
 @dataclass
@@ -55,7 +59,8 @@ class Engine:
 
 
 def default_cores(instances: int, available: Sequence[int] | None = None) -> list[tuple[int, ...]]:
-    """One core per engine, round robin over the cores this process may use."""
+    """One core per engine, round robin over ``available`` (default: the cores this process
+    may use)."""
     cores = sorted(available if available is not None else os.sched_getaffinity(0))
     return [(cores[i % len(cores)],) for i in range(instances)]
 
@@ -84,7 +89,7 @@ def engine_environment(cache: Path, cores: tuple[int, ...], kv_cache_gib: int) -
 def engine_argv(env: VllmEnv, model: Path, port: int, cores: tuple[int, ...],
                 options: EngineOptions) -> list[str]:
     return [
-        "taskset", "-c", ",".join(str(c) for c in cores),
+        "taskset", "-c", ",".join(str(c) for c in options.frontend_cores or cores),
         str(env.python), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model), "--served-model-name", SERVED_MODEL,
         "--host", "127.0.0.1", "--port", str(port),
