@@ -119,8 +119,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "calibrate":
         modes = [RoutingMode(m.strip()) for m in args.modes.split(",") if m.strip()]
         kv_tokens = options.kv_cache_gib * 2**30 // kv_bytes_per_token(model)
+        command = " ".join(["python -m real_vllm", *(sys.argv[1:] if argv is None else argv)])
         report = asyncio.run(_calibrate(fleet, modes, args.sessions, kv_tokens, models,
-                                        args.repeats))
+                                        args.repeats, command))
         report["describe"]["model"] = model_info(model)
         return _write(report, args.out)
     return asyncio.run(_serve(fleet, args.ready_file))
@@ -148,7 +149,8 @@ def _write(report: dict[str, Any], out: Path | None) -> int:
 
 
 async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
-                     kv_tokens: int, models: list[str], repeats: int) -> dict[str, Any]:
+                     kv_tokens: int, models: list[str], repeats: int,
+                     command: str = "python -m real_vllm calibrate") -> dict[str, Any]:
     """Idle fit; workloads A and B through the real engines (``repeats`` times each, A and B
     alternating so slow minutes of a shared machine hit both); the in-workload fit from A's
     runs; then A through the emulator with the idle fits and B with the in-workload fits, one
@@ -190,7 +192,7 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
                 "block_size": BLOCK_SIZE, "kv_tokens_per_engine": kv_tokens,
                 "vllm": VLLM_VERSION, "repeats": repeats,
                 "frontend_cores": list(fleet.options.frontend_cores),
-                "command": " ".join(["python -m real_vllm", *sys.argv[1:]])}
+                "command": command}
     by_mode = {str(m): [asdict(x) for run in real_a for x in run[m].samples] for m in modes}
     stored = {"engine_side": engine_side, "workload_a_samples": by_mode,
               "workload_b_samples": {str(m): [asdict(x) for run in real_b for x in run[m].samples]

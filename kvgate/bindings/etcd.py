@@ -205,12 +205,11 @@ class EtcdBindingStore:
             return self._queue(op) if unless_written is None else unless_written
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._write_budget_s
-        outcome = await self._attempt(op, self._write_limit_s)
-        slow = isinstance(outcome, EtcdDeadline)
-        if isinstance(outcome, EtcdDeadline):
-            self._slow_write(outcome)  # counted now: a cut etcd degrades as soon as before
+        first = outcome = await self._attempt(op, self._write_limit_s)
+        if isinstance(first, EtcdDeadline):
+            self._slow_write(first)  # counted now: a cut etcd degrades as soon as before
         retry_s = give_up - loop.time()
-        if isinstance(outcome, EtcdUnavailable) and retry_s > 0 and not self._degraded:
+        if isinstance(first, EtcdUnavailable) and retry_s > 0 and not self._degraded:
             # Once more, on the member the client moved to (a deadline moves it too); a create
             # that landed meanwhile is what the retry's compare finds and returns.
             outcome = await self._attempt(op, retry_s)
@@ -220,7 +219,7 @@ class EtcdBindingStore:
         # Whatever etcd's trouble, the request is answered from memory: the write is queued.
         if not isinstance(outcome, EtcdDeadline):
             self._set_degraded(outcome)
-        elif not slow:
+        elif not isinstance(first, EtcdDeadline):  # one slow write counts once
             self._slow_write(outcome)
         return self._queue(op) if unless_written is None else unless_written
 

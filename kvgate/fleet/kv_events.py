@@ -33,11 +33,15 @@ REPLAY_WITHIN_S = 1.0  # a replay not ended by then counts as none: the engine i
 EventsAt = tuple[str, str | None]  # an engine's event stream, and its replay socket if any
 
 
+def _publisher(engine: str, port: int, offset: int) -> HostPort:
+    at = HostPort.parse(engine)
+    return HostPort(at.host, port or at.port + offset)
+
+
 def events_endpoint(engine: str, port: int, offset: int) -> str:
     """The engine's event publisher: on its host at ``port``, else at its own port + ``offset``
     (several engines on one host, as ``kvgate emulate --kv-events-port`` numbers them)."""
-    at = HostPort.parse(engine)
-    return f"tcp://{HostPort(at.host, port or at.port + offset)}"
+    return f"tcp://{_publisher(engine, port, offset)}"
 
 
 def replay_endpoint(engine: str, port: int, offset: int, replay_offset: int) -> str | None:
@@ -46,8 +50,8 @@ def replay_endpoint(engine: str, port: int, offset: int, replay_offset: int) -> 
     same instance index, so the distance is the same for every instance). 0: none."""
     if not replay_offset:
         return None
-    at = HostPort.parse(engine)
-    return f"tcp://{HostPort(at.host, (port or at.port + offset) + replay_offset)}"
+    at = _publisher(engine, port, offset)
+    return f"tcp://{HostPort(at.host, at.port + replay_offset)}"
 
 
 def decode(frames: list[bytes]) -> tuple[int, list[Any]]:
