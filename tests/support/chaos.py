@@ -90,6 +90,9 @@ class Account:
     # Each session on two engines, its turns in order and its binding as etcd holds it (a
     # move's reason and time): what a failed assertion shows of a split.
     on_two: tuple[str, ...] = ()
+    # Each session etcd holds no binding for, its turns in order: what a failed assertion shows
+    # of a lost binding.
+    unbound: tuple[str, ...] = ()
 
     HEADER = ("| fault | requests | failed | sessions | on two engines (interleaved) "
               "| bindings lost | faults | slowest request |\n"
@@ -109,23 +112,25 @@ def account(fault: str, served: list[Served], bindings: dict[str, dict[str, Any]
     lost)."""
     in_order = sorted(served, key=lambda s: s.start)
     engines = engines_by_session(in_order)
-    missing = moved = 0
+    missing: list[str] = []
+    moved = 0
     for session, answered in engines.items():
         key = normalize_session(session.encode())
         value = None if key is None else bindings.get(key)
         held = None if value is None else value["endpoint"]
         if held is None:
-            missing += 1
+            missing.append(session)
         elif held != answered[-1] and answered[-1] not in failed_over:
             moved += 1
     failed = [s for s in served if s.engine is None]
     return Account(fault, len(served), len(failed), len(engines),
-                   sum(len(set(e)) > 1 for e in engines.values()), missing + moved, faults,
-                   max((s.end - s.start for s in served), default=0.0),
-                   tuple(sorted({s.error for s in failed})), missing,
+                   sum(len(set(e)) > 1 for e in engines.values()), len(missing) + moved,
+                   faults, max((s.end - s.start for s in served), default=0.0),
+                   tuple(sorted({s.error for s in failed})), len(missing),
                    sum(_interleaved(e) for e in engines.values()),
-                   tuple(_on_two(session, in_order, bindings) for session, e in engines.items()
-                         if len(set(e)) > 1))
+                   tuple(_turns(session, in_order, bindings) for session, e in engines.items()
+                         if len(set(e)) > 1),
+                   tuple(_turns(session, in_order, bindings) for session in missing))
 
 
 def engines_by_session(served: list[Served]) -> dict[str, list[str]]:
@@ -137,7 +142,7 @@ def engines_by_session(served: list[Served]) -> dict[str, list[str]]:
     return engines
 
 
-def _on_two(session: str, in_order: list[Served], bindings: dict[str, dict[str, Any]]) -> str:
+def _turns(session: str, in_order: list[Served], bindings: dict[str, dict[str, Any]]) -> str:
     """`session`'s answered turns (engine, start on the wall clock) and its stored binding;
     `in_order`: every request, by start."""
     wall = time.time() - time.monotonic()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
+import httpx
 
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
@@ -115,7 +116,24 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
                 last = await settled()
                 print(f"\n{Account.HEADER}\n{last.row()}\nbindings complete "
                       f"{loop.time() - stopped:.1f} s after the traffic stopped")
+                print("no binding:", *last.unbound, "decisions:", *await _decisions(stack),
+                      sep="\n")
 
+
+
+async def _decisions(stack: Stack) -> list[str]:
+    """Each ext_proc replica's decisions by outcome, as its metrics count them, and what Envoy
+    counts of its ext_proc streams (a failed one routes on the ring, binding nothing)."""
+    found = []
+    async with httpx.AsyncClient(timeout=5) as http:
+        for metrics in stack.ext_proc_metrics:
+            text = (await http.get(f"http://{metrics}/metrics")).text
+            found += [f"{metrics} {line}" for line in text.splitlines()
+                      if line.startswith("kvgate_ext_proc_decisions_total")]
+        stats = await http.get(f"http://{stack.config.envoy_admin}/stats",
+                               params={"filter": "ext_proc"})
+        found += [line for line in stats.text.splitlines() if not line.endswith(": 0")]
+    return found
 
 
 def holds(row: Account, faults: int) -> None:

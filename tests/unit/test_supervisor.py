@@ -157,3 +157,31 @@ async def test_stop_cancels_and_awaits_every_task_and_names_are_unique() -> None
     assert ended == ["b"] and supervisor.running() == ["a", "c"]
     await supervisor.stop()
     assert sorted(ended) == ["a", "b", "c"] and supervisor.running() == []
+
+
+async def test_a_task_cancelled_from_within_is_restarted_a_stopped_one_is_not() -> None:
+    """A future the task awaited cancelled under it (a gRPC call on a channel a failover closed)
+    ends the task with CancelledError though nobody stopped it: without a restart the task is
+    gone for good, silently (the degraded-mode flush once was)."""
+    registry = CollectorRegistry()
+    supervisor = _supervisor(registry)
+    runs: list[int] = []
+    recovered = asyncio.Event()
+
+    async def work() -> None:
+        runs.append(1)
+        if len(runs) == 1:
+            call = asyncio.get_running_loop().create_future()
+            call.cancel()  # what closing a channel does to a call in flight
+            await call
+        recovered.set()
+        await asyncio.Event().wait()
+
+    with capture_logs() as logs:
+        supervisor.spawn("flush", work)
+        await asyncio.wait_for(recovered.wait(), 5)
+    [failure] = [e for e in logs if e["event"] == "task_failed"]
+    assert failure["task"] == "flush" and "CancelledError" in failure["error"]
+    assert _restarts(registry, "flush") == 1
+    await supervisor.stop()
+    assert supervisor.running() == [] and len(runs) == 2  # stopping it did not restart it

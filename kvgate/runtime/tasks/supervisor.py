@@ -146,12 +146,19 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
+            failure: BaseException | None
             try:
                 await run()
-            except asyncio.CancelledError:
-                raise
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # stopped: by the supervisor, or by the loop's shutdown
+                # Cancelled from within (a future it awaited was cancelled under it, e.g. a
+                # gRPC call on a closed channel) while nobody stopped it: a failure, not an end.
+                failure = exc
+                reason = "CancelledError: a call it awaited was cancelled under it"
             except Exception as exc:  # whatever it was, the task must come back
-                failure: BaseException | None = exc
+                failure = exc
                 reason = describe(exc)
             else:
                 if once:
