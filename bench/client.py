@@ -48,6 +48,9 @@ class DriveOptions:
     extra_headers: tuple[tuple[str, str], ...] = ()  # sent with every request
     # Response headers naming the serving engine, first present wins.
     engine_headers: tuple[str, ...] = ("x-kvgate-upstream", "x-engine-id")
+    # A client routing by itself (no gateway): session -> the base URL its request goes to,
+    # asked once per request (real_vllm.direct). None: every request to ``url``.
+    route: Callable[[str], str] | None = None
 
 
 
@@ -136,14 +139,15 @@ async def _one(http: aiohttp.ClientSession, o: DriveOptions, model: str, request
         "model": model, "prompt": prompt, "max_tokens": request.max_tokens, "stream": True,
         "stream_options": {"include_usage": True}})
     scale = o.time_scale or 1.0
+    base = o.url if o.route is None else o.route(request.session)
     sent = time.perf_counter()
     arrival = (sent - origin) / scale
     try:
-        async with http.post(f"{o.url}/v1/completions", json=body,
+        async with http.post(f"{base}/v1/completions", json=body,
                              headers=headers) as response:
             sent_event.set()  # the engine has the request (and counted it in /metrics)
             engine = next((response.headers[h] for h in o.engine_headers
-                           if h in response.headers), None)
+                           if h in response.headers), None if o.route is None else base)
             if response.status != 200:
                 await response.read()
                 raise aiohttp.ClientResponseError(response.request_info, (),

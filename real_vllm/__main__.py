@@ -37,6 +37,7 @@ from real_vllm.calibrate import (
     run_real,
     samples_of,
 )
+from real_vllm.direct import DIRECT_MODES, ROUTES, run_real_direct
 from real_vllm.fleet import BLOCK_SIZE, EngineOptions, RealFleet, default_cores
 from real_vllm.install import VLLM_VERSION, cache_root, ensure_installed
 from real_vllm.model import ensure_model, kv_bytes_per_token, model_info
@@ -79,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     cal.add_argument("--backend", choices=BACKENDS, default="live",
                      help="emulated runs: live (gateway + emulator, real time, as calibrate "
                           "does) or sim (the discrete-event simulator); %(default)s")
+    cal.add_argument("--route", choices=ROUTES, default="gateway",
+                     help="gateway: every run through kvgate's gateway (%(default)s); direct: "
+                          "the client sends each request to the engine the mode picks, real "
+                          "and emulated alike (real_vllm/direct.py)")
     rec = commands.add_parser("record", help="record an engine's /metrics and KV events")
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--workdir", type=Path, help="logs (default: a new temporary dir)")
@@ -88,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
         models = [m.strip() for m in args.models.split(",") if m.strip()]
         if not models or any(m not in SCHEDULERS for m in models) or args.repeats < 1:
             parser.error(f"--models: from {', '.join(SCHEDULERS)}; --repeats: >= 1")
+        if args.route == "direct" and args.backend != "live":
+            parser.error("--route direct: the emulated half runs live (the simulator has its "
+                         "own gateway)")
+        if args.route == "direct" and any(
+                RoutingMode(m.strip()) not in DIRECT_MODES for m in args.modes.split(",")):
+            parser.error(f"--route direct: --modes from {', '.join(map(str, DIRECT_MODES))}")
         if args.replay is not None:  # starts no engine: vLLM need not be installed
             workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-replay-"))
             term = {"stored": None, "on": True, "off": False}[args.prompt_term]
@@ -121,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_tokens = options.kv_cache_gib * 2**30 // kv_bytes_per_token(model)
         command = " ".join(["python -m real_vllm", *(sys.argv[1:] if argv is None else argv)])
         report = asyncio.run(_calibrate(fleet, modes, args.sessions, kv_tokens, models,
-                                        args.repeats, command))
+                                        args.repeats, command, args.route))
         report["describe"]["model"] = model_info(model)
         return _write(report, args.out)
     return asyncio.run(_serve(fleet, args.ready_file))
@@ -150,7 +161,8 @@ def _write(report: dict[str, Any], out: Path | None) -> int:
 
 async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
                      kv_tokens: int, models: list[str], repeats: int,
-                     command: str = "python -m real_vllm calibrate") -> dict[str, Any]:
+                     command: str = "python -m real_vllm calibrate",
+                     route: str = "gateway") -> dict[str, Any]:
     """Idle fit; workloads A and B through the real engines (``repeats`` times each, A and B
     alternating so slow minutes of a shared machine hit both); the in-workload fit from A's
     runs; then A through the emulator with the idle fits and B with the in-workload fits, one
@@ -174,8 +186,11 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
         for r in range(repeats):
             for name, workload, runs in (("a", workload_a, real_a), ("b", workload_b, real_b)):
                 measured: dict[str, dict[str, float | None]] = {}
-                runs.append(await run_real(fleet, workload, modes, fleet.workdir / f"{name}{r}",
-                                           _say, measured))
+                runs.append(
+                    await run_real_direct(fleet, workload, modes, _say, measured)
+                    if route == "direct" else
+                    await run_real(fleet, workload, modes, fleet.workdir / f"{name}{r}", _say,
+                                   measured))
                 engine_side[name].append(measured)
     finally:
         await fleet.stop()
@@ -187,12 +202,12 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
     rows = await emulated_half(
         {"a": workload_a, "b": workload_b}, {"a": runs_of(real_a), "b": runs_of(real_b)},
         {"a": idle, "b": loaded}, modes, (fleet.instances, kv_tokens, fleet.options.max_num_seqs),
-        fleet.workdir, _say, repeats=repeats)
+        fleet.workdir, _say, repeats=repeats, route=route)
     describe = {**workload_a.describe, "seeds": {"a": 3, "b": 4}, "engines": fleet.instances,
                 "block_size": BLOCK_SIZE, "kv_tokens_per_engine": kv_tokens,
                 "vllm": VLLM_VERSION, "repeats": repeats,
                 "frontend_cores": list(fleet.options.frontend_cores),
-                "command": command}
+                "route": route, "command": command}
     by_mode = {str(m): [asdict(x) for run in real_a for x in run[m].samples] for m in modes}
     stored = {"engine_side": engine_side, "workload_a_samples": by_mode,
               "workload_b_samples": {str(m): [asdict(x) for run in real_b for x in run[m].samples]

@@ -28,6 +28,7 @@ from real_vllm.calibrate import (
     fits,
     run_emulated,
 )
+from real_vllm.direct import run_emulated_direct
 from real_vllm.fleet import EngineOptions
 from real_vllm.report import Runs, comparison, describe_timing, markdown, summary
 from simulator.run import SimConfig, simulate_async
@@ -39,8 +40,12 @@ Say = Callable[[str], None]
 
 async def emulate_once(options: EmulatorOptions, workload: Workload,
                        modes: Sequence[RoutingMode], workdir: Path, backend: str,
-                       say: Say) -> dict[str, dict[str, Any]]:
-    """One run per mode; each mode's figures."""
+                       say: Say, route: str = "gateway") -> dict[str, dict[str, Any]]:
+    """One run per mode; each mode's figures. ``route``: through the gateway, or ``direct``
+    (the client routing, real_vllm.direct)."""
+    if route == "direct":
+        direct = await run_emulated_direct(options, workload, modes, workdir, say)
+        return {str(m): r.stats.figures() for m, r in direct.items()}
     if backend == "sim":
         out = {}
         for mode in modes:
@@ -55,7 +60,7 @@ async def emulated_half(
     workloads: Mapping[str, Workload], real: Mapping[str, Runs],
     timings: Mapping[str, Mapping[str, Timing]], modes: Sequence[RoutingMode],
     engine: tuple[int, int, int], workdir: Path, say: Say, backend: str = "live",
-    repeats: int = 1,
+    repeats: int = 1, route: str = "gateway",
 ) -> dict[str, list[dict[str, Any]]]:
     """Per workload (``a``, ``b``): rows comparing its real runs with emulated ones, for each
     timing model of ``timings[workload]`` (model -> fit). ``engine``: instances, KV tokens
@@ -70,7 +75,7 @@ async def emulated_half(
             for r in range(repeats):
                 say(f"emulated {name} [{model}] {r + 1}/{repeats} ({backend})")
                 once = await emulate_once(options, workload, modes,
-                                          workdir / f"e{name}-{model}-{r}", backend, say)
+                                          workdir / f"e{name}-{model}-{r}", backend, say, route)
                 for mode, figures in once.items():
                     runs.setdefault(mode, []).append(figures)
             rows[name] += comparison(dict(real[name]), runs, model)
@@ -132,10 +137,12 @@ async def replay(directory: Path, models: Sequence[str], workdir: Path, say: Say
     real = {"a": stored_runs(data["workload_a"]), "b": stored_runs(data["workload_b"])}
     modes = [RoutingMode(m) for m in real["a"]]
     engine = (describe["engines"], describe["kv_tokens_per_engine"], EngineOptions.max_num_seqs)
+    # A run routed by the client is replayed the same way (runs before --route: the gateway).
+    route = describe.get("route", "gateway")
     rows = await emulated_half(stored_workloads(describe), real, {"a": idle, "b": loaded},
-                               modes, engine, workdir, say, backend, repeats)
+                               modes, engine, workdir, say, backend, repeats, route)
     return {
-        "replayed": str(directory), "backend": backend, "repeats": repeats,
+        "replayed": str(directory), "backend": backend, "repeats": repeats, "route": route,
         "prompt_term": term,
         "idle_fits": {m: asdict(t) for m, t in idle.items()},
         "in_workload_fits": {m: asdict(t) for m, t in loaded.items()},
