@@ -3,14 +3,15 @@ ring_hash alone, in one run, on this machine. Prints latency and max rate, and t
 
     python bench/gateway_bench.py [--duration 8] [--sessions 1000] [--replicas 1,2]
                                   [--transports grpc,http] [--rounds 3] [--gate off,on]
-                                  [--body-bytes 0]
+                                  [--body-bytes 0] [--spread-only]
 
-Needs `wrk` (Debian: apt-get install wrk). Upstreams are a separate Envoy answering with a
-direct response, so the engines never limit the measurement. Figures are for known sessions
-(a warm-up binds every session first), which is the hot path kvgate is built for. Every mode's
-stack runs for the whole benchmark and the rounds go through the modes in turn, so a machine
-shared with other work loads each mode alike; each figure is the median over the rounds, each
-ratio the median of the rounds' own ratios to ring_hash.
+Needs `wrk` (Debian: apt-get install wrk), except `--spread-only`: each kvgate run's warm-up alone
+(one request per session, no wrk), and each replica's share of its decisions. Upstreams are a
+separate Envoy answering with a direct response, so the engines never limit the measurement.
+Figures are for known sessions (a warm-up binds every session first), which is the hot path kvgate
+is built for. Every mode's stack runs for the whole benchmark and the rounds go through the modes
+in turn, so a machine shared with other work loads each mode alike; each figure is the median over
+the rounds, each ratio the median of the rounds' own ratios to ring_hash.
 
 `--gate off,on` measures each run with the load gate off and on. On, ext_proc scrapes the
 upstreams' /metrics (they have none) and books every request with a body on its engine, priced
@@ -175,6 +176,9 @@ async def measure(stack: Stack, script: Path, args: argparse.Namespace) -> dict[
 
 
 async def main(args: argparse.Namespace) -> None:
+    if args.spread_only:
+        await spread(args)
+        return
     if not shutil.which("wrk"):
         sys.exit("wrk not found: apt-get install wrk")
     work = Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
@@ -210,6 +214,35 @@ async def main(args: argparse.Namespace) -> None:
             await stack.stop()
         await upstream.stop()
     report(rounds)
+
+
+async def spread(args: argparse.Namespace) -> None:
+    """Each kvgate run's warm-up (one request per session): each replica's share of the
+    decisions, which is how Envoy spreads sessions over the replicas."""
+    work = Path(tempfile.mkdtemp(prefix="kvgate-spread-"))
+    *ports, upstream_admin = free_ports(5)
+    (work / "upstreams.json").write_text(json.dumps(upstream_bootstrap(ports, upstream_admin)))
+    upstream = Child("upstreams", [envoy_binary(), "-c", str(work / "upstreams.json"),
+                                    "--concurrency", "1", "--disable-hot-restart",
+                                    "--log-level", "error"], work / "upstreams.log")
+    await upstream.start()
+    try:
+        await upstream.wait_ready(lambda: envoy_ready(HostPort("127.0.0.1", upstream_admin)), 30)
+        for transport in args.transports:
+            for replicas in args.replicas:
+                name = f"kvgate {transport}, {replicas} ext_proc"
+                stack = Stack(gateway_config(ports, replicas, transport),
+                              work / name.replace(" ", "_"), mode=RoutingMode.AFFINITY)
+                await stack.start()
+                try:
+                    await warm_up(stack, args.sessions)
+                    decided = await decisions(stack)
+                finally:
+                    await stack.stop()
+                shares = ", ".join(f"{d / max(1.0, sum(decided)):.1%}" for d in decided)
+                print(f"{name}: {args.sessions} sessions, each replica's share: {shares}")
+    finally:
+        await upstream.stop()
 
 
 def report(rounds: dict[str, list[dict[str, float]]]) -> None:
@@ -258,5 +291,7 @@ if __name__ == "__main__":
                         help="POST a body of this many bytes (0: GET) (%(default)s)")
     parser.add_argument("--gate", type=lambda s: s.split(","), default=["off"],
                         help="the load gate in each run: off, on, or off,on (%(default)s)")
+    parser.add_argument("--spread-only", action="store_true",
+                        help="no wrk: each replica's share of one request per session")
     asyncio.run(main(parser.parse_args()))
 

@@ -32,7 +32,7 @@ def static_bootstrap(
             ],
             clusters=[
                 *(pool_cluster(pool, eds=False, mode=mode) for pool in config.pools),
-                *([ext_proc_cluster(config.ext_proc)] if affinity else []),
+                *([ext_proc_cluster(config.ext_proc, config.session.headers)] if affinity else []),
             ],
         ),
     )

@@ -8,6 +8,7 @@ from typing import Any
 
 from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2, outlier_detection_pb2
 from envoy.config.core.v3 import config_source_pb2, health_check_pb2, protocol_pb2
+from envoy.config.route.v3 import route_components_pb2
 from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2
 from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
 from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
@@ -105,15 +106,33 @@ def _balancing(mode: RoutingMode) -> cluster_pb2.LoadBalancingPolicy:
     return _policy("envoy.load_balancing_policies.override_host", override)
 
 
-def ext_proc_cluster(ext_proc: ExtProc) -> cluster_pb2.Cluster:
+def ext_proc_cluster(ext_proc: ExtProc, session_headers: Sequence[str] = ()
+                     ) -> cluster_pb2.Cluster:
     """The ext_proc replicas, skipped by Envoy when their health check fails: gRPC health, or
     over the HTTP transport a GET on the same HTTP/1.1 port. A replica that cannot reach etcd
     fails it on purpose (ext_proc.readiness); only when none passes does Envoy's panic mode send
-    to all of them again (they then route from memory)."""
+    to all of them again (they then route from memory).
+
+    Over gRPC, one session's requests go to one replica while it is healthy: the ext_proc filter
+    copies the session headers into the stream's initial metadata (listener.py), and this
+    cluster hashes them on a ring (a cluster-level hash policy, envoyproxy/envoy#41928, the
+    configuration Envoy's ext_proc docs give for session affinity). Replicas learn each other's
+    moves only through etcd's watch, milliseconds late: picked per request, a session's next turn
+    could reach a replica that has not seen its move yet (docs/faults.md). A request without a
+    session header hashes to a random replica."""
     if ext_proc.transport != "http":
         cluster = grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=True)
         cluster.health_checks[0].grpc_health_check.service_name = DECISIONS_HEALTH_SERVICE
         _panic_only_when_none_healthy(cluster)
+        if session_headers:
+            cluster.lb_policy = cluster_pb2.Cluster.RING_HASH
+            options = http_protocol_options_pb2.HttpProtocolOptions()
+            cluster.typed_extension_protocol_options[_HTTP_OPTIONS].Unpack(options)
+            options.hash_policy.extend(
+                route_components_pb2.RouteAction.HashPolicy(
+                    header=route_components_pb2.RouteAction.HashPolicy.Header(header_name=name))
+                for name in session_headers)
+            cluster.typed_extension_protocol_options[_HTTP_OPTIONS].CopyFrom(protos.pack(options))
         return cluster
     cluster = grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=False)
     _panic_only_when_none_healthy(cluster)

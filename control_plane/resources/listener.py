@@ -150,7 +150,7 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
     if http:
         processor.http_service.CopyFrom(_http_service(config))
     else:
-        processor.grpc_service.CopyFrom(_grpc_service())
+        processor.grpc_service.CopyFrom(_grpc_service(config.session.headers))
     return hcm.HttpFilter(name=EXT_PROC_FILTER, typed_config=protos.pack(processor))
 
 
@@ -168,10 +168,14 @@ def _http_service(config: Config) -> ext_proc_pb2.ExtProcHttpService:
     )
 
 
-def _grpc_service() -> grpc_service_pb2.GrpcService:
+def _grpc_service(session_headers: tuple[str, ...]) -> grpc_service_pb2.GrpcService:
     return grpc_service_pb2.GrpcService(
         envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
         timeout=protos.duration(1.0),
+        # The session headers, for the ext_proc cluster's hash policy (clusters.py
+        # ext_proc_cluster): one session's requests to one replica.
+        initial_metadata=[base_pb2.HeaderValue(key=name, value=f"%REQ({name})%")
+                          for name in session_headers],
         # A replica that just died refuses the stream: try another one before falling back.
         retry_policy=base_pb2.RetryPolicy(
             retry_on="connect-failure,refused-stream,unavailable,reset",

@@ -21,7 +21,7 @@ def gateway_resources(
     """`states` maps pool → `ip:port` → active/draining/failed (EDS health status)."""
     states = states or {}
     clusters = [pool_cluster(pool, eds=True) for pool in config.pools]
-    clusters.append(ext_proc_cluster(config.ext_proc))
+    clusters.append(ext_proc_cluster(config.ext_proc, config.session.headers))
     assignments = [load_assignment(pool, states.get(pool.name)) for pool in config.pools]
     listener = gateway_listener(config)
     routes = route_configuration(config)

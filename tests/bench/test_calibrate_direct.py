@@ -31,7 +31,7 @@ def test_affinity_keeps_each_session_and_places_new_ones_on_the_emptiest_engine(
 
 
 def test_only_the_modes_a_client_can_route_alone() -> None:
-    with pytest.raises(ValueError, match="affinity.ddr"):
+    with pytest.raises(ValueError, match=r"not affinity\+ddr"):
         DirectRoutes(RoutingMode.AFFINITY_DDR, URLS)
     with pytest.raises(ValueError, match="no engine"):
         DirectRoutes(RoutingMode.AFFINITY, [])

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import health_check_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
@@ -13,9 +15,11 @@ from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm,
 )
 from envoy.extensions.load_balancing_policies.override_host.v3 import override_host_pb2
+from envoy.extensions.upstreams.http.v3 import http_protocol_options_pb2
 
 from control_plane.resources import gateway_listener, pool_cluster, route_configuration
 from control_plane.resources.bootstrap import static_bootstrap, to_json
+from control_plane.resources.clusters import ext_proc_cluster
 from kvgate.config import load_file, load_text
 from kvgate.config.model import INFERENCE_PATHS, INFERENCE_PREFIXES
 from kvgate.contract.modes import RoutingMode
@@ -118,3 +122,24 @@ def test_real_envoy_accepts_the_bootstrap(tmp_path: Path, mode: RoutingMode) -> 
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "OK" in result.stdout + result.stderr
+
+
+def test_one_session_goes_to_one_ext_proc_replica_over_grpc() -> None:
+    """The session headers reach the ext_proc stream's initial metadata, and the ext_proc
+    cluster hashes them on a ring (Envoy's configuration for ext_proc session affinity); the
+    HTTP transport, which has no initial metadata, keeps round robin."""
+    config = load_file(EXAMPLE)
+    processor = ext_proc_pb2.ExternalProcessor()
+    _manager().http_filters[3].typed_config.Unpack(processor)
+    assert [(m.key, m.value) for m in processor.grpc_service.initial_metadata] == [
+        (name, f"%REQ({name})%") for name in config.session.headers]
+    cluster = ext_proc_cluster(config.ext_proc, config.session.headers)
+    assert cluster.lb_policy == cluster_pb2.Cluster.RING_HASH
+    options = http_protocol_options_pb2.HttpProtocolOptions()
+    cluster.typed_extension_protocol_options[
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].Unpack(options)
+    assert [p.header.header_name for p in options.hash_policy] == list(config.session.headers)
+    assert options.explicit_http_config.HasField("http2_protocol_options")
+    http = replace(config.ext_proc, transport="http")
+    assert ext_proc_cluster(http, config.session.headers).lb_policy == \
+        cluster_pb2.Cluster.ROUND_ROBIN
