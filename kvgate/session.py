@@ -62,6 +62,11 @@ _MISSING = "\0"  # not a value normalize_session returns (a UUID or None)
 
 # Where Envoy hands ext_proc the session it found in the body (dynamic metadata, forwarded):
 # one key per configured body field (its dotted path), and the implicit conversation key under
-# a name no body field can have.
+# a name no body field can have. No colon in it: Envoy's %DYNAMIC_METADATA(namespace:key)%,
+# which copies it into the ext_proc stream's metadata for the replicas' ring
+# (control_plane/resources/affinity.py), splits its argument at colons.
 BODY_METADATA_NAMESPACE = "kvgate.session"
-IMPLICIT_KEY = ":implicit"
+IMPLICIT_KEY = "@implicit"
+# The implicit key's name before 2026-12-05, still read: during a rolling upgrade, Envoy's Lua
+# filter (the control plane's config) may still write it.
+LEGACY_IMPLICIT_KEY = ":implicit"

@@ -10,6 +10,7 @@ from envoy.config.core.v3 import base_pb2, config_source_pb2, grpc_service_pb2
 from google.protobuf import json_format
 
 from control_plane.resources import protos
+from control_plane.resources.affinity import affinity_keys
 from control_plane.resources.clusters import ext_proc_cluster, grpc_cluster, pool_cluster
 from control_plane.resources.listener import gateway_listener
 from control_plane.resources.routes import route_configuration
@@ -22,7 +23,7 @@ def static_bootstrap(
     config: Config, node_id: str = "kvgate-gateway", mode: RoutingMode = RoutingMode.AFFINITY
 ) -> bootstrap_pb2.Bootstrap:
     """A self-contained bootstrap: the gateway listener, one cluster per pool, ext_proc."""
-    affinity = mode.uses_ext_proc
+    asks_ext_proc = mode.uses_ext_proc
     return bootstrap_pb2.Bootstrap(
         node=base_pb2.Node(id=node_id, cluster="kvgate"),
         admin=bootstrap_pb2.Admin(address=protos.socket_address(config.envoy_admin)),
@@ -32,7 +33,8 @@ def static_bootstrap(
             ],
             clusters=[
                 *(pool_cluster(pool, eds=False, mode=mode) for pool in config.pools),
-                *([ext_proc_cluster(config.ext_proc, config.session.headers)] if affinity else []),
+                *([ext_proc_cluster(config.ext_proc, affinity_keys(config.session))]
+                  if asks_ext_proc else []),
             ],
         ),
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
 from envoy.config.core.v3 import (
     backoff_pb2,
@@ -23,6 +25,7 @@ from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.matcher.v3 import string_pb2
 
 from control_plane.resources import protos
+from control_plane.resources.affinity import affinity_metadata
 from control_plane.resources.session_filters import body_session_filters, buffer_limit
 from kvgate.config.model import Config
 from kvgate.contract.envoy import (
@@ -150,7 +153,7 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
     if http:
         processor.http_service.CopyFrom(_http_service(config))
     else:
-        processor.grpc_service.CopyFrom(_grpc_service(config.session.headers))
+        processor.grpc_service.CopyFrom(_grpc_service(affinity_metadata(config.session)))
     return hcm.HttpFilter(name=EXT_PROC_FILTER, typed_config=protos.pack(processor))
 
 
@@ -168,14 +171,13 @@ def _http_service(config: Config) -> ext_proc_pb2.ExtProcHttpService:
     )
 
 
-def _grpc_service(session_headers: tuple[str, ...]) -> grpc_service_pb2.GrpcService:
+def _grpc_service(affinity: Sequence[tuple[str, str]]) -> grpc_service_pb2.GrpcService:
     return grpc_service_pb2.GrpcService(
         envoy_grpc=grpc_service_pb2.GrpcService.EnvoyGrpc(cluster_name=EXT_PROC_CLUSTER),
         timeout=protos.duration(1.0),
-        # The session headers, for the ext_proc cluster's hash policy (clusters.py
+        # Where the session was found, for the ext_proc cluster's hash policy (clusters.py
         # ext_proc_cluster): one session's requests to one replica.
-        initial_metadata=[base_pb2.HeaderValue(key=name, value=f"%REQ({name})%")
-                          for name in session_headers],
+        initial_metadata=[base_pb2.HeaderValue(key=key, value=value) for key, value in affinity],
         # A replica that just died refuses the stream: try another one before falling back.
         retry_policy=base_pb2.RetryPolicy(
             retry_on="connect-failure,refused-stream,unavailable,reset",

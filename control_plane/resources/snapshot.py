@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 from google.protobuf.message import Message
 
+from control_plane.resources.affinity import affinity_keys
 from control_plane.resources.clusters import ext_proc_cluster, pool_cluster
 from control_plane.resources.endpoints import load_assignment
 from control_plane.resources.listener import gateway_listener
@@ -21,7 +22,7 @@ def gateway_resources(
     """`states` maps pool → `ip:port` → active/draining/failed (EDS health status)."""
     states = states or {}
     clusters = [pool_cluster(pool, eds=True) for pool in config.pools]
-    clusters.append(ext_proc_cluster(config.ext_proc, config.session.headers))
+    clusters.append(ext_proc_cluster(config.ext_proc, affinity_keys(config.session)))
     assignments = [load_assignment(pool, states.get(pool.name)) for pool in config.pools]
     listener = gateway_listener(config)
     routes = route_configuration(config)

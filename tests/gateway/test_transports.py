@@ -18,6 +18,7 @@ import signal
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
@@ -210,21 +211,31 @@ async def test_two_replicas_each_decide_a_fair_share(gateway: Gateway) -> None:
 
 
 async def test_a_session_is_decided_by_one_replica_over_grpc(gateway: Gateway) -> None:
-    """Over gRPC every turn of a session reaches the same replica (while it is healthy): the
-    replica that moved a session decides its next turn, whatever etcd's watch lag. Envoy's HTTP
-    service has no such hashing: there the turns alternate between the replicas."""
+    """Over gRPC every turn of a session reaches the same replica (while it is healthy),
+    wherever its id is (a header, a body field, the implicit key): the replica that moved a
+    session decides its next turn, whatever etcd's watch lag. Envoy's HTTP service has no such
+    hashing: there the turns alternate between the replicas."""
     turns = 10
+    chat = [{"role": "user", "content": "the same question " * 20}]
+    requests: list[dict[str, Any]] = [
+        *({"headers": {"x-session-id": f"one-replica-{i}"}} for i in range(4)),
+        *({"json": {"model": "m", "prompt_cache_key": f"body-{i}", "messages": chat}}
+          for i in range(4)),
+        *({"json": {"model": "m", "messages": [
+            {"role": "system", "content": f"You review repository {i}. " * 20}, *chat]}}
+          for i in range(4)),
+    ]
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
-        for session in (f"one-replica-{i}" for i in range(6)):
-            await homes_of(http, [session])
+        for request in requests:
             before = await gateway.decisions_per_replica(http)
             for _ in range(turns):
-                await homes_of(http, [session])
+                reply = await http.post("/v1/chat/completions", **request)
+                assert reply.status_code == 200, reply.text
             after = await gateway.decisions_per_replica(http)
             decided = sorted(sum(a.values()) - sum(b.values())
                              for a, b in zip(after, before, strict=True))
             assert decided == ([0, turns] if gateway.transport == "grpc"
-                               else [turns // 2, turns // 2]), (session, decided)
+                               else [turns // 2, turns // 2]), (request, decided)
 
 
 async def test_the_admin_view_shows_what_the_gateway_routed(gateway: Gateway) -> None:

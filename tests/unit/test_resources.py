@@ -125,21 +125,29 @@ def test_real_envoy_accepts_the_bootstrap(tmp_path: Path, mode: RoutingMode) -> 
 
 
 def test_one_session_goes_to_one_ext_proc_replica_over_grpc() -> None:
-    """The session headers reach the ext_proc stream's initial metadata, and the ext_proc
-    cluster hashes them on a ring (Envoy's configuration for ext_proc session affinity); the
-    HTTP transport, which has no initial metadata, keeps round robin."""
+    """Wherever the session was found (a header, a body field Envoy read into metadata, the
+    implicit key) reaches the ext_proc stream's initial metadata, and the ext_proc cluster hashes
+    those keys on a ring (Envoy's configuration for ext_proc session affinity); the HTTP
+    transport, which has no initial metadata, keeps round robin."""
     config = load_file(EXAMPLE)
     processor = ext_proc_pb2.ExternalProcessor()
     _manager().http_filters[3].typed_config.Unpack(processor)
-    assert [(m.key, m.value) for m in processor.grpc_service.initial_metadata] == [
-        (name, f"%REQ({name})%") for name in config.session.headers]
-    cluster = ext_proc_cluster(config.ext_proc, config.session.headers)
+    sent = [(m.key, m.value) for m in processor.grpc_service.initial_metadata]
+    session = config.session
+    assert sent == [
+        *((name, f"%REQ({name})%") for name in session.headers),
+        *((f"x-kvgate-body-{i}", f"%DYNAMIC_METADATA(kvgate.session:{field})%")
+          for i, field in enumerate(session.body_fields)),
+        ("x-kvgate-implicit", "%DYNAMIC_METADATA(kvgate.session:@implicit)%"),
+    ]
+    assert session.body_fields and session.implicit  # the example exercises every source
+    cluster = ext_proc_cluster(config.ext_proc, [key for key, _ in sent])
     assert cluster.lb_policy == cluster_pb2.Cluster.RING_HASH
     options = http_protocol_options_pb2.HttpProtocolOptions()
     cluster.typed_extension_protocol_options[
         "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"].Unpack(options)
-    assert [p.header.header_name for p in options.hash_policy] == list(config.session.headers)
+    assert [p.header.header_name for p in options.hash_policy] == [key for key, _ in sent]
     assert options.explicit_http_config.HasField("http2_protocol_options")
     http = replace(config.ext_proc, transport="http")
-    assert ext_proc_cluster(http, config.session.headers).lb_policy == \
+    assert ext_proc_cluster(http, [key for key, _ in sent]).lb_policy == \
         cluster_pb2.Cluster.ROUND_ROBIN

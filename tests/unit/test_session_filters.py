@@ -15,6 +15,7 @@ from control_plane.resources.session_filters import (
 )
 from kvgate.config.model import Session
 from kvgate.routing.sources import IMPLICIT_PREFIX, SessionSources, Source
+from kvgate.session import IMPLICIT_KEY, LEGACY_IMPLICIT_KEY
 
 
 def _wrapped(session: Session) -> list[extension_matcher_pb2.ExtensionWithMatcher]:
@@ -82,13 +83,13 @@ def _body(**fields: str) -> struct_pb2.Struct:
 
 def test_sources_in_order_header_body_implicit() -> None:
     sources = SessionSources(Session(headers=("x-session-id", "x-agent")))
-    body = _body(**{"user": "u1", "metadata.session_id": "m1", ":implicit": "chat:1:x"})
+    body = _body(**{"user": "u1", "metadata.session_id": "m1", IMPLICIT_KEY: "chat:1:x"})
     assert sources.pick({"x-agent": b"a1"}, body) == (b"a1", Source.HEADER)
     assert sources.pick({"x-session-id": b"  ", "x-agent": b"a1"}, None) == (b"a1", Source.HEADER)
     assert sources.pick({}, body) == (b"u1", Source.BODY)
     assert sources.pick({}, _body(**{"metadata.session_id": "m1", "user": " "})) == (
         b"m1", Source.BODY)
-    assert sources.pick({}, _body(**{":implicit": "chat:1:x"})) == (
+    assert sources.pick({}, _body(**{IMPLICIT_KEY: "chat:1:x"})) == (
         IMPLICIT_PREFIX + b"chat:1:x", Source.IMPLICIT)
     assert sources.pick({}, None) == (b"", Source.NONE)
     assert sources.pick({}, _body(other="x")) == (b"", Source.NONE)
@@ -96,7 +97,10 @@ def test_sources_in_order_header_body_implicit() -> None:
 
 def test_sources_honour_the_config() -> None:
     implicit_only = SessionSources(Session(body_fields=()))
-    body = _body(user="u1", **{":implicit": "k"})
+    body = _body(user="u1", **{IMPLICIT_KEY: "k"})
     assert implicit_only.pick({}, body).source is Source.IMPLICIT
     no_implicit = SessionSources(Session(implicit=False))
-    assert no_implicit.pick({}, _body(**{":implicit": "k"})).source is Source.NONE
+    assert no_implicit.pick({}, _body(**{IMPLICIT_KEY: "k"})).source is Source.NONE
+    # The key's name before 2026-12-05, as an Envoy not yet reconfigured writes it.
+    assert implicit_only.pick({}, _body(**{LEGACY_IMPLICIT_KEY: "k"})) == (
+        IMPLICIT_PREFIX + b"k", Source.IMPLICIT)
