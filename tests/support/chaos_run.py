@@ -132,7 +132,8 @@ async def _decisions(stack: Stack) -> list[str]:
                       if line.startswith("kvgate_ext_proc_decisions_total")]
         stats = await http.get(f"http://{stack.config.envoy_admin}/stats",
                                params={"filter": "ext_proc"})
-        found += [line for line in stats.text.splitlines() if not line.endswith(": 0")]
+        found += [line for line in stats.text.splitlines()  # counters and gauges, not zero
+                  if line.rpartition(": ")[2].isdigit() and not line.endswith(": 0")]
     return found
 
 
