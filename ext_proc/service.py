@@ -3,6 +3,7 @@ binding store → serve → metrics; stop in reverse. Background tasks run under
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import time
@@ -43,6 +44,11 @@ from kvgate.session import SessionIds
 
 log = structlog.get_logger("kvgate.ext_proc")
 
+# Stopping, a replica keeps deciding until no request has come for this long (Envoy's health
+# check, every 0.25 s, has moved its sessions away), at most DRAIN_MAX_S.
+DRAIN_QUIET_S = 0.5
+DRAIN_MAX_S = 3.0
+
 
 @dataclass(frozen=True, slots=True)
 class ExtProcOptions:
@@ -80,6 +86,8 @@ class ExtProcService:
         self.port = options.listen.port
         self.board: LoadBoard | None = None  # the load gate's, while it is on
         self.feed: FleetFeed | None = None  # load_gate.source: collector
+        self._handler: RequestHandler | None = None
+        self._draining = False
 
     async def start(self) -> None:
         config = self._config
@@ -145,8 +153,10 @@ class ExtProcService:
 
     async def _serve(self, handler: RequestHandler) -> None:
         """The transport bound at start answers with the core's pipeline (through `handler`)."""
+        self._handler = handler
         if self._http_socket is not None:
-            self._http = HttpProcessor(handler, lambda: self._readiness.ready)
+            self._http = HttpProcessor(handler,
+                                       lambda: self._readiness.ready and not self._draining)
             await self._http.serve(self._http_socket)
             return
         assert self._server is not None
@@ -228,7 +238,7 @@ class ExtProcService:
                                 session=session, detail=str(why))
 
     async def stop(self, grace: float = 5.0) -> None:
-        await self._health.enter_graceful_shutdown()
+        await self._drain()
         if self._server is not None:
             await self._server.stop(grace)
         if self._http is not None:
@@ -247,6 +257,24 @@ class ExtProcService:
             await self._etcd.close()
         log.info("ext_proc_stopped")
 
+
+    async def _drain(self) -> None:
+        """Steps aside (its health check fails) and keeps deciding while Envoy still sends:
+        Envoy's check, every 0.25 s, moves this replica's sessions to the others before the
+        port closes. Stopped at once, the streams of its sessions in that quarter second would
+        all retry at once, and any that found no healthy peer would be routed unbound (a rolling
+        upgrade restarting the peer just before). Without traffic it waits for nothing."""
+        self._draining = True
+        await self._health.enter_graceful_shutdown()
+        handler = self._handler
+        if handler is None:
+            return
+        deadline = time.perf_counter() + DRAIN_MAX_S
+        while True:  # until DRAIN_QUIET_S pass without a decision, or the deadline
+            wait = min(handler.last_decided + DRAIN_QUIET_S, deadline) - time.perf_counter()
+            if wait <= 0:
+                return
+            await asyncio.sleep(wait)
 
     def _bind_grpc(self, listen: HostPort) -> None:
         self._server = grpc.aio.server(

@@ -124,6 +124,10 @@ def ext_proc_cluster(ext_proc: ExtProc, session_headers: Sequence[str] = ()
         cluster = grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=True)
         cluster.health_checks[0].grpc_health_check.service_name = DECISIONS_HEALTH_SERVICE
         _panic_only_when_none_healthy(cluster)
+        # A replica that stops sends every stream for its sessions to retry on the next one at
+        # once; Envoy's default of 3 retries in flight per cluster dropped the rest to the ring
+        # fallback, unbound (tests/chaos/test_rolling_upgrade.py).
+        cluster.circuit_breakers.CopyFrom(_generous_limits(max_retries=_MANY))
         if session_headers:
             cluster.lb_policy = cluster_pb2.Cluster.RING_HASH
             options = http_protocol_options_pb2.HttpProtocolOptions()
@@ -196,6 +200,9 @@ def _health_check(**kind: Any) -> health_check_pb2.HealthCheck:
     return health_check_pb2.HealthCheck(
         timeout=protos.duration(0.5),
         interval=protos.duration(0.25),
+        # Envoy checks a cluster it sees no traffic on at this interval (60 s by default), and it
+        # saw none on the ext_proc cluster: two checks in all over minutes of decisions.
+        no_traffic_interval=protos.duration(0.25),
         unhealthy_threshold=protos.u32(1),
         healthy_threshold=protos.u32(1),
         **kind,

@@ -191,7 +191,10 @@ def _grpc_service(affinity: Sequence[tuple[str, str]]) -> grpc_service_pb2.GrpcS
                     typed_config=protos.pack(previous_hosts_pb2.PreviousHostsPredicate()),
                 )
             ],
-            host_selection_retry_max_attempts=5,
+            # On the ext_proc cluster's ring a retry walks on from the session's point until it
+            # finds a replica not tried yet: with two replicas, five steps all landed on the one
+            # that refused for ~3 % of its sessions (their decision lost to Envoy's fallback).
+            host_selection_retry_max_attempts=64,
         ),
     )
 

@@ -73,6 +73,7 @@ class RequestHandler:
         self._outcome_counters = {o: metrics.decisions.labels(o.value) for o in Outcome}
         self._source_counters = {s: metrics.session_sources.labels(s.value) for s in Source}
         self._rebind_counters = {r: metrics.rebinds.labels(r.value) for r in MoveReason}
+        self.last_decided = float("-inf")  # time.perf_counter() of the last decision's start
 
     async def decide(
         self,
@@ -81,7 +82,7 @@ class RequestHandler:
         body: struct_pb2.Struct | None,
     ) -> Decision:
         """`headers`: the forwarded request headers; `body`: metadata namespace kvgate.session."""
-        started = time.perf_counter()
+        self.last_decided = started = time.perf_counter()
         pool = pool or self.default_pool
         try:
             if pool is None:

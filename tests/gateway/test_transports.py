@@ -238,6 +238,25 @@ async def test_a_session_is_decided_by_one_replica_over_grpc(gateway: Gateway) -
                                else [turns // 2, turns // 2]), (request, decided)
 
 
+async def test_envoy_checks_each_replica_every_quarter_second(gateway: Gateway) -> None:
+    """A replica that steps aside (cut from etcd, or stopping) must stop getting decisions
+    within a few hundred ms. Without `no_traffic_interval` set, Envoy 1.40 checked the ext_proc
+    replicas once at start and then at its default of 60 s, whatever the traffic: two checks in
+    all over a chaos run (its ext_proc streams do not count as the cluster's traffic there)."""
+    async def attempts() -> int:
+        async with httpx.AsyncClient(timeout=5) as http:
+            reply = await http.get(f"http://{gateway.config.envoy_admin}/stats",
+                                   params={"filter": "^cluster.kvgate_ext_proc.health_check"
+                                                     ".attempt$"})
+        return int(reply.text.rsplit(":", 1)[1])
+
+    first = await attempts()
+    # Two replicas, a check each every 0.25 s: 8 a second; 12 more within 10 s is a generous
+    # floor on a busy machine, and unreachable at one check a minute.
+    await eventually(attempts, 10, until=lambda n: n >= first + 12,
+                     what="Envoy's health checks of the ext_proc replicas")
+
+
 async def test_the_admin_view_shows_what_the_gateway_routed(gateway: Gateway) -> None:
     admin = str(gateway.config.control_plane.admin)
     sessions = [f"admin-view-{i}" for i in range(8)]
