@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Awaitable, Callable
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -25,21 +26,33 @@ def _supervisor(registry: CollectorRegistry, **kwargs: float) -> Supervisor:
     return Supervisor("test", registry, rng=random.Random(1), **kwargs)
 
 
-@pytest.mark.parametrize("error", [RuntimeError("boom"), RecursionError("too deep"),
-                                   KeyError("missing")])
-async def test_a_task_that_raises_is_logged_counted_and_restarted(error: Exception) -> None:
-    registry = CollectorRegistry()
-    supervisor = _supervisor(registry)
+def _failing(times: int, fail: Callable[[], Awaitable[None]]
+             ) -> tuple[Callable[[], Awaitable[None]], list[int], asyncio.Event]:
+    """A task that fails `times` runs in a row by `fail()`, then runs until stopped: the task,
+    its runs, and an event set once it runs healthily."""
     runs: list[int] = []
     recovered = asyncio.Event()
 
     async def work() -> None:
         runs.append(1)
-        if len(runs) <= 2:
-            raise error
+        if len(runs) <= times:
+            await fail()
         recovered.set()
         await asyncio.Event().wait()
 
+    return work, runs, recovered
+
+
+@pytest.mark.parametrize("error", [RuntimeError("boom"), RecursionError("too deep"),
+                                   KeyError("missing")])
+async def test_a_task_that_raises_is_logged_counted_and_restarted(error: Exception) -> None:
+    registry = CollectorRegistry()
+    supervisor = _supervisor(registry)
+
+    async def fail() -> None:
+        raise error
+
+    work, _, recovered = _failing(2, fail)
     with capture_logs() as logs:
         supervisor.spawn("worker", work)
         await asyncio.wait_for(recovered.wait(), 5)
@@ -165,18 +178,13 @@ async def test_a_task_cancelled_from_within_is_restarted_a_stopped_one_is_not() 
     gone for good, silently (the degraded-mode flush once was)."""
     registry = CollectorRegistry()
     supervisor = _supervisor(registry)
-    runs: list[int] = []
-    recovered = asyncio.Event()
 
-    async def work() -> None:
-        runs.append(1)
-        if len(runs) == 1:
-            call = asyncio.get_running_loop().create_future()
-            call.cancel()  # what closing a channel does to a call in flight
-            await call
-        recovered.set()
-        await asyncio.Event().wait()
+    async def cancelled_under_it() -> None:
+        call = asyncio.get_running_loop().create_future()
+        call.cancel()  # what closing a channel does to a call in flight
+        await call
 
+    work, runs, recovered = _failing(1, cancelled_under_it)
     with capture_logs() as logs:
         supervisor.spawn("flush", work)
         await asyncio.wait_for(recovered.wait(), 5)
