@@ -257,7 +257,6 @@ class ExtProcService:
             await self._etcd.close()
         log.info("ext_proc_stopped")
 
-
     async def _drain(self) -> None:
         """Steps aside (its health check fails) and keeps deciding while Envoy still sends:
         Envoy's check, every 0.25 s, moves this replica's sessions to the others before the

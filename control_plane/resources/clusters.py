@@ -106,7 +106,7 @@ def _balancing(mode: RoutingMode) -> cluster_pb2.LoadBalancingPolicy:
     return _policy("envoy.load_balancing_policies.override_host", override)
 
 
-def ext_proc_cluster(ext_proc: ExtProc, session_headers: Sequence[str] = ()
+def ext_proc_cluster(ext_proc: ExtProc, affinity_keys: Sequence[str] = ()
                      ) -> cluster_pb2.Cluster:
     """The ext_proc replicas, skipped by Envoy when their health check fails: gRPC health, or
     over the HTTP transport a GET on the same HTTP/1.1 port. A replica that cannot reach etcd
@@ -114,12 +114,11 @@ def ext_proc_cluster(ext_proc: ExtProc, session_headers: Sequence[str] = ()
     to all of them again (they then route from memory).
 
     Over gRPC, one session's requests go to one replica while it is healthy: the ext_proc filter
-    copies the session headers into the stream's initial metadata (listener.py), and this
-    cluster hashes them on a ring (a cluster-level hash policy, envoyproxy/envoy#41928, the
-    configuration Envoy's ext_proc docs give for session affinity). Replicas learn each other's
-    moves only through etcd's watch, milliseconds late: picked per request, a session's next turn
-    could reach a replica that has not seen its move yet (docs/faults.md). A request without a
-    session header hashes to a random replica."""
+    copies where the session was found into the stream's initial metadata (affinity.py), and
+    this cluster hashes those `affinity_keys` on a ring. Replicas learn each other's moves only
+    through etcd's watch, milliseconds late, and each keeps its own cooldowns: picked per
+    request, a session's next turn could reach a replica that has not seen its move yet, or move
+    it back (docs/faults.md). A request without a session hashes to a random replica."""
     if ext_proc.transport != "http":
         cluster = grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=True)
         cluster.health_checks[0].grpc_health_check.service_name = DECISIONS_HEALTH_SERVICE
@@ -128,14 +127,14 @@ def ext_proc_cluster(ext_proc: ExtProc, session_headers: Sequence[str] = ()
         # once; Envoy's default of 3 retries in flight per cluster dropped the rest to the ring
         # fallback, unbound (tests/chaos/test_rolling_upgrade.py).
         cluster.circuit_breakers.CopyFrom(_generous_limits(max_retries=_MANY))
-        if session_headers:
+        if affinity_keys:
             cluster.lb_policy = cluster_pb2.Cluster.RING_HASH
             options = http_protocol_options_pb2.HttpProtocolOptions()
             cluster.typed_extension_protocol_options[_HTTP_OPTIONS].Unpack(options)
             options.hash_policy.extend(
                 route_components_pb2.RouteAction.HashPolicy(
                     header=route_components_pb2.RouteAction.HashPolicy.Header(header_name=name))
-                for name in session_headers)
+                for name in affinity_keys)
             cluster.typed_extension_protocol_options[_HTTP_OPTIONS].CopyFrom(protos.pack(options))
         return cluster
     cluster = grpc_cluster(EXT_PROC_CLUSTER, ext_proc.addresses, health_checked=False)
