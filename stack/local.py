@@ -97,9 +97,7 @@ class Stack:
     def _own_ports(self) -> set[int]:
         """The ports the config promises to the stack's services (maybe taken from the OS and
         released again, as `kvgate up --ports auto` does): never to be handed out twice."""
-        c = self.config
-        return {a.port for a in (c.listener, c.envoy_admin, c.control_plane.xds,
-                                 c.control_plane.admin, c.ext_proc.metrics, *c.ext_proc.addresses)}
+        return config_ports(self.config)
 
     def _check_ports(self) -> None:
         wanted = [
@@ -274,3 +272,9 @@ async def http_serving(address: HostPort) -> bool:
         return status.startswith(b"HTTP/1.1 200")
     finally:
         writer.close()
+
+
+def config_ports(c: Config) -> set[int]:
+    """The ports a config promises to the stack's services."""
+    return {a.port for a in (c.listener, c.envoy_admin, c.control_plane.xds,
+                             c.control_plane.admin, c.ext_proc.metrics, *c.ext_proc.addresses)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +19,7 @@ import httpx
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.config.model import HostPort
-from stack.local import Stack
+from stack.local import Stack, config_ports
 from tests.support.chaos import Account, Traffic, account
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.fault_proxy import FaultProxy
@@ -64,9 +64,11 @@ async def leader_of(cluster: EtcdCluster) -> int:
 
 
 @asynccontextmanager
-async def _proxied(targets: dict[str, list[str]]) -> AsyncIterator[dict[str, list[FaultProxy]]]:
+async def _proxied(targets: dict[str, list[str]], avoid: Collection[int]
+                   ) -> AsyncIterator[dict[str, list[FaultProxy]]]:
+    """`avoid`: the stack's ports, chosen free and released until it starts."""
     async with AsyncExitStack() as stack:
-        yield {name: [await stack.enter_async_context(FaultProxy(t)) for t in addresses]
+        yield {name: [await stack.enter_async_context(FaultProxy(t, avoid)) for t in addresses]
                for name, addresses in targets.items()}
 
 
@@ -85,7 +87,7 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
                                 etcd=cluster.endpoints, ext_procs=2, placement=placement)
         targets = {name: [str(config.control_plane.xds)] if name == "envoy"
                    else cluster.endpoints for name in partitioned}
-        async with _proxied(targets) as proxies, running_stack(
+        async with _proxied(targets, config_ports(config)) as proxies, running_stack(
                 config, tmp_path / "stack",
                 {n: [p.address for p in ps] for n, ps in proxies.items() if n != "envoy"},
                 HostPort.parse(proxies["envoy"][0].address) if "envoy" in proxies else None,

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Collection
 
 
 class FaultProxy:
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, avoid: Collection[int] = ()) -> None:
+        """`avoid`: ports promised to others, released for now (a config's free ports): the
+        OS may hand one out again, and the proxy must not take it."""
         host, port = target.rsplit(":", 1)
         self._target = (host, int(port))
+        self._avoid = set(avoid)
         self._open = asyncio.Event()
         self._open.set()
         self._reset = False
@@ -23,8 +27,15 @@ class FaultProxy:
         self.address = ""
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._connected, "127.0.0.1", 0)
-        self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        while True:
+            server = await asyncio.start_server(self._connected, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            if port not in self._avoid:
+                break
+            server.close()  # a port the stack is about to listen on: take another
+            await server.wait_closed()
+        self._server = server
+        self.address = f"127.0.0.1:{port}"
 
     def cut(self, *, reset: bool = False) -> None:
         self._open.clear()
