@@ -15,6 +15,9 @@ class Outcome(StrEnum):
     SESSIONLESS = "sessionless"
     UNBOUND = "unbound"  # no binding made (queue full, binding cap): Envoy's ring places it
     ERROR = "error"
+    # Envoy cancelled the stream before the decision was made (its message timeout, or the
+    # client left); Envoy routed the request on its ring. Only the gRPC transport can tell.
+    ABANDONED = "abandoned"
 
 
 class DecisionError(Exception):

@@ -4,6 +4,7 @@ transports, which call this and nothing else, answer alike."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Mapping
 
@@ -91,6 +92,9 @@ class RequestHandler:
             self._source_counters[found.source].inc()
             decision = await self._pipeline.decide(pool, found.raw or None,
                                                   self._prompt_tokens(headers))
+        except asyncio.CancelledError:
+            self._outcome_counters[Outcome.ABANDONED].inc()
+            raise
         except DecisionError as exc:
             log.warning("decision_failed", pool=pool, error=str(exc))
             decision = Decision(Outcome.ERROR)

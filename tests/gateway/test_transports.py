@@ -41,6 +41,10 @@ from tests.support.upstreams import Upstream
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 MESSAGE_TIMEOUT_S = 1.0
+# Counted on both transports when ext_proc's answer did not come in time (over gRPC,
+# message_timeouts too; over HTTP the http_service's own timeout, the same value, may fire
+# first and count as a 504 instead).
+GAVE_UP = "http.kvgate.ext_proc.kvgate.failure_mode_allowed"
 
 
 @dataclass
@@ -68,6 +72,11 @@ class Gateway:
             for outcome, count in replica.items():
                 total[outcome] = total.get(outcome, 0.0) + count
         return total
+
+    async def envoy_gave_up(self, http: httpx.AsyncClient) -> int:
+        """Requests Envoy sent on without ext_proc's answer (its message timeout passed)."""
+        stats = (await http.get(f"http://{self.config.envoy_admin}/stats")).text
+        return _envoy_counter(stats, GAVE_UP)
 
     async def bindings(self) -> dict[str, str]:
         """pool/session → endpoint, as stored in etcd."""
@@ -168,12 +177,11 @@ async def test_odd_session_ids_and_the_decision_metrics(gateway: Gateway) -> Non
             assert reply.status_code == 200, reply.text
             return reply.json()["upstream"]
 
+        gave_up_before = await gateway.envoy_gave_up(http)
         before = await gateway.decisions(http)
         for value in (b"", None):  # (a blank value cannot be sent: h11 refuses it)
             await route(value)
         after_sessionless = await gateway.decisions(http)
-        assert after_sessionless["sessionless"] - before["sessionless"] == 2
-        assert after_sessionless["error"] == before["error"]
 
         for value in (big, non_utf8):
             home = await route(value)
@@ -186,10 +194,18 @@ async def test_odd_session_ids_and_the_decision_metrics(gateway: Gateway) -> Non
         assert await route(b"{" + lower + b"}") == home
 
         final = await gateway.decisions(http)
-    # big, non-UTF-8 and the UUID were new; the UUID's other spellings were sticky.
-    assert final["new"] - before["new"] == 3
-    assert final["sticky"] - before["sticky"] == 2 * 5 + 2
-    assert final["error"] == before["error"]
+        gave_up = await gateway.envoy_gave_up(http) - gave_up_before
+    # Exact, unless Envoy stopped waiting for a decision (its 1 s message timeout, on a machine
+    # saturated for that long): then the request went on Envoy's ring, to the same engine, and
+    # its decision was cancelled (`abandoned`) or never started.
+    counted = {o: final[o] - before[o] for o in final}
+    assert counted["error"] == 0, counted
+    assert counted["abandoned"] <= gave_up, (counted, gave_up)
+    assert 2 - gave_up <= after_sessionless["sessionless"] - before["sessionless"] <= 2
+    if gave_up == 0:  # big, non-UTF-8 and the UUID were new; the UUID's other spellings sticky
+        assert (counted["new"], counted["sticky"]) == (3, 2 * 5 + 2), counted
+    else:
+        assert 15 - gave_up <= counted["new"] + counted["sticky"] <= 15, (counted, gave_up)
 
 
 async def test_two_replicas_each_decide_a_fair_share(gateway: Gateway) -> None:
@@ -304,15 +320,11 @@ async def test_a_stalled_ext_proc_times_out_onto_the_same_ring_and_recovers(
     known = [f"stall-known-{i}" for i in range(6)]
     fresh = [f"stall-fresh-{i}" for i in range(6)]
     stats_url = f"http://{gateway.config.envoy_admin}/stats"
-    # Counted on both transports when ext_proc's answer did not come in time (over gRPC,
-    # message_timeouts too; over HTTP the http_service's own timeout, the same value, may fire
-    # first and count as a 504 instead).
-    gave_up = "http.kvgate.ext_proc.kvgate.failure_mode_allowed"
     pids = [child.pid for child in gateway.stack.ext_procs]
     async with httpx.AsyncClient(base_url=gateway.url, timeout=30) as http:
         homes = await homes_of(http, known)
         assert all(homes[s] == ring.pick(session_hash(s.encode())) for s in known)
-        gave_up_before = _envoy_counter((await http.get(stats_url)).text, gave_up)
+        gave_up_before = await gateway.envoy_gave_up(http)
         decided_before = await gateway.decisions(http)
         for pid in pids:  # alive, connections open, answering nothing
             assert pid is not None
@@ -332,7 +344,7 @@ async def test_a_stalled_ext_proc_times_out_onto_the_same_ring_and_recovers(
         assert {s: landed[s] for s in known} == homes
         assert all(landed[s] == ring.pick(session_hash(s.encode())) for s in fresh)
         # Each request waited for its message timeout, then went on without an answer.
-        assert _envoy_counter(stats, gave_up) - gave_up_before == len(known + fresh), [
+        assert _envoy_counter(stats, GAVE_UP) - gave_up_before == len(known + fresh), [
             line for line in stats.splitlines() if ".ext_proc.kvgate." in line]
 
         async def decided_round() -> tuple[dict[str, str], float]:

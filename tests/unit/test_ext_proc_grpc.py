@@ -3,6 +3,7 @@ served by a unary handler (one message in; the answer and the OK status out in o
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 
 import grpc
@@ -13,8 +14,12 @@ from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
 from google.protobuf import struct_pb2
 
 from ext_proc.server import ExternalProcessor
+from kvgate.config import load_text
 from kvgate.contract.envoy import DESTINATION_KEY, LB_NAMESPACE, POOL_METADATA_KEY
 from kvgate.routing import Decision, Outcome
+from kvgate.routing.handler import DecisionMetrics, RequestHandler
+from kvgate.routing.sources import SessionSources
+from tests.support.polling import eventually
 
 
 class RecordingHandler:
@@ -29,16 +34,33 @@ class RecordingHandler:
         return Decision(Outcome.STICKY, ("10.0.0.1:8000", "10.0.0.2:8000"))
 
 
-@pytest.fixture
-async def stub() -> AsyncIterator[tuple[RecordingHandler, pb_grpc.ExternalProcessorStub]]:
-    handler = RecordingHandler()
+class StalledPipeline:
+    """Stands in for Pipeline: a decision that never finishes (an etcd call that hangs)."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+
+    async def decide(self, pool: str, raw_session: bytes | None,
+                     prompt_tokens: int = 0) -> Decision:
+        self.started.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def serve(handler: object) -> tuple[grpc.aio.Server, grpc.aio.Channel]:
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
         (ExternalProcessor(handler).generic_handler(),)  # type: ignore[arg-type]
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    return server, grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+
+
+@pytest.fixture
+async def stub() -> AsyncIterator[tuple[RecordingHandler, pb_grpc.ExternalProcessorStub]]:
+    handler = RecordingHandler()
+    server, channel = await serve(handler)
     try:
         yield handler, pb_grpc.ExternalProcessorStub(channel)
     finally:
@@ -76,3 +98,33 @@ async def test_a_phase_not_asked_for_is_continued_in_kind_and_decides_nothing(
     assert answer.WhichOneof("response") == "response_headers"
     assert await call.code() == grpc.StatusCode.OK
     assert handler.calls == []
+
+
+async def test_a_decision_envoy_stops_waiting_for_is_counted_abandoned() -> None:
+    """Envoy cancels the stream when its message timeout passes (or the client leaves): the
+    decision in flight is cancelled with it and counted, so the outcomes add up to the streams."""
+    pipeline = StalledPipeline()
+    metrics = DecisionMetrics()
+    config = load_text("pools: [{name: p, endpoints: [10.0.0.1:1]}]\n")
+    handler = RequestHandler(pipeline, SessionSources(config.session),  # type: ignore[arg-type]
+                             metrics, "p")  # (a stand-in pipeline: only decide() is called)
+    server, channel = await serve(handler)
+    try:
+        call = pb_grpc.ExternalProcessorStub(channel).Process(timeout=10)
+        await call.write(pb.ProcessingRequest(request_headers=pb.HttpHeaders(
+            headers=base_pb2.HeaderMap(headers=[
+                base_pb2.HeaderValue(key="x-session-id", raw_value=b"s1")]),
+            end_of_stream=True)))
+        await asyncio.wait_for(pipeline.started.wait(), 10)
+        call.cancel()
+
+        def abandoned() -> float | None:
+            return metrics.registry.get_sample_value(
+                "kvgate_ext_proc_decisions_total", {"outcome": "abandoned"})
+
+        assert await eventually(abandoned, what="the abandoned decision counted") == 1.0
+        assert metrics.registry.get_sample_value(
+            "kvgate_ext_proc_decisions_total", {"outcome": "error"}) == 0.0
+    finally:
+        await channel.close()
+        await server.stop(None)
