@@ -199,9 +199,6 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
       help="endpoints the gate scores per decision (%(default)s)")
     a("--gate-miss-safe", choices=["on", "off"], default="on" if gate.miss_safe else "off",
       help="move only if no slower should the pool have lost the context (%(default)s)")
-    a("--gate-hbm-pressure-s", type=float, default=gate.hbm_pressure_s, metavar="S",
-      help="a new session is placed as if it answered S seconds later on an engine whose KV "
-           "cache running requests fill, in proportion to its KV usage (%(default)s: off)")
     a("--pool-residency", choices=["on", "off"], default="off",
       help="the gate knows what the pool holds of a session it might move (exactly, as a "
            "pool's event stream would tell it) and prices the move with that (%(default)s)")
@@ -217,8 +214,7 @@ def router_settings(args: argparse.Namespace) -> dict[str, Any]:
                                min_saving_ratio=args.gate_min_saving_ratio,
                                cooldown_s=args.gate_cooldown_s,
                                candidates=args.gate_candidates,
-                               miss_safe=args.gate_miss_safe == "on",
-                               hbm_pressure_s=args.gate_hbm_pressure_s),
+                               miss_safe=args.gate_miss_safe == "on"),
             "pool_residency": args.pool_residency == "on",
             "hbm_residency": args.hbm_residency == "on"}
 
@@ -231,8 +227,7 @@ def router_description(config: SimConfig) -> dict[str, Any]:
             "load_gate": {"min_saving_s": gate.min_saving_s,
                           "min_saving_ratio": gate.min_saving_ratio,
                           "cooldown_s": gate.cooldown_s, "candidates": gate.candidates,
-                          "miss_safe": gate.miss_safe,
-                          "hbm_pressure_s": gate.hbm_pressure_s},
+                          "miss_safe": gate.miss_safe},
             "pool_residency": config.pool_residency,
             "hbm_residency": config.hbm_residency}
 

@@ -18,9 +18,6 @@ class GateConfig:
     candidates: int = 8  # endpoints scored per decision (ring order); 1: static ring placement
     # Move only if the move is no slower even when the pool no longer holds the context.
     miss_safe: bool = True
-    # Seconds added to a new session's estimate on an engine whose KV cache running requests
-    # fill (times `vllm:kv_cache_usage_perc`): what its context evicts there. 0: off.
-    hbm_pressure_s: float = 0.0
 
     def problems(self) -> list[str]:
         checks = (
@@ -28,6 +25,5 @@ class GateConfig:
             (0 <= self.min_saving_ratio <= 1, "min_saving_ratio must be in 0..1"),
             (self.cooldown_s >= 0, "cooldown_s must be >= 0"),
             (self.candidates >= 1, "candidates must be >= 1"),
-            (self.hbm_pressure_s >= 0, "hbm_pressure_s must be >= 0"),
         )
         return [text for ok, text in checks if not ok]

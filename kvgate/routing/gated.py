@@ -89,16 +89,11 @@ class GatedPolicy:
         self.board.forget(address)
 
     def score(self, address: str, now: float, size: PromptSize, *, hbm_tokens: int = 0,
-              ddr_tokens: int = 0, arriving: bool = False) -> float:
-        """Estimated TTFT of a request of `size` sent to `address` at `now` (`arriving`: the
-        session's context is not in that engine's HBM yet, which has to make room for it)."""
-        kv_usage = 0.0
-        if arriving and self.config.hbm_pressure_s > 0:
-            seen = self.board.observed(address, now)
-            kv_usage = 0.0 if seen is None else seen.kv_usage
+              ddr_tokens: int = 0) -> float:
+        """Estimated TTFT of a request of `size` sent to `address` at `now`."""
         return self.estimate.seconds(Candidate(
             address, self.board.backlog_s(address, now), size.prompt_tokens, hbm_tokens,
-            ddr_tokens, kv_usage))
+            ddr_tokens))
 
     def place(self, placing: Placing, known: Known, *, prefer_kv_pool: str | None,
               exclude: str | None) -> str | None:
@@ -116,8 +111,7 @@ class GatedPolicy:
             return (size.context_tokens if prefer_kv_pool is not None
                     and view.kv_pool_of(address) == prefer_kv_pool else 0)
 
-        return _least((address, self.score(address, now, size, ddr_tokens=ddr(address),
-                                           arriving=True))
+        return _least((address, self.score(address, now, size, ddr_tokens=ddr(address)))
                       for address in islice(found, self.config.candidates))[0]
 
     def reconsider(self, placing: Placing, endpoint: str, state: EndpointState,

@@ -27,7 +27,6 @@ class Candidate:
     prompt_tokens: int  # the request's prompt (an estimate; 0: unknown)
     hbm_tokens: int = 0  # of it already in the endpoint's HBM (a session that stays)
     ddr_tokens: int = 0  # of it read from the DDR pool first (a session moved within its pool)
-    kv_usage: float = 0.0  # the endpoint's KV cache held by running requests, 0..1 (a new session)
 
 
 class Term(Protocol):
@@ -79,32 +78,11 @@ class Prefill:
         return self.cost.prefill_s(uncached, c.prompt_tokens)
 
 
-@dataclass(frozen=True, slots=True)
-class HbmPressure:
-    """What a new session's context costs the engine's other sessions (`placement.load_gate`:
-    hbm_pressure_s). It will live in the engine's HBM as long as the session does; where
-    running requests already hold most of that HBM, it evicts the contexts of the sessions
-    idle between their turns (an agent's tool call), which then reload from the DDR pool on
-    their next turn. That reload is nobody's TTFT at this decision, so without a price for it
-    the gate places on a full engine as readily as on an empty one. Priced, as the Gateway API
-    Inference Extension's kv-cache-utilization scorer weighs it, in proportion to the
-    engine's `vllm:kv_cache_usage_perc`; a candidate that gives none (a bound session's) pays
-    nothing."""
-
-    full_s: float  # the price on an engine whose KV cache is all held by running requests
-    overlaps_wait: bool = False
-
-    def seconds(self, candidate: Candidate) -> float:
-        return self.full_s * candidate.kv_usage
-
-
 def default_terms(cost: EngineCost, gate: GateConfig) -> tuple[Term, ...]:
     """The gate's terms, from the two config sections a term may read (`placement.engine_cost`,
     `placement.load_gate`). A new signal is appended here."""
-    terms: tuple[Term, ...] = (QueueWait(), DdrRead(cost), Prefill(cost))
-    if gate.hbm_pressure_s > 0:  # (off, the estimates stay the three terms' to the last digit)
-        terms += (HbmPressure(gate.hbm_pressure_s),)
-    return terms
+    del gate  # no term reads the gate's section yet
+    return (QueueWait(), DdrRead(cost), Prefill(cost))
 
 
 class Estimate:

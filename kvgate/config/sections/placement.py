@@ -56,12 +56,6 @@ class LoadGateConfig:
         Boolean(), "a move must also be no slower if the DDR pool has lost the session's "
         "context (evicted while it lived in HBM, or the pool is down) and the sibling prefills "
         "it all; `false` prices every move as a DDR read", default=_GATE.miss_safe)
-    hbm_pressure_s: float = key(
-        Duration(0.0, 3600.0), "a new session is placed as if it answered this much later on "
-        "an engine whose KV cache its running requests fill (scaled by the engine's "
-        "`vllm:kv_cache_usage_perc`): its context will live in that engine's HBM and evict the "
-        "contexts of the engine's idle sessions, which then reload from the DDR pool. Only new "
-        "sessions; 0: off (docs/pool-profiles.md)", default=_GATE.hbm_pressure_s)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
@@ -100,8 +94,7 @@ class LoadGateConfig:
 
     def gate(self) -> GateConfig:
         return GateConfig(self.enabled, self.min_saving_s, self.min_saving_ratio,
-                          self.cooldown_s, self.candidates, self.miss_safe,
-                          self.hbm_pressure_s)
+                          self.cooldown_s, self.candidates, self.miss_safe)
 
 
 def _check_gate(f: Fields, gate: LoadGateConfig, path: Path) -> None:
