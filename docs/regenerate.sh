@@ -4,7 +4,7 @@
 # docs/benchmarks.md). Then `python docs/render_results.py` puts the tables into the docs and
 # `python bench/pool_sweep.py` builds the profile table and the load sweep (tables and charts).
 #
-#   docs/regenerate.sh [GROUP...]    groups: results plans sweep profiles load load-profiles
+#   docs/regenerate.sh [GROUP...]    groups: results plans sweep profiles load load-profiles seeds
 #                                    (default: all of them, in that order)
 #   JOBS=N                           commands run N at a time (default 2)
 #
@@ -97,8 +97,18 @@ group_load_profiles() {
     done
 }
 
+# agentic-coding at 960 sessions under other workload seeds (the committed runs above are seed
+# 0): how far one seed's figures are from another's.
+group_seeds() {
+    for seed in 1 2 3; do
+        local o="--workload agentic-coding --sessions 960 --seed $seed --out docs/results/seeds"
+        echo "$S $o --modes affinity+ddr,sticky+ddr,prefix-score --name agentic-coding-960-seed-$seed"
+        echo "$S $o --modes affinity+ddr --hbm-residency on --name hbm-residency-agentic-coding-960-seed-$seed"
+    done
+}
+
 groups=("$@")
-[ ${#groups[@]} -gt 0 ] || groups=(results plans sweep profiles load load-profiles)
+[ ${#groups[@]} -gt 0 ] || groups=(results plans sweep profiles load load-profiles seeds)
 for g in "${groups[@]}"; do
     "group_${g//-/_}"
 done | xargs -P "$JOBS" -I{} sh -c 'echo "+ {}" >&2; {} > /dev/null'

@@ -71,6 +71,7 @@ class SimResult:
     assignments: list[int] = field(default_factory=list)  # engine per request, -1 = unrouted
     arrivals: list[float] = field(default_factory=list)  # when each request was sent
     finishes: list[float] = field(default_factory=list)  # its last token (its arrival if unrouted)
+    ddr_tokens: list[int] = field(default_factory=list)  # read from the DDR pool, per request
 
 
 def engine_address(index: int) -> str:

@@ -91,6 +91,7 @@ class Simulation:
                                else None)
         self.per_engine = [0] * n
         self.assignments = [-1] * len(self.requests)
+        self.ddr_tokens = [0] * len(self.requests)
         self.order = SendOrder(workload)
         # Requests are kept until their finish only when an engine may fail under them.
         self.breakable = any(event.kind == "fail" for event in config.events)
@@ -216,6 +217,7 @@ class Simulation:
 
     def _served(self, i: int, admission: Admission) -> None:
         slot = admission.slot
+        self.ddr_tokens[i] = admission.ddr_hit_tokens
         if self.measured[i]:
             self.stats.add(slot.arrival, slot.ttft, slot.finish, admission.prompt_tokens,
                            admission.cached_tokens, admission.hbm_hit_tokens,
@@ -286,7 +288,7 @@ class Simulation:
         if self.transfers is not None:
             _pool_figures(self.stats, self.transfers, self.n)
         return SimResult(self.stats, self.per_engine, self.assignments, self.order.sent,
-                         self.order.answered_at)
+                         self.order.answered_at, self.ddr_tokens)
 
 
 def _outage(faults: PoolFaults) -> tuple[float, float] | None:
