@@ -16,6 +16,7 @@ from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.placement.cost import EngineCost
+from kvgate.placement.evictions import EvictionRate
 from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.placement.view import Member, PoolView
@@ -158,10 +159,25 @@ class EngineHoldings:
     engines' KV events tell the live gate (``kvgate.fleet.residency``). The router sets
     ``asking`` before it decides."""
 
-    def __init__(self, cache_of: Callable[[str], PrefixCache | None], block_size: int) -> None:
+    def __init__(self, cache_of: Callable[[str], PrefixCache | None], block_size: int,
+                 clock: Callable[[], float] = lambda: 0.0) -> None:
         self.cache_of = cache_of
         self.block_size = block_size
+        self.clock = clock  # the routers' (emulated seconds)
         self.asking: Sequence[int] = ()  # the prompt's block hashes
+        self._rates: dict[str, EvictionRate] = {}
+
+    def eviction_rate(self, endpoint: str) -> float | None:
+        """See ``kvgate.routing.policy.HbmResidency``: from the engine's own count of evicted
+        blocks, sampled whenever the gate asks (the live collector samples every round)."""
+        cache = self.cache_of(endpoint)
+        if cache is None:
+            return None
+        rate = self._rates.get(endpoint)
+        if rate is None:
+            rate = self._rates[endpoint] = EvictionRate()
+        rate.sample(self.clock(), cache.evictions)
+        return rate.per_s()
 
     def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
         """See ``kvgate.routing.policy.HbmResidency``."""

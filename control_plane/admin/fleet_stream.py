@@ -4,6 +4,7 @@ figure's age as the round ends, and the same message goes to every stream."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable
 
 import grpc
@@ -48,6 +49,7 @@ class FleetStream:
         residency for one stream that needs it all."""
         if self._frame is None or self._frame[0] != collector.rounds:
             ages = collector.ages()
+            evicting = [collector.eviction_rate(a.address) for a in ages]
             message = pb.FleetLoad(
                 round=collector.rounds, interval_s=collector.refresh_s,
                 collector=self._identity,
@@ -56,7 +58,9 @@ class FleetStream:
                     waiting=[a.figures.waiting for a in ages],
                     running=[a.figures.running for a in ages],
                     kv_usage=[a.figures.kv_usage for a in ages],
-                    age_s=[a.age_s for a in ages]),
+                    age_s=[a.age_s for a in ages],
+                    eviction_rate=([math.nan if r is None else r for r in evicting]
+                                   if any(r is not None for r in evicting) else [])),
                 residency=_residency(collector.residency_changed),
                 residency_lost=collector.residency_lost)
             self._frame = (collector.rounds, message)

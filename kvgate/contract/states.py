@@ -18,5 +18,5 @@ class MoveReason(StrEnum):
 
     FAILED = "failed"  # its endpoint failed
     DRAINED = "drained"  # its endpoint was drained past its deadline, or left the pool
-    LOAD = "load"  # a sibling in its DDR pool would answer sooner (the load gate)
+    LOAD = "load"  # the load gate: a DDR-pool sibling answers sooner, or keeps contexts longer
     MANUAL = "manual"  # an operator's `kvgate sessions move`

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from kvgate.fleet.kv_events import EventsAt, EventSubscriptions, events_endpoint, replay_endpoint
 from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, Pages, ScrapeRounds
+from kvgate.placement.evictions import EvictionRate
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ class FleetCollector:
         self.residency_lost: list[str] = []  # engines forgotten in the last round
         self._followed: tuple[tuple[int, int, int], frozenset[str]] = ((0, 0, 0), frozenset())
         self._endpoints: dict[str, EventsAt] = {}  # engine → its publisher, for `_followed`
+        self._evicting: dict[str, EvictionRate] = {}  # engine → its evictions, sampled per round
 
     def configured(self) -> bool:
         return self._settings().configured
@@ -147,14 +149,28 @@ class FleetCollector:
                                for a in sorted(engines)}
         lost = self.events.follow(self._endpoints)
         changed: list[Residency] = []
+        now = self._clock()
+        evicting = self._evicting
+        for engine in [e for e in evicting if e not in self.events.engines]:
+            del evicting[engine]
         for engine, (sub, _) in self.events.engines.items():
             if sub.lost:
                 sub.lost = False
                 lost.append(engine)
             residency = sub.residency
+            rate = evicting.get(engine)
+            if rate is None:
+                rate = evicting[engine] = EvictionRate()
+            rate.sample(now, residency.evicted)
             changed.extend(Residency(engine, session, residency.hbm_tokens(session))
                            for session in residency.take_changed())
         self.residency_changed, self.residency_lost = changed, lost
+
+    def eviction_rate(self, engine: str) -> float | None:
+        """Blocks `engine`'s HBM evicted per second over about the last minute, from its KV
+        events; None: not known (no events from it, or too few seconds of them)."""
+        rate = self._evicting.get(engine)
+        return None if rate is None else rate.per_s()
 
     def residency(self) -> list[Residency]:
         """Every session known on every engine (a stream's first message)."""
@@ -175,6 +191,7 @@ class FleetCollector:
             self._read.clear()
             self.rounds = 0
             self.events.follow({})
+            self._evicting.clear()
             self.residency_changed, self.residency_lost = [], []
 
     def _wake(self) -> None:

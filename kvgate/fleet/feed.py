@@ -61,6 +61,10 @@ class FleetFeedMetrics:
             Gauge("kvgate_ext_proc_hbm_residency_sessions", "Sessions whose residency in their "
                   "engines' HBM the collector reported (from the engines' KV events)",
                   registry=registry).set_function(lambda: hbm.sessions)
+            Gauge("kvgate_ext_proc_hbm_eviction_rates", "Engines whose HBM eviction rate (blocks "
+                  "per second over the last minute, from their KV events) the collector "
+                  "reported: the gate re-homes a session its engine evicted to a sibling that "
+                  "evicts slower", registry=registry).set_function(lambda: hbm.engines_evicting)
 
 
 class FleetFeed:

@@ -1,19 +1,24 @@
-"""An ext_proc replica's record of what each engine's HBM holds of each session, as the
-fleet-state collector's stream last said (`placement.load_gate.kv_events_port`): the gate's
-`HbmResidency`. Nothing known (a session never reported, an engine whose events were missed,
-the stream lost) answers None, and the gate prices staying as before: the context still there.
+"""An ext_proc replica's record of what each engine's HBM holds of each session, and how fast
+each engine evicts, as the fleet-state collector's stream last said
+(`placement.load_gate.kv_events_port`): the gate's `HbmResidency`. Nothing known (a session
+never reported, an engine whose events were missed, the stream lost) answers None, and the gate
+prices staying as before: the context still there.
 """
 
 from __future__ import annotations
+
+import math
 
 from kvgate.admin_api.v1 import admin_pb2 as pb
 
 
 class HbmBoard:
-    """Engine → session → leading tokens in its HBM; updated by :meth:`apply`."""
+    """Engine → session → leading tokens in its HBM, and engine → blocks evicted per second;
+    updated by :meth:`apply`."""
 
     def __init__(self) -> None:
         self._tokens: dict[str, dict[str, int]] = {}
+        self._evicting: dict[str, float] = {}
 
     @property
     def sessions(self) -> int:
@@ -24,8 +29,20 @@ class HbmBoard:
         tokens = None if held is None else held.get(session)
         return None if tokens is None else min(tokens, context_tokens)
 
+    @property
+    def engines_evicting(self) -> int:
+        """Engines whose eviction rate the last round gave."""
+        return len(self._evicting)
+
+    def eviction_rate(self, endpoint: str) -> float | None:
+        return self._evicting.get(endpoint)
+
     def apply(self, frame: pb.FleetLoad) -> None:
-        """One collector round's residency: every session (``residency_full``) or changes."""
+        """One collector round's residency: every session (``residency_full``) or changes;
+        and every engine's eviction rate (each round has them all)."""
+        loads = frame.loads
+        self._evicting = {endpoint: rate for endpoint, rate in zip(
+            loads.endpoint, loads.eviction_rate, strict=False) if not math.isnan(rate)}
         tokens = self._tokens
         if frame.residency_full:
             tokens.clear()
@@ -42,3 +59,4 @@ class HbmBoard:
     def clear(self) -> None:
         """The stream is lost: nothing is known until the next one's first message."""
         self._tokens.clear()
+        self._evicting.clear()

@@ -51,6 +51,7 @@ class EngineResidency:
         self._depth: dict[int, int] = {}  # resident block → its place in its prompt (1-based)
         self._owner: dict[int, tuple[str, int]] = {}  # block → session, index in its chain
         self._chains: OrderedDict[str, _Chain] = OrderedDict()
+        self.evicted = 0  # blocks its events reported removed, ever (kvgate.placement.evictions)
 
     @property
     def sessions(self) -> int:
@@ -69,6 +70,7 @@ class EngineResidency:
                 self._stored(event)
             elif kind == "BlockRemoved":
                 for block in event.get("block_hashes") or ():
+                    self.evicted += 1
                     self._removed(_key(block))
             elif kind == "AllBlocksCleared":
                 self.cleared()

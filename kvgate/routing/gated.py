@@ -15,6 +15,12 @@ score, and the booking that keeps its load board and memory of sessions current.
   staying is priced with that: a context that has left HBM comes back from the pool there too,
   so a move costs no hit rate. A session that moved stays put for `cooldown_s` (hysteresis: no
   flapping between two busy siblings).
+- Where that residency is known, a bound session whose context has mostly left its engine's
+  HBM is re-homed to the DDR-pool sibling that evicts slowest (`rehome`), if it evicts at most
+  half as fast and answers no later than staying, give or take re-reading what is still held:
+  the context comes back from the pool either way, and an engine that evicts fast will evict it
+  again before the session's next turn. Without it, a few engines whose HBM thrashes keep
+  reloading their sessions' contexts turn after turn (docs/pool-profiles.md).
 """
 
 from __future__ import annotations
@@ -116,21 +122,61 @@ class GatedPolicy:
 
     def reconsider(self, placing: Placing, endpoint: str, state: EndpointState,
                    known: Known) -> str | None:
-        """A DDR-pool sibling that answers sooner by enough, for a session on an active
-        endpoint; None: it stays."""
+        """A DDR-pool sibling that answers sooner by enough (or, its context evicted, keeps it
+        longer: `rehome`), for a session on an active endpoint; None: it stays."""
         config, now = self.config, known.now
         if state is not EndpointState.ACTIVE or not config.enabled:
             return None
+        moved_at = None if known.seen is None else known.seen.moved_at
+        if moved_at is not None and now - moved_at < config.cooldown_s:
+            return None
+        if self.hbm is not None and known.seen is not None:
+            home = self.rehome(placing, endpoint, known)
+            if home is not None:
+                return home
         # Moving saves at most this engine's backlog (the prefill is the same anywhere): under
         # the threshold nothing else is looked at, so the sticky path stays O(1).
         backlog = self.board.backlog_s(endpoint, now)
         if backlog < config.min_saving_s:
             return None
-        moved_at = None if known.seen is None else known.seen.moved_at
-        if moved_at is not None and now - moved_at < config.cooldown_s:
-            return None
         move = self.move(placing, endpoint, backlog, known)
         return None if move is None else move.endpoint
+
+    def rehome(self, placing: Placing, current: str, known: Known) -> str | None:
+        """The DDR-pool sibling a session whose context has mostly left `current`'s HBM should
+        move to, where it will stay longer: the one evicting slowest, at most
+        `REHOME_RATE_RATIO` of `current`'s rate, whose estimate is no later than staying's
+        plus the read of what `current` still holds. None: it stays."""
+        hbm, size, now = self.hbm, known.size, known.now
+        context = size.context_tokens
+        if hbm is None or context <= 0:
+            return None
+        held = hbm.hbm_tokens(current, known.session, context)
+        if held is None or held >= REHOME_HELD_BELOW * context:
+            return None
+        rate = hbm.eviction_rate(current)
+        if not rate:  # unknown, or it evicts nothing: its HBM is not why the context left
+            return None
+        view = placing.view
+        kv_pool = view.kv_pool_of(current)
+        same_kv = view.ring_for(kv_pool, current) if kv_pool is not None else None
+        whole = view.ring_for(None, None)
+        if same_kv is None or whole is None or same_kv is whole:
+            return None  # no sibling shares its DDR pool
+        bound = LoadBound(view, whole, placing.loads, placing.load_factor, extra=0)
+        backlog = self.board.backlog_s(current, now)
+        stay = self.estimate.seconds(Candidate(current, backlog, size.prompt_tokens,
+                                               hbm_tokens=held, ddr_tokens=context - held))
+        limit = stay + self.cost.transfer_s(held)
+        best, best_rate = None, REHOME_RATE_RATIO * rate
+        siblings = (a for a in same_kv.ring.walk(placing.hash_value)
+                    if a != current and bound.admits(a))
+        for address in islice(siblings, self.config.candidates):
+            sibling_rate = hbm.eviction_rate(address)
+            if (sibling_rate is not None and sibling_rate < best_rate
+                    and self.score(address, now, size, ddr_tokens=context) <= limit):
+                best, best_rate = address, sibling_rate
+        return best
 
     def move(self, placing: Placing, current: str, backlog: float, known: Known) -> Move | None:
         """The DDR-pool sibling a session on `current` (with `backlog` seconds queued) should
@@ -173,6 +219,12 @@ class GatedPolicy:
             # that is no worse even so is taken.
             return None
         return Move(best, stay, best_s)
+
+
+# rehome: the context has mostly left its engine's HBM (less than this share still there) ...
+REHOME_HELD_BELOW = 0.5
+# ... and a sibling evicts at most this share as fast.
+REHOME_RATE_RATIO = 0.5
 
 
 def _least(scored: Iterable[tuple[str, float]]) -> tuple[str | None, float]:

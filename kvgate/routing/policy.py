@@ -64,6 +64,11 @@ class HbmResidency(Protocol):
         at most ``context_tokens``; None when not known (the gate then assumes it all there)."""
         ...
 
+    def eviction_rate(self, endpoint: str) -> float | None:
+        """Blocks `endpoint`'s HBM evicted per second over about the last minute
+        (kvgate.placement.evictions); None when not known."""
+        ...
+
 
 class Placing(NamedTuple):
     """Where a session is being placed: its pool's view, ring hash and session counts."""

@@ -61,6 +61,16 @@ async def engines(ports: list[int], offset: int) -> AsyncIterator[list[str]]:
         yield [f"127.0.0.1:{p}" for p in ports]
 
 
+async def eviction_rates(admin: HostPort) -> dict[str, float]:
+    """Each engine's eviction rate in the collector's stream (blocks per second; NaN: unknown)."""
+    async with grpc.aio.insecure_channel(str(admin)) as channel:
+        call = admin_pb2_grpc.AdminStub(channel).WatchFleetLoad(pb.WatchFleetLoadRequest())
+        async for frame in call:
+            call.cancel()
+            return dict(zip(frame.loads.endpoint, frame.loads.eviction_rate, strict=False))
+    return {}
+
+
 async def residency_of(admin: HostPort, session: str) -> dict[str, int | None]:
     """What the collector's stream says of ``session``: engine → tokens (None: unknown)."""
     async with grpc.aio.insecure_channel(str(admin)) as channel:
@@ -98,12 +108,12 @@ async def test_the_collector_streams_what_each_engines_hbm_holds_of_a_session(
             await eventually(lambda: residency_of(admin, key), until=holds_it,
                              what="the collector reports the session's blocks in HBM")
 
-            async def replicas_know() -> list[float]:
+            async def replicas_know(gauge: str = "kvgate_ext_proc_hbm_residency_sessions"
+                                    ) -> list[float]:
                 pages = [(await http.get(f"http://{a}/metrics")).text
                          for a in stack.ext_proc_metrics]
                 return [float(line.rsplit(" ", 1)[1]) for page in pages
-                        for line in page.splitlines()
-                        if line.startswith("kvgate_ext_proc_hbm_residency_sessions ")]
+                        for line in page.splitlines() if line.startswith(f"{gauge} ")]
 
             await eventually(replicas_know, until=lambda n: len(n) == 2 and min(n) >= 1,
                              what="every replica holds the session's residency")
@@ -118,3 +128,14 @@ async def test_the_collector_streams_what_each_engines_hbm_holds_of_a_session(
             await eventually(lambda: residency_of(admin, key),
                              until=lambda seen: seen.get(home) == 0,
                              what="the collector reports the session's context gone")
+            # Those evictions make the engine's eviction rate, once the collector has a few
+            # seconds of samples (kvgate.placement.evictions.MIN_SPAN_S), and every replica
+            # has it; the engine that evicted nothing evicts at 0.
+            other = next(a for a in addresses if a != home)
+            rates = await eventually(lambda: eviction_rates(admin),
+                                     until=lambda r: r.get(home, 0.0) > 0.0,
+                                     what="the collector reports the engine evicting")
+            assert rates[other] == 0.0
+            await eventually(lambda: replicas_know("kvgate_ext_proc_hbm_eviction_rates"),
+                             until=lambda n: len(n) == 2 and min(n) == 2,
+                             what="every replica holds both engines' eviction rates")

@@ -274,6 +274,9 @@ class _InHbm:
     def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
         return None if self.tokens is None else min(self.tokens, context_tokens)
 
+    def eviction_rate(self, endpoint: str) -> float | None:
+        return None  # not known: no re-homing (tests/unit/test_gate_rehome.py)
+
 
 @pytest.mark.parametrize(("in_hbm", "pool", "moves"), [
     (None, None, False),  # not known: staying is a hit, and miss-safe doubts the move (above)

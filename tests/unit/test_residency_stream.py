@@ -18,7 +18,7 @@ from control_plane.admin.fleet_stream import FleetStream
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.fleet.kv_events import decode, events_endpoint, replay_endpoint
-from kvgate.fleet.scrape import EngineScrapeMetrics
+from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics
 from kvgate.runtime.children.ports import free_ports
 from kvgate.session import normalize_session
 from tests.support.polling import eventually
@@ -53,13 +53,22 @@ class Publisher:
         self.context.term()
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
 async def rig() -> AsyncIterator[tuple[FleetCollector, Publisher, CollectorSettings]]:
     (port,) = free_ports(1)
     publisher = Publisher(port)
     settings = CollectorSettings(True, True, 0.05, 0.05, kv_events_port=port)
     collector = FleetCollector(lambda: [ENGINE], lambda: settings,
-                               EngineScrapeMetrics(CollectorRegistry(), "control_plane"))
+                               EngineScrapeMetrics(CollectorRegistry(), "control_plane"),
+                               clock=Clock())
     try:
         yield collector, publisher, settings
     finally:
@@ -136,3 +145,42 @@ async def test_a_session_stored_reaches_a_replica_and_a_gap_forgets_the_engine(
     # The engine leaves: its subscription is dropped and its residency with it.
     collector._gather_residency(settings, set())
     assert collector.residency_lost == [ENGINE] and not collector.events.engines
+
+
+async def test_an_engines_eviction_rate_reaches_a_replica(
+        rig: tuple[FleetCollector, Publisher, CollectorSettings]) -> None:
+    collector, publisher, settings = rig
+    clock = collector._clock
+    assert isinstance(clock, Clock)
+    collector._gather_residency(settings, {ENGINE})  # subscribes, and samples 0 evicted at 0 s
+    sub = collector.events.engines[ENGINE][0]
+
+    async def joined() -> int:
+        await publisher.send([{"type": "AllBlocksCleared"}])
+        await asyncio.sleep(0)
+        return sub.messages
+
+    await eventually(joined, what="the subscription hears the publisher")
+    collector.record(ENGINE, EngineFigures(), clock.now)
+    collector.record("127.0.0.1:9000", EngineFigures(), clock.now)  # an engine without events
+    stream, board = FleetStream(collector, "cp-0", lambda: "cp-0"), HbmBoard()
+    collector.rounds += 1
+    board.apply(stream.frame(collector, full=True))
+    assert board.eviction_rate(ENGINE) is None  # no time has passed: not known yet
+
+    seen = sub.messages
+    await publisher.send([stored([1, 2, 3, 4], None, "alice"),
+                          {"type": "BlockRemoved", "block_hashes": [4]},
+                          {"type": "BlockRemoved", "block_hashes": [3]},
+                          {"type": "BlockRemoved", "block_hashes": [2]}])
+    await eventually(lambda: sub.messages > seen, what="the evictions arrive")
+    clock.now = 20.0
+    collector._gather_residency(settings, {ENGINE})
+    collector.rounds += 1
+    frame = stream.frame(collector)
+    assert ENGINE in frame.loads.endpoint
+    board.apply(frame)
+    assert board.eviction_rate(ENGINE) == pytest.approx(3 / 20.0)  # three blocks in 20 s
+    assert board.eviction_rate("127.0.0.1:9000") is None
+    board.clear()  # the stream lost: nothing known until the next one
+    assert board.eviction_rate(ENGINE) is None

@@ -25,18 +25,20 @@ class EngineLoad(_message.Message):
     def __init__(self, endpoint: _Optional[str] = ..., waiting: _Optional[int] = ..., running: _Optional[int] = ..., kv_usage: _Optional[float] = ..., age_s: _Optional[float] = ...) -> None: ...
 
 class EngineLoads(_message.Message):
-    __slots__ = ("endpoint", "waiting", "running", "kv_usage", "age_s")
+    __slots__ = ("endpoint", "waiting", "running", "kv_usage", "age_s", "eviction_rate")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     KV_USAGE_FIELD_NUMBER: _ClassVar[int]
     AGE_S_FIELD_NUMBER: _ClassVar[int]
+    EVICTION_RATE_FIELD_NUMBER: _ClassVar[int]
     endpoint: _containers.RepeatedScalarFieldContainer[str]
     waiting: _containers.RepeatedScalarFieldContainer[int]
     running: _containers.RepeatedScalarFieldContainer[int]
     kv_usage: _containers.RepeatedScalarFieldContainer[float]
     age_s: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, endpoint: _Optional[_Iterable[str]] = ..., waiting: _Optional[_Iterable[int]] = ..., running: _Optional[_Iterable[int]] = ..., kv_usage: _Optional[_Iterable[float]] = ..., age_s: _Optional[_Iterable[float]] = ...) -> None: ...
+    eviction_rate: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, endpoint: _Optional[_Iterable[str]] = ..., waiting: _Optional[_Iterable[int]] = ..., running: _Optional[_Iterable[int]] = ..., kv_usage: _Optional[_Iterable[float]] = ..., age_s: _Optional[_Iterable[float]] = ..., eviction_rate: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionResidency(_message.Message):
     __slots__ = ("endpoint", "session", "tokens", "unknown")
