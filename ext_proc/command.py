@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from ext_proc.service import ExtProcOptions, ExtProcService
+from kvgate.admin_api.tls import TlsError
 from kvgate.config.fields import Fields
 from kvgate.config.flags import address_flag, etcd_flag, load_or_report
 from kvgate.etcd.security import EtcdSecurityError
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     options = ExtProcOptions(listen=listen, metrics=metrics, etcd_endpoints=etcd)
     try:
         service = ExtProcService(config, options)
-    except EtcdSecurityError as exc:
+    except (EtcdSecurityError, TlsError) as exc:
         print(f"ext_proc: {exc}", file=sys.stderr)
         return 2
     return run_loop(serve_until_signalled(service, "ext_proc"))

@@ -18,6 +18,7 @@ from ext_proc.metrics import ExtProcMetrics
 from ext_proc.readiness import Readiness
 from ext_proc.server import ExternalProcessor
 from kvgate.admin_api.auth import READ_TOKEN_ENV, TOKEN_ENV, load_token
+from kvgate.admin_api.tls import CA_ENV, channel_credentials
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.store import BindingStore, Unbound
@@ -69,6 +70,9 @@ class ExtProcService:
         self._etcd: EtcdClient | None = None
         # etcd.tls / etcd.auth: files and password read now (EtcdSecurityError: not started)
         self._etcd_security = etcd_security(config.etcd) if options.etcd_endpoints else None
+        # The collector's stream over TLS, with the CA the CLI takes (TlsError: not started).
+        ca = os.environ.get(CA_ENV) if config.placement.load_gate.source == "collector" else None
+        self._collector_tls = channel_credentials(ca) if ca else None
         self.store: BindingStore
         self._mirror: PrefixMirror | None = None
         self._report: ReportPublisher | None = None
@@ -197,7 +201,8 @@ class ExtProcService:
             policy.hbm = hbm = HbmBoard() if events else None
             self.feed = FleetFeed(addresses, board, policy.mix,
                                   FleetFeedMetrics(self.metrics.registry, hbm), token,
-                                  stall_s=max(2.0, 10 * settings.refresh_s), hbm=hbm)
+                                  stall_s=max(2.0, 10 * settings.refresh_s), hbm=hbm,
+                                  tls=self._collector_tls)
             self.supervisor.spawn("fleet-feed", self.feed.run)
             return policy
         scraper = EngineLoadScraper(self.directory.active_addresses, board, policy.mix,

@@ -74,8 +74,10 @@ class FleetFeed:
         self, addresses: Sequence[str], board: LoadBoard, mix: PrefillMix,
         metrics: FleetFeedMetrics, token: str | None = None,
         clock: Callable[[], float] = time.monotonic, stall_s: float = 2.0,
-        hbm: HbmBoard | None = None,
+        hbm: HbmBoard | None = None, tls: grpc.ChannelCredentials | None = None,
     ) -> None:
+        """`tls`: the admin API's CA (kvgate.admin_api.tls.channel_credentials); None: plain
+        text, fit for loopback only, since the token crosses with every stream."""
         if not addresses:
             raise ValueError("the fleet feed needs at least one collector address")
         self.addresses = tuple(addresses)
@@ -83,6 +85,7 @@ class FleetFeed:
         self._mix = mix
         self._metrics = metrics
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._tls = tls
         self._clock = clock
         # A stream silent this long is given up (a collector host gone without a reset would
         # otherwise hold it open forever) and the next address tried.
@@ -130,7 +133,8 @@ class FleetFeed:
     async def follow(self, address: str) -> bool:
         """Reads `address`'s stream until it ends; True if at least one round arrived."""
         streamed = False
-        async with grpc.aio.insecure_channel(address) as channel:
+        async with (grpc.aio.insecure_channel(address) if self._tls is None
+                    else grpc.aio.secure_channel(address, self._tls)) as channel:
             call = admin_pb2_grpc.AdminStub(channel).WatchFleetLoad(
                 pb.WatchFleetLoadRequest(), metadata=self._metadata)
             frames = aiter(call)

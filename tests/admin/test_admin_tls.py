@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
+from typing import cast
 
 import grpc
 import pytest
 import trustme
+from prometheus_client import CollectorRegistry
 
-from kvgate.admin_api.tls import TlsError, load_server_tls
+from control_plane.admin.fleet_stream import FleetStream
+from control_plane.admin.servicer import AdminServicer
+from control_plane.operations import Operations
+from control_plane.status import ControlPlaneStatus
+from ext_proc.service import ExtProcOptions, ExtProcService
+from kvgate.admin_api.tls import TlsError, channel_credentials, load_server_tls
 from kvgate.admin_api.v1 import admin_pb2, admin_pb2_grpc
+from kvgate.config import load_text
+from kvgate.config.model import HostPort
+from kvgate.fleet.collector import CollectorSettings, FleetCollector
+from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
+from kvgate.fleet.scrape import EngineScrapeMetrics
+from kvgate.placement.live import LoadBoard
+from kvgate.routing.recent import PrefillMix
 from tests.admin.admin_helpers import Fleet, StartServer, run_cli
+from tests.support.polling import eventually
 
 TOKEN = "tls-test-token-0123456789"
 
@@ -100,3 +116,54 @@ async def test_control_plane_refuses_a_missing_certificate(tmp_path: Path) -> No
     _, err = await asyncio.wait_for(child.communicate(), 30)
     assert child.returncode == 2
     assert f"cannot read admin TLS certificate {tmp_path / 'missing.pem'}" in err.decode()
+
+
+def _leading() -> CollectorSettings:
+    return CollectorSettings(True, True, 0.05, 1.0)
+
+
+async def test_a_replica_follows_the_collector_over_tls(tmp_path: Path) -> None:
+    """The fleet-state stream (`load_gate.source: collector`) with the CA the CLI takes: the
+    feed connects over TLS and gets rounds; without the CA it cannot connect at all."""
+    cert, key, ca = _files(tmp_path, trustme.CA(), "server")
+    collector = FleetCollector(lambda: [], _leading,
+                               EngineScrapeMetrics(CollectorRegistry(), "control_plane"))
+    status = ControlPlaneStatus("cp-1", "cp-1", "", "")
+    server = grpc.aio.server()
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(
+        cast(Operations, None), lambda: status,
+        FleetStream(collector, "cp-1", lambda: "cp-1")), server)
+    tls = load_server_tls(cert, key)
+    assert tls is not None
+    address = f"127.0.0.1:{server.add_secure_port('127.0.0.1:0', tls.credentials())}"
+    await server.start()
+    running = asyncio.create_task(collector.run())
+    try:
+        plain = FleetFeed([address], LoadBoard(), PrefillMix(),
+                          FleetFeedMetrics(CollectorRegistry()), stall_s=5.0)
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            await asyncio.wait_for(plain.follow(address), 30)
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        feed = FleetFeed([address], LoadBoard(), PrefillMix(),
+                         FleetFeedMetrics(CollectorRegistry()), stall_s=5.0,
+                         tls=channel_credentials(ca))
+        following = asyncio.create_task(feed.follow(address))
+        await eventually(lambda: feed.following == address, what="rounds over TLS")
+        following.cancel()
+        await asyncio.gather(following, return_exceptions=True)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        await server.stop(None)
+
+
+def test_a_replica_with_an_unreadable_collector_ca_does_not_start(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = load_text("pools: [{name: p, endpoints: [10.0.0.1:8000]}]\n"
+                       "placement: {load_gate: {source: collector}}\n")
+    options = ExtProcOptions(listen=HostPort("127.0.0.1", 0), metrics=None)
+    monkeypatch.setenv("KVGATE_ADMIN_CA", "/nonexistent/ca.pem")
+    with pytest.raises(TlsError, match=r"cannot read admin TLS CA certificate /nonexistent/ca"):
+        ExtProcService(config, options)
+    scraping = load_text("pools: [{name: p, endpoints: [10.0.0.1:8000]}]\n")
+    ExtProcService(scraping, options)  # the CA is the collector's: a scraping replica starts

@@ -67,7 +67,8 @@ class LoadGateConfig:
         ListOf(Address()), "`source: collector`: the control planes' admin APIs an ext_proc "
         "replica asks for the stream, tried in turn (only the leader streams); empty: "
         "`control_plane.admin`. Off loopback the replica sends `KVGATE_ADMIN_READ_TOKEN` (or "
-        "`KVGATE_ADMIN_TOKEN`), in plain text: an admin API with TLS is not supported here",
+        "`KVGATE_ADMIN_TOKEN`); over TLS when `KVGATE_ADMIN_CA` names the CA that signed the "
+        "admin API's certificate (`--admin-tls-cert`), as for the CLI, else in plain text",
         default=(), default_doc="`[]` (`control_plane.admin`)")
     kv_events_port: int = key(
         Integer(0, 65535), "`source: collector`: each engine's KV cache event publisher, on "
