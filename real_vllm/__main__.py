@@ -37,7 +37,7 @@ from real_vllm.calibrate import (
     run_real,
     samples_of,
 )
-from real_vllm.direct import DIRECT_MODES, ROUTES, run_real_direct
+from real_vllm.direct import DIRECT_MODES, ROUTES, direct_route
 from real_vllm.fleet import BLOCK_SIZE, EngineOptions, RealFleet, default_cores
 from real_vllm.install import VLLM_VERSION, cache_root, ensure_installed
 from real_vllm.model import ensure_model, kv_bytes_per_token, model_info
@@ -102,8 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.replay is not None:  # starts no engine: vLLM need not be installed
             workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-replay-"))
             term = {"stored": None, "on": True, "off": False}[args.prompt_term]
-            return _write(asyncio.run(replay(args.replay, models, workdir, _say, args.backend,
-                                             args.repeats, term)), args.out)
+            try:
+                replayed = asyncio.run(replay(args.replay, models, workdir, _say, args.backend,
+                                              args.repeats, term))
+            except ValueError as exc:
+                parser.error(str(exc))
+            return _write(replayed, args.out)
     try:
         env = ensure_installed()
         model = ensure_model(env, cache_root())
@@ -186,11 +190,9 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
         for r in range(repeats):
             for name, workload, runs in (("a", workload_a, real_a), ("b", workload_b, real_b)):
                 measured: dict[str, dict[str, float | None]] = {}
-                runs.append(
-                    await run_real_direct(fleet, workload, modes, _say, measured)
-                    if route == "direct" else
-                    await run_real(fleet, workload, modes, fleet.workdir / f"{name}{r}", _say,
-                                   measured))
+                runs.append(await run_real(
+                    fleet, workload, modes, fleet.workdir / f"{name}{r}", _say, measured,
+                    direct_route(fleet, _say) if route == "direct" else None))
                 engine_side[name].append(measured)
     finally:
         await fleet.stop()

@@ -34,7 +34,8 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -247,28 +248,43 @@ async def reset_prefix_caches(urls: Sequence[str]) -> None:
                 reply.raise_for_status()
 
 
-async def run_real(fleet: RealFleet, workload: Workload, modes: Sequence[RoutingMode],
-                   workdir: Path, say: Callable[[str], None],
-                   engine_side: dict[str, dict[str, float | None]] | None = None,
-                   ) -> dict[RoutingMode, DriveResult]:
-    """``engine_side``: filled with what the engines measured of each mode's run (means of
-    vLLM's queue, prefill and TTFT histograms, real_vllm.engine_side)."""
-    results: dict[RoutingMode, DriveResult] = {}
-    for mode in modes:
-        await reset_prefix_caches(fleet.urls)
+# How one mode's requests reach the real engines: a context giving the client's options.
+Route = Callable[[RoutingMode, Path], AbstractAsyncContextManager[DriveOptions]]
+
+
+def through_gateway(fleet: RealFleet, say: Callable[[str], None]) -> Route:
+    """kvgate's gateway in front of the engines, one per mode's run."""
+    @asynccontextmanager
+    async def route(mode: RoutingMode, workdir: Path) -> AsyncIterator[DriveOptions]:
         # One Envoy worker, as `bench --compare` runs: one round-robin rotation.
-        stack = Stack(real_config(fleet.addresses), workdir / f"real-{mode}", mode=mode,
-                      envoy_workers=1)
+        stack = Stack(real_config(fleet.addresses), workdir, mode=mode, envoy_workers=1)
         say(f"real {mode}: gateway in front of {len(fleet.urls)} vLLM engines")
         await stack.start()
         try:
-            before = await read_totals(fleet.urls)
-            results[mode] = await drive(workload, DriveOptions(
-                f"http://{stack.config.listener}", engines=fleet.urls, label=f"real {mode}"))
-            if engine_side is not None:
-                engine_side[str(mode)] = means(before, await read_totals(fleet.urls))
+            yield DriveOptions(f"http://{stack.config.listener}", engines=fleet.urls,
+                               label=f"real {mode}")
         finally:
             await stack.stop()
+    return route
+
+
+async def run_real(fleet: RealFleet, workload: Workload, modes: Sequence[RoutingMode],
+                   workdir: Path, say: Callable[[str], None],
+                   engine_side: dict[str, dict[str, float | None]] | None = None,
+                   route: Route | None = None) -> dict[RoutingMode, DriveResult]:
+    """Each mode's run, the engines' caches emptied first; ``route``: how the requests reach
+    them (default: through the gateway; real_vllm.direct: the client routing). ``engine_side``:
+    filled with what the engines measured of each run (means of vLLM's queue, prefill and TTFT
+    histograms, real_vllm.engine_side)."""
+    route = route or through_gateway(fleet, say)
+    results: dict[RoutingMode, DriveResult] = {}
+    for mode in modes:
+        await reset_prefix_caches(fleet.urls)
+        async with route(mode, workdir / f"real-{mode}") as options:
+            before = await read_totals(fleet.urls)
+            results[mode] = await drive(workload, options)
+            if engine_side is not None:
+                engine_side[str(mode)] = means(before, await read_totals(fleet.urls))
     return results
 
 

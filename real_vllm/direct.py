@@ -19,18 +19,17 @@ gateway run's; both halves of one calibration share this router, so they compare
 from __future__ import annotations
 
 import json
-import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from bench.client import DriveOptions, DriveResult, drive
 from benchkit.fleet_options import emulator_flags
 from emulator.options import EmulatorOptions
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.children.child import Child
-from real_vllm.calibrate import reset_prefix_caches
-from real_vllm.engine_side import means, read_totals
+from real_vllm.calibrate import Route
 from real_vllm.fleet import RealFleet
+from stack.emulated import emulator_child, written
 from workload.model import Workload
 
 ROUTES = ("gateway", "direct")
@@ -73,19 +72,14 @@ def direct_options(mode: RoutingMode, urls: Sequence[str], label: str,
                         route=DirectRoutes(mode, urls))
 
 
-async def run_real_direct(fleet: RealFleet, workload: Workload, modes: Sequence[RoutingMode],
-                          say: Say, engine_side: dict[str, dict[str, float | None]] | None = None,
-                          ) -> dict[RoutingMode, DriveResult]:
-    """real_vllm.calibrate.run_real without the gateway: each mode's run sent by the client."""
-    results: dict[RoutingMode, DriveResult] = {}
-    for mode in modes:
-        await reset_prefix_caches(fleet.urls)
+def direct_route(fleet: RealFleet, say: Say) -> Route:
+    """real_vllm.calibrate.run_real's route without the gateway: the client sends each
+    request to the engine the mode picks."""
+    @asynccontextmanager
+    async def route(mode: RoutingMode, workdir: Path) -> AsyncIterator[DriveOptions]:
         say(f"real {mode}: the client routing to {len(fleet.urls)} vLLM engines itself")
-        before = await read_totals(fleet.urls)
-        results[mode] = await drive(workload, direct_options(mode, fleet.urls, f"real {mode}"))
-        if engine_side is not None:
-            engine_side[str(mode)] = means(before, await read_totals(fleet.urls))
-    return results
+        yield direct_options(mode, fleet.urls, f"real {mode}")
+    return route
 
 
 async def run_emulated_direct(options: EmulatorOptions, workload: Workload,
@@ -95,25 +89,16 @@ async def run_emulated_direct(options: EmulatorOptions, workload: Workload,
     the client routing as on the real half."""
     results: dict[RoutingMode, DriveResult] = {}
     for mode in modes:
-        run = workdir / str(mode).replace("+", "-")
-        ready = run / "fleet.json"
-        child = Child("engines", [
-            sys.executable, "-m", "emulator", "--instances", str(options.instances), "--port", "0",
-            "--ready-file", str(ready), "--time-scale", repr(options.time_scale),
-            "--no-ddr-pool", *emulator_flags(options)], run / "engines.log")
+        child, ready = emulator_child(options.instances, [
+            "--time-scale", repr(options.time_scale), "--no-ddr-pool",
+            *emulator_flags(options)], workdir / str(mode).replace("+", "-"))
         say(f"emulated {mode}: {options.instances} engines, the client routing itself")
         await child.start()
         try:
-            await child.wait_ready(_exists(ready), within=60)
+            await child.wait_ready(written(ready), within=60)
             urls = [f"http://{a}" for a in json.loads(ready.read_text())["engines"]]
             results[mode] = await drive(workload, direct_options(
                 mode, urls, f"emulated {mode}", options.time_scale))
         finally:
             await child.stop()
     return results
-
-
-def _exists(path: Path) -> Callable[[], Awaitable[bool]]:
-    async def probe() -> bool:
-        return path.exists()  # noqa: ASYNC240 (a stat while polling for the ready file)
-    return probe

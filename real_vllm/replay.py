@@ -43,7 +43,7 @@ async def emulate_once(options: EmulatorOptions, workload: Workload,
                        say: Say, route: str = "gateway") -> dict[str, dict[str, Any]]:
     """One run per mode; each mode's figures. ``route``: through the gateway, or ``direct``
     (the client routing, real_vllm.direct)."""
-    if route == "direct":
+    if route == "direct":  # (live only: replay refuses a simulated direct run)
         direct = await run_emulated_direct(options, workload, modes, workdir, say)
         return {str(m): r.stats.figures() for m, r in direct.items()}
     if backend == "sim":
@@ -124,6 +124,12 @@ async def replay(directory: Path, models: Sequence[str], workdir: Path, say: Say
     term or without; None: as the stored fits were made)."""
     data = json.loads((directory / "calibration.json").read_text())
     describe = data["describe"]
+    # A run routed by the client is replayed the same way (runs before --route: the gateway).
+    route = describe.get("route", "gateway")
+    if route == "direct" and backend != "live":
+        raise ValueError(f"{directory}: its real half was routed by the client (--route "
+                         "direct), which only the live emulator can replay; not --backend "
+                         f"{backend} (the simulator has its own gateway)")
     # By default fitted as the stored run was: with the per-prompt-token term only if its fits
     # had it.
     stored_fit = next(iter((data.get("idle_fits") or {"": data["idle_fit"]}).values()))
@@ -137,8 +143,6 @@ async def replay(directory: Path, models: Sequence[str], workdir: Path, say: Say
     real = {"a": stored_runs(data["workload_a"]), "b": stored_runs(data["workload_b"])}
     modes = [RoutingMode(m) for m in real["a"]]
     engine = (describe["engines"], describe["kv_tokens_per_engine"], EngineOptions.max_num_seqs)
-    # A run routed by the client is replayed the same way (runs before --route: the gateway).
-    route = describe.get("route", "gateway")
     rows = await emulated_half(stored_workloads(describe), real, {"a": idle, "b": loaded},
                                modes, engine, workdir, say, backend, repeats, route)
     return {

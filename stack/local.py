@@ -23,6 +23,7 @@ from kvgate.runtime.children.child import Child, ChildFailed
 from kvgate.runtime.children.envoy import envoy_child, envoy_ready
 from kvgate.runtime.children.etcd import embedded_etcd, etcd_ready
 from kvgate.runtime.children.ports import free_ports, port_in_use
+from stack.emulated import emulator_child, written
 
 
 @dataclass
@@ -115,22 +116,9 @@ class Stack:
             raise ChildFailed(f"port already in use: {', '.join(busy)} (change it in the YAML)")
 
     async def _start_fleet(self) -> None:
-        ready = self.workdir / "fleet.json"
-        ready.unlink(missing_ok=True)
-        child = Child(
-            "engines",
-            [
-                sys.executable, "-m", "emulator", "--instances", str(self.emulated_engines),
-                "--port", "0", "--ready-file", str(ready), *self.emulator_args,
-            ],
-            self.workdir / "engines.log",
-        )
-
-        async def listening() -> bool:
-            return ready.exists()
-
+        child, ready = emulator_child(self.emulated_engines, self.emulator_args, self.workdir)
         await self._launch(child, f"{self.emulated_engines} emulated vLLM engines + DDR pool",
-                           listening)
+                           written(ready))
         fleet = json.loads(ready.read_text())
         pool = Pool(
             name="default",

@@ -56,3 +56,13 @@ async def test_the_emulated_half_runs_without_a_gateway(tmp_path: Path) -> None:
     # A session kept on one engine finds its own prefix there; taken in turn it often does not.
     assert affinity.stats.figures()["hit_rate"] > rr.stats.figures()["hit_rate"] + 0.1
     assert (tmp_path / "affinity" / "engines.log").exists()
+
+
+def test_a_direct_run_is_not_replayed_through_the_simulators_gateway(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stored = Path(__file__).resolve().parents[2] / "docs/results/calibration/direct-frontend-core"
+    with pytest.raises(SystemExit):
+        main.main(["calibrate", "--replay", str(stored), "--backend", "sim",
+                   "--workdir", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert "routed by the client (--route direct)" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

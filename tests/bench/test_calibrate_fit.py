@@ -171,7 +171,8 @@ def test_calibrate_repeats_and_writes_what_replay_reads(
     async def run_real(fleet: object, workload: object, modes: list[RoutingMode],
                        workdir: Path, say: object,
                        engine_side: dict[str, dict[str, float | None]] | None = None,
-                       ) -> dict[RoutingMode, DriveResult]:
+                       route: object = None) -> dict[RoutingMode, DriveResult]:
+        assert route is None  # through the gateway, as calibrate runs by default
         ttft = 0.2 if workdir.name.startswith("a") else 0.3
         if engine_side is not None:  # what the engines' histograms would say of the run
             engine_side.update({str(m): {"queue_s": 0.01, "prefill_s": 0.05,
