@@ -8,7 +8,10 @@ Every session is bound first; each measured request carries `content-length: 200
 gate on it is sized and booked on the ledger (engines priced as instant: no backlog builds, the
 sticky path under the gate's threshold is what is measured). With the gate on, three ways
 the engines' figures reach the board: none, put one by one (a scrape), or one collector round
-kept as columns (kvgate.placement.live.ObservedRound), each engine made on first read.
+kept as columns (kvgate.placement.live.ObservedRound), each engine made on first read; and the
+round with HBM residency from the engines' KV events (kvgate.fleet.hbm_board.HbmBoard: every
+session's context in its engine's HBM, every engine's eviction rate known), which prices the
+stay and asks whether to re-home.
 """
 
 from __future__ import annotations
@@ -21,22 +24,25 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.config import load_text
 from kvgate.endpoints import EndpointDirectory
+from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad, ObservedRound
 from kvgate.routing import STATIC, GatedPolicy, Pipeline, Policy
 from kvgate.routing.handler import DecisionMetrics, RequestHandler
 from kvgate.routing.sources import SessionSources
+from kvgate.session import normalize_session
 
 CONFIG = load_text("pools: [{name: p, kv_pool: a, endpoints: "
                    "[10.0.0.1:1, 10.0.0.2:1, 10.0.0.3:1, 10.0.0.4:1]}]\n")
 
 
 ENGINES = [e.key for e in CONFIG.pools[0].endpoints]
-FIGURES = ("none", "scraped", "round")
+FIGURES = ("none", "scraped", "round", "round+hbm")
 
 
 def board_with(figures: str) -> LoadBoard:
@@ -47,11 +53,22 @@ def board_with(figures: str) -> LoadBoard:
     if figures == "scraped":
         for engine in ENGINES:
             board.observe(engine, ObservedLoad(at, running=1, kv_usage=0.5))
-    elif figures == "round":
+    elif figures.startswith("round"):
         count = len(ENGINES)
         board.observe_round(ObservedRound({e: i for i, e in enumerate(ENGINES)}, at,
                                           [0.0] * count, [0] * count, [1] * count,
                                           [0.5] * count, 0.1))
+    return board
+
+
+def resident(sessions: int) -> HbmBoard:
+    """Every session's context whole in every engine's HBM, every engine evicting."""
+    keys = [normalize_session(f"bench-{i}".encode()) for i in range(sessions)]
+    board = HbmBoard()
+    board.apply(pb.FleetLoad(
+        loads=pb.EngineLoads(endpoint=ENGINES, eviction_rate=[10.0] * len(ENGINES)),
+        residency=[pb.SessionResidency(endpoint=e, session=k, tokens=100_000)
+                   for e in ENGINES for k in keys if k is not None]))
     return board
 
 
@@ -60,6 +77,9 @@ async def per_decision(gate_on: bool, decisions: int, sessions: int,
     """CPU seconds per sticky decision."""
     policy: Policy = (GatedPolicy(EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
                                   GateConfig(), board_with(figures)) if gate_on else STATIC)
+    if figures == "round+hbm":
+        assert isinstance(policy, GatedPolicy)
+        policy.hbm = resident(sessions)
     pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, policy=policy)
     handler = RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics(), "p",
                              bytes_per_token=4.0 if gate_on else None)

@@ -9,6 +9,8 @@ Usage::
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Collection
 from types import TracebackType
 from typing import Self
 
@@ -33,9 +35,14 @@ log = structlog.get_logger("emulator.fleet")
 class Fleet:
     """An emulated fleet; ``await start()`` binds everything, ``await stop()`` releases it."""
 
-    def __init__(self, options: EmulatorOptions) -> None:
+    def __init__(self, options: EmulatorOptions, fleet_ports: Collection[int] = ()) -> None:
+        """`fleet_ports`: the ports every instance of the whole fleet will take, in this
+        process or others (`--processes`), which the pool's free port must not be."""
         options.validate()
         self.options = options
+        self._fleet_ports = {*fleet_ports, *options.ports,
+                             *(range(options.port, options.port + options.instances)
+                               if options.port else ())}
         self.clock = EmulatedClock(options.time_scale)
         self.servers: list[EngineServer] = []
         self.pool: DdrPool | None = None  # the pool model, when this process hosts it
@@ -73,7 +80,7 @@ class Fleet:
                                   self.clock, opts.kv_bytes_per_token)
         # Instances here use the model directly; the HTTP service is for other processes.
         self._pool_client = LocalPoolClient(self.pool_host)
-        sock = bind_socket(opts.host, opts.pool_port)
+        sock = self._pool_socket()
         port = sock.getsockname()[1]
         self._pool_runner = web.AppRunner(
             make_pool_app(self.pool_host), handle_signals=False, access_log=None,
@@ -84,6 +91,21 @@ class Fleet:
         host = f"[{opts.host}]" if ":" in opts.host else opts.host
         self.pool_url = f"http://{host}:{port}"
         log.info("pool_listening", url=self.pool_url, capacity_blocks=self.pool.capacity_blocks)
+
+    def _pool_socket(self) -> socket.socket:
+        """The pool's socket; on a free port, never one an instance is about to take (the
+        kernel may hand out a port a caller chose for an instance and released)."""
+        opts = self.options
+        taken: list[socket.socket] = []  # held until a good one is found, so none comes back
+        try:
+            while True:
+                sock = bind_socket(opts.host, opts.pool_port)
+                if opts.pool_port or sock.getsockname()[1] not in self._fleet_ports:
+                    return sock
+                taken.append(sock)
+        finally:
+            for sock in taken:
+                sock.close()
 
     async def _start_engines(self) -> None:
         opts = self.options

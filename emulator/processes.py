@@ -40,7 +40,7 @@ def shares(instances: int, processes: int) -> list[range]:
     return out
 
 
-def _ports(options: EmulatorOptions) -> tuple[int, ...]:
+def fleet_ports(options: EmulatorOptions) -> tuple[int, ...]:
     """Every instance's port, or () when all take free ports."""
     if options.ports:
         return options.ports
@@ -52,7 +52,7 @@ def _ports(options: EmulatorOptions) -> tuple[int, ...]:
 def share_options(options: EmulatorOptions, share: range, pool_url: str | None) -> EmulatorOptions:
     """The options of the process serving ``share``: the first hosts the pool, sized for the
     whole fleet; the others join it (or run without one, as the fleet does)."""
-    ports = _ports(options)
+    ports = fleet_ports(options)
     mine = dataclasses.replace(
         options, instances=len(share), port=0, first_index=share.start, processes=1,
         ports=tuple(ports[share.start:share.stop]) if ports else (),

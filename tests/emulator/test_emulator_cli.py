@@ -32,7 +32,9 @@ ENTRY_POINTS = {
 
 def wait_for_file(path: Path, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
     def written() -> bool:
-        assert proc.poll() is None, f"emulator exited early: {proc.returncode}"
+        if proc.poll() is not None:
+            said = proc.stderr.read().decode(errors="replace")[-2000:] if proc.stderr else ""
+            raise AssertionError(f"emulator exited early: {proc.returncode}\n{said}")
         return path.exists()
 
     eventually_sync(written, what="the ready file")

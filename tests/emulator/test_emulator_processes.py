@@ -158,3 +158,29 @@ def test_more_processes_than_instances_is_refused(flags: list[str]) -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "processes must be between 1 and the instances (2)" in done.stderr
+
+
+async def test_the_pools_free_port_is_never_one_an_instance_will_take(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernel may hand the pool (port 0) a port the caller chose for an instance and
+    released: the fleet takes another, instead of failing to start the instance."""
+    from emulator import fleet as fleet_module
+    from emulator.fleet import Fleet
+    from emulator.listen import bind_socket
+
+    mine, theirs = free_ports(2)  # this process's instance, and another process's
+    handed = [mine, theirs]  # what the "kernel" hands out for port 0 first
+
+    def kernel(host: str, port: int) -> Any:
+        return bind_socket(host, handed.pop(0) if port == 0 and handed else port)
+
+    monkeypatch.setattr(fleet_module, "bind_socket", kernel)
+    fleet = Fleet(EmulatorOptions(instances=1, ports=(mine,), time_scale=0),
+                  fleet_ports=(mine, theirs))
+    await fleet.start()
+    try:
+        assert fleet.engines == [f"127.0.0.1:{mine}"]
+        assert fleet.pool_url is not None
+        assert int(fleet.pool_url.rsplit(":", 1)[1]) not in (mine, theirs)
+    finally:
+        await fleet.stop()

@@ -1,4 +1,4 @@
-"""Where a simulated mode's DDR reads come from (bench/ddr_reads.py), and the per-request reads
+"""Where a simulated mode's DDR reads come from (simulator/ddr_reads.py), and the per-request reads
 it is counted from (SimResult.ddr_tokens)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from bench import ddr_reads
 from emulator.options import EmulatorOptions
 from kvgate.contract.modes import RoutingMode
+from simulator import ddr_reads
 from simulator.run import SimConfig, simulate
 from workload.bank import BankCodingOptions, bank_coding
 

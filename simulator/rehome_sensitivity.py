@@ -2,22 +2,19 @@
 on its constants: agentic-coding at 960 sessions with HBM residency, each constant halved and
 doubled in turn, kvgate's DDR read per request and TTFT p99 beside the constants as they are.
 
-    python bench/rehome_sensitivity.py [--seed N] [kvgate simulate flags...]
+    python -m simulator.rehome_sensitivity [--seed N] [kvgate simulate flags...]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchkit.inputs import engines_and_workload
 from kvgate.contract.modes import RoutingMode
 from kvgate.placement import evictions
 from kvgate.routing import gated
-from kvgate_cli.main import build_parser
-from simulator.command import hashed, router_settings
+from simulator.command import add_arguments, hashed, router_settings
 from simulator.run import simulate
 from simulator.setup import SimConfig
 
@@ -25,9 +22,15 @@ from simulator.setup import SimConfig
 CONSTANTS = ((gated, "REHOME_HELD_BELOW"), (gated, "REHOME_RATE_RATIO"), (evictions, "WINDOW_S"))
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)  # kvgate simulate's flags
+    return parser
+
+
 def main(argv: list[str]) -> int:
-    args = build_parser("simulate").parse_args([
-        "simulate", "--quiet", "--jobs", "1", "--workload", "agentic-coding", "--sessions", "960",
+    args = _parser().parse_args([
+        "--quiet", "--jobs", "1", "--workload", "agentic-coding", "--sessions", "960",
         "--hbm-residency", "on", *argv])
     options, workload = engines_and_workload(args, check=lambda engines: None)
     config = SimConfig(options, args.load_factor, events=[], progress=False, addresses=[],

@@ -2,8 +2,8 @@
 engine of their previous turn (their context reloaded from the pool after that engine's HBM
 evicted it), and turns that moved; and how they spread over the engines.
 
-    python bench/ddr_reads.py MODE [kvgate simulate flags...]
-    python bench/ddr_reads.py affinity+ddr --workload agentic-coding --sessions 960 \\
+    python -m simulator.ddr_reads MODE [kvgate simulate flags...]
+    python -m simulator.ddr_reads affinity+ddr --workload agentic-coding --sessions 960 \\
         --hbm-residency on
 
 Counts the requests `kvgate simulate` measures (after its warm-up), in tokens read from the
@@ -12,18 +12,21 @@ pool, as its "DDR read per request" does in bytes.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections import defaultdict
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchkit.inputs import engines_and_workload
 from kvgate.contract.modes import RoutingMode
-from kvgate_cli.main import build_parser
-from simulator.command import hashed, router_settings
+from simulator.command import add_arguments, hashed, router_settings
 from simulator.run import simulate
 from simulator.setup import SimConfig
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_arguments(parser)  # kvgate simulate's flags
+    return parser
 
 
 def main(argv: list[str]) -> int:
@@ -31,7 +34,7 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     mode = RoutingMode(argv[0])
-    args = build_parser("simulate").parse_args(["simulate", "--quiet", "--jobs", "1", *argv[1:]])
+    args = _parser().parse_args(["--quiet", "--jobs", "1", *argv[1:]])
     options, workload = engines_and_workload(args, check=lambda engines: None)
     config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
                        progress=False, addresses=[], **router_settings(args))
