@@ -130,7 +130,7 @@ class GatedPolicy:
         moved_at = None if known.seen is None else known.seen.moved_at
         if moved_at is not None and now - moved_at < config.cooldown_s:
             return None
-        if self.hbm is not None and known.seen is not None:
+        if self.hbm is not None:
             home = self.rehome(placing, endpoint, known)
             if home is not None:
                 return home
@@ -147,13 +147,15 @@ class GatedPolicy:
         move to, where it will stay longer: the one evicting slowest, at most
         `REHOME_RATE_RATIO` of `current`'s rate, whose estimate is no later than staying's
         plus the read of what `current` still holds. None: it stays."""
-        hbm, size, now = self.hbm, known.size, known.now
-        context = size.context_tokens
+        hbm, seen, now = self.hbm, known.seen, known.now
+        # From the tuple, not `known.size`: the sticky path makes no object (Ledger.kept).
+        context = 0 if seen is None else seen.tokens
         if hbm is None or context <= 0:
             return None
         held = hbm.hbm_tokens(current, known.session, context)
         if held is None or held >= REHOME_HELD_BELOW * context:
             return None
+        size = known.size
         rate = hbm.eviction_rate(current)
         if not rate:  # unknown, or it evicts nothing: its HBM is not why the context left
             return None
