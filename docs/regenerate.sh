@@ -38,6 +38,9 @@ group_results() {
     echo "$S --modes affinity+ddr,prefix-score --hbm-residency on --workload agentic-coding --sessions 960 --out docs/results --name simulate-hbm-residency-agentic-coding-960"
     echo "$S --modes affinity+ddr,round_robin+ddr,sticky+ddr,prefix-score --hbm-residency on --out docs/results --name simulate-hbm-residency-bank-coding"
     echo "$S --modes affinity+ddr,prefix-score --hbm-residency on --pool-hbm-multiple 1 --out docs/results --name simulate-hbm-residency-small-pool-bank-coding"
+    for n in 1440 1920; do
+        echo "$S --modes affinity+ddr,prefix-score --hbm-residency on --workload agentic-coding --sessions $n --out docs/results --name simulate-hbm-residency-agentic-coding-$n"
+    done
     echo "kvgate simulate --jobs 2 --quiet --engines 1000 --sessions 100000 --block-size 512 --modes round_robin,ring_hash,affinity,round_robin+ddr,affinity+ddr,sticky+ddr --out docs/results --name simulate-fleet-1000-engines"
 }
 
