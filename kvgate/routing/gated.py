@@ -26,7 +26,7 @@ score, and the booking that keeps its load board and memory of sessions current.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
@@ -159,20 +159,14 @@ class GatedPolicy:
         rate = hbm.eviction_rate(current)
         if not rate:  # unknown, or it evicts nothing: its HBM is not why the context left
             return None
-        view = placing.view
-        kv_pool = view.kv_pool_of(current)
-        same_kv = view.ring_for(kv_pool, current) if kv_pool is not None else None
-        whole = view.ring_for(None, None)
-        if same_kv is None or whole is None or same_kv is whole:
-            return None  # no sibling shares its DDR pool
-        bound = LoadBound(view, whole, placing.loads, placing.load_factor, extra=0)
+        siblings = _ddr_siblings(placing, current)
+        if siblings is None:
+            return None
         backlog = self.board.backlog_s(current, now)
         stay = self.estimate.seconds(Candidate(current, backlog, size.prompt_tokens,
                                                hbm_tokens=held, ddr_tokens=context - held))
         limit = stay + self.cost.transfer_s(held)
         best, best_rate = None, REHOME_RATE_RATIO * rate
-        siblings = (a for a in same_kv.ring.walk(placing.hash_value)
-                    if a != current and bound.admits(a))
         for address in islice(siblings, self.config.candidates):
             sibling_rate = hbm.eviction_rate(address)
             if (sibling_rate is not None and sibling_rate < best_rate
@@ -183,13 +177,11 @@ class GatedPolicy:
     def move(self, placing: Placing, current: str, backlog: float, known: Known) -> Move | None:
         """The DDR-pool sibling a session on `current` (with `backlog` seconds queued) should
         move to, if moving saves enough; cooldown and threshold are `reconsider`'s."""
-        view, config, now, size = placing.view, self.config, known.now, known.size
-        kv_pool = view.kv_pool_of(current)
-        same_kv = view.ring_for(kv_pool, current) if kv_pool is not None else None
-        whole = view.ring_for(None, None)
-        if same_kv is None or whole is None or same_kv is whole:
-            return None  # no sibling shares its DDR pool
-        bound = LoadBound(view, whole, placing.loads, placing.load_factor, extra=0)
+        config, now, size = self.config, known.now, known.size
+        siblings = _ddr_siblings(placing, current)
+        if siblings is None:
+            return None
+        kv_pool = placing.view.kv_pool_of(current)
         # What the pool holds of the context, where known: the sibling reads that and prefills
         # the rest, so the estimate is the move's own and needs no miss-safe doubt.
         held = (None if self.residency is None or kv_pool is None
@@ -203,8 +195,6 @@ class GatedPolicy:
         stay = self.estimate.seconds(Candidate(current, backlog, size.prompt_tokens,
                                                hbm_tokens=in_hbm,
                                                ddr_tokens=max(0, ddr - in_hbm)))
-        siblings = (a for a in same_kv.ring.walk(placing.hash_value)
-                    if a != current and bound.admits(a))
         best, best_s = _least(
             (address, self.score(address, now, size, ddr_tokens=ddr))
             for address in islice(siblings, config.candidates))
@@ -221,6 +211,20 @@ class GatedPolicy:
             # that is no worse even so is taken.
             return None
         return Move(best, stay, best_s)
+
+
+def _ddr_siblings(placing: Placing, current: str) -> Iterator[str] | None:
+    """`current`'s siblings in its DDR pool under the whole pool's load bound, in ring order;
+    None: no sibling shares its DDR pool."""
+    view = placing.view
+    kv_pool = view.kv_pool_of(current)
+    same_kv = view.ring_for(kv_pool, current) if kv_pool is not None else None
+    whole = view.ring_for(None, None)
+    if same_kv is None or whole is None or same_kv is whole:
+        return None
+    bound = LoadBound(view, whole, placing.loads, placing.load_factor, extra=0)
+    return (a for a in same_kv.ring.walk(placing.hash_value)
+            if a != current and bound.admits(a))
 
 
 # rehome: the context has mostly left its engine's HBM (less than this share still there) ...
