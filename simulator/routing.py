@@ -13,7 +13,7 @@ from emulator.ddr_pool import DdrPool
 from emulator.prefix_cache import PrefixCache
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.contract.modes import RoutingMode
-from kvgate.contract.states import EndpointState
+from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.evictions import EvictionRate
@@ -203,7 +203,7 @@ class AffinityRouter:
         store = MemoryBindingStore(idle_ttl=idle_ttl, clock=clock)
         self._policy = policy
         self._pipeline = Pipeline(store, self._directory, load_factor, policy=policy)
-        self.moves = 0  # sessions the gate moved for load
+        self.moves = 0  # sessions the gate moved (for load, or re-homed off an evicting engine)
 
     async def route(self, ask: Ask, now: float) -> str | None:
         if self._holdings is not None:
@@ -214,7 +214,7 @@ class AffinityRouter:
             decision = await self._pipeline.decide(POOL, ask.session.encode(), ask.prompt_tokens)
         except DecisionError:
             return None
-        if decision.reason is not None and decision.reason.value == "load":
+        if decision.reason in (MoveReason.LOAD, MoveReason.EVICTED):
             self.moves += 1
         return decision.endpoints[0] if decision.endpoints else None
 

@@ -18,5 +18,8 @@ class MoveReason(StrEnum):
 
     FAILED = "failed"  # its endpoint failed
     DRAINED = "drained"  # its endpoint was drained past its deadline, or left the pool
-    LOAD = "load"  # the load gate: a DDR-pool sibling answers sooner, or keeps contexts longer
+    LOAD = "load"  # a sibling in its DDR pool would answer sooner (the load gate)
+    # Its context had left its engine's HBM and a DDR-pool sibling evicts slower (the load
+    # gate's re-homing, from the engines' KV events)
+    EVICTED = "evicted"
     MANUAL = "manual"  # an operator's `kvgate sessions move`

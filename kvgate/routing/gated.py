@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
-from kvgate.contract.states import EndpointState
+from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
@@ -40,6 +40,7 @@ from kvgate.routing.policy import (
     BookingHook,
     HbmResidency,
     Known,
+    Moved,
     Placing,
     PoolResidency,
     PromptSize,
@@ -121,7 +122,7 @@ class GatedPolicy:
                       for address in islice(found, self.config.candidates))[0]
 
     def reconsider(self, placing: Placing, endpoint: str, state: EndpointState,
-                   known: Known) -> str | None:
+                   known: Known) -> Moved | None:
         """A DDR-pool sibling that answers sooner by enough (or, its context evicted, keeps it
         longer: `rehome`), for a session on an active endpoint; None: it stays."""
         config, now = self.config, known.now
@@ -133,14 +134,14 @@ class GatedPolicy:
         if self.hbm is not None:
             home = self.rehome(placing, endpoint, known)
             if home is not None:
-                return home
+                return Moved(home, MoveReason.EVICTED)
         # Moving saves at most this engine's backlog (the prefill is the same anywhere): under
         # the threshold nothing else is looked at, so the sticky path stays O(1).
         backlog = self.board.backlog_s(endpoint, now)
         if backlog < config.min_saving_s:
             return None
         move = self.move(placing, endpoint, backlog, known)
-        return None if move is None else move.endpoint
+        return None if move is None else Moved(move.endpoint, MoveReason.LOAD)
 
     def rehome(self, placing: Placing, current: str, known: Known) -> str | None:
         """The DDR-pool sibling a session whose context has mostly left `current`'s HBM should

@@ -28,11 +28,13 @@ from kvgate.routing.decision import (
     Outcome,
     UnknownPool,
 )
-from kvgate.routing.policy import STATIC, Known, Placing, Policy
+from kvgate.routing.policy import STATIC, Known, Moved, Placing, Policy
 from kvgate.session import SessionIds
 
 # A binding to an endpoint in these states stays; a failed or removed one's is re-placed.
 _KEEPS_SESSIONS = (EndpointState.ACTIVE, EndpointState.DRAINING)
+# The load gate's moves: optional (one etcd does not take now is not made, it would split).
+_GATE_MOVES = (MoveReason.LOAD, MoveReason.EVICTED)
 
 
 class Directory(Protocol):
@@ -77,28 +79,29 @@ class Pipeline:
         policy = self.policy
         known = policy.known(pool, session, prompt_tokens)
         state = None if binding is None else view.state(binding.endpoint)
-        target: str | None = None
+        moved: Moved | None = None
         if binding is not None and state in _KEEPS_SESSIONS:
             assert state is not None
             if not self._store.degraded:  # a move the other replicas cannot see splits it
                 placing = Placing(view, hash_value, self._store.load(pool), self._load_factor)
-                target = policy.reconsider(placing, binding.endpoint, state, known)
-            if target is None:
+                moved = policy.reconsider(placing, binding.endpoint, state, known)
+            if moved is None:
                 self._store.touch(binding)
                 for hook in policy.hooks:
                     hook.kept(pool, session, binding.endpoint, known)
                 return self._decision(Outcome.STICKY, view, hash_value, binding.endpoint,
                                       session)
         return await self._place(pool, session, view, hash_value, binding, state, known,
-                                 target)
+                                 moved)
 
     async def _place(self, pool: str, session: str, view: PoolView, hash_value: int,
                      binding: Binding | None, state: EndpointState | None, known: Known,
-                     target: str | None) -> Decision:
+                     moved: Moved | None) -> Decision:
         """A new session, one whose endpoint failed or left, or one the policy moves."""
         reason: MoveReason | None = None
-        if target is not None:
-            reason = MoveReason.LOAD
+        target = None if moved is None else moved.endpoint
+        if moved is not None:
+            reason = moved.reason
         elif binding is not None:
             reason = MoveReason.FAILED if state is EndpointState.FAILED else MoveReason.DRAINED
         outcome = Outcome.NEW if binding is None else Outcome.REBIND
@@ -181,7 +184,7 @@ class Pipeline:
         # Memory keeps no ring hash per binding; the stored value carries it for the failover.
         # A move for load is optional: one etcd does not take now is not made (it would split).
         return await self._store.move(replace(current, hash=hash_value), target, reason,
-                                      optional=reason is MoveReason.LOAD)
+                                      optional=reason in _GATE_MOVES)
 
 
 def _ring(view: PoolView, hash_value: int, prefer_kv_pool: str | None = None,

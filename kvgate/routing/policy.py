@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from kvgate.contract.states import EndpointState
+from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement.pick import place
 from kvgate.placement.view import PoolView
 from kvgate.routing.recent import Seen
@@ -70,6 +70,13 @@ class HbmResidency(Protocol):
         ...
 
 
+class Moved(NamedTuple):
+    """A bound session the policy moves: where, and why."""
+
+    endpoint: str
+    reason: MoveReason
+
+
 class Placing(NamedTuple):
     """Where a session is being placed: its pool's view, ring hash and session counts."""
 
@@ -103,8 +110,9 @@ class Policy(Protocol):
         ...
 
     def reconsider(self, placing: Placing, endpoint: str, state: EndpointState,
-                   known: Known) -> str | None:
-        """Where a session bound to `endpoint` (active or draining) should move, or None."""
+                   known: Known) -> Moved | None:
+        """Where a session bound to `endpoint` (active or draining) should move and why, or
+        None."""
         ...
 
     def place(self, placing: Placing, known: Known, *, prefer_kv_pool: str | None,
@@ -127,7 +135,7 @@ class StaticPolicy:
         return NOTHING_KNOWN  # nothing read, nothing allocated on the sticky path
 
     def reconsider(self, placing: Placing, endpoint: str, state: EndpointState,
-                   known: Known) -> str | None:
+                   known: Known) -> Moved | None:
         return None
 
     def place(self, placing: Placing, known: Known, *, prefer_kv_pool: str | None,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvgate.contract.states import EndpointState
+from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement import session_hash
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.evictions import MIN_SPAN_S, WINDOW_S, EvictionRate
@@ -52,7 +52,10 @@ def _decide(engines: Engines, board: LoadBoard | None = None, view: PoolView | N
                          clock=lambda: now, hbm=engines)
     known = Known(now, PROMPT, Seen(CONTEXT, moved_at), "s")
     placing = Placing(view, HASH, {current: 1}, 1.25)
-    return policy.reconsider(placing, current, EndpointState.ACTIVE, known), current
+    moved = policy.reconsider(placing, current, EndpointState.ACTIVE, known)
+    if moved is not None:
+        assert moved.reason is MoveReason.EVICTED  # told apart from a move for load
+    return None if moved is None else moved.endpoint, current
 
 
 def _engines(current_held: int, current_rate: float | None, sibling_rate: float | None

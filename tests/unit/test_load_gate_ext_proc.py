@@ -142,3 +142,35 @@ async def test_handler_estimates_the_prompt_from_content_length_and_counts_rebin
     for bad in (b"", b"-1", b"12x"):
         answer = await handler.decide(None, {"x-session-id": b"s2", "content-length": bad}, None)
         assert answer.outcome in (Outcome.NEW, Outcome.STICKY)
+
+
+class Evicting:
+    """The engines' HBM residency: `home` has lost the session's context and evicts fast."""
+
+    def __init__(self, home: str) -> None:
+        self.home = home
+
+    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
+        return 0 if endpoint == self.home else None
+
+    def eviction_rate(self, endpoint: str) -> float | None:
+        return 50.0 if endpoint == self.home else 1.0
+
+
+async def test_a_session_whose_engine_evicted_it_is_rehomed_with_reason_evicted() -> None:
+    decider, store, _, clock = _gated()
+    metrics = ExtProcMetrics()
+    handler = RequestHandler(decider, SessionSources(CONFIG.session), metrics, "p",
+                             bytes_per_token=4.0)
+    headers = {"x-session-id": b"s1", "content-length": b"8000"}
+    home = (await handler.decide(None, headers, None)).endpoints[0]
+    clock.now += 5.0
+    assert isinstance(decider.policy, GatedPolicy)
+    decider.policy.hbm = Evicting(home)  # no queue anywhere: only the eviction says move
+    moved = await handler.decide(None, headers, None)
+    assert (moved.outcome, moved.reason) == (Outcome.REBIND, MoveReason.EVICTED)
+    assert moved.endpoints[0] != home
+    assert [b.move_reason for b in store.moves] == [MoveReason.EVICTED]
+    sample = metrics.registry.get_sample_value
+    assert sample("kvgate_ext_proc_rebinds_total", {"reason": "evicted"}) == 1.0
+    assert sample("kvgate_ext_proc_rebinds_total", {"reason": "load"}) == 0.0
