@@ -87,6 +87,13 @@ def _gated(enabled: bool = True) -> tuple[Pipeline, RecordingStore, LoadBoard, C
     return decider, store, board, clock
 
 
+def _handler(decider: Pipeline) -> tuple[RequestHandler, ExtProcMetrics]:
+    """ext_proc's handler over `decider`, prompts sized at 4 body bytes a token."""
+    metrics = ExtProcMetrics()
+    return RequestHandler(decider, SessionSources(CONFIG.session), metrics, "p",
+                          bytes_per_token=4.0), metrics
+
+
 async def test_a_session_on_a_busy_engine_moves_to_its_ddr_sibling_with_reason_load() -> None:
     decider, store, board, clock = _gated()
     first = await decider.decide("p", b"s1", prompt_tokens=2000)
@@ -121,9 +128,7 @@ async def test_gate_disabled_keeps_static_stickiness() -> None:
 
 async def test_handler_estimates_the_prompt_from_content_length_and_counts_rebinds() -> None:
     decider, _, board, clock = _gated()
-    metrics = ExtProcMetrics()
-    handler = RequestHandler(decider, SessionSources(CONFIG.session), metrics, "p",
-                             bytes_per_token=4.0)
+    handler, metrics = _handler(decider)
     headers = {"x-session-id": b"s1", "content-length": b"40000"}
     first = await handler.decide(None, headers, None)
     home = first.endpoints[0]
@@ -159,9 +164,7 @@ class Evicting:
 
 async def test_a_session_whose_engine_evicted_it_is_rehomed_with_reason_evicted() -> None:
     decider, store, _, clock = _gated()
-    metrics = ExtProcMetrics()
-    handler = RequestHandler(decider, SessionSources(CONFIG.session), metrics, "p",
-                             bytes_per_token=4.0)
+    handler, metrics = _handler(decider)
     headers = {"x-session-id": b"s1", "content-length": b"8000"}
     home = (await handler.decide(None, headers, None)).endpoints[0]
     clock.now += 5.0
