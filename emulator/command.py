@@ -19,7 +19,7 @@ from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
 from emulator.pool_faults import pool_window
 from emulator.pool_profiles import PROFILES
-from emulator.processes import Workers, fleet_ports, share_options, shares
+from emulator.processes import Workers, share_options, shares
 from emulator.timing import SCHEDULERS
 from kvgate.runtime.children.child import ChildFailed
 from kvgate.runtime.tasks.loop import run as run_loop
@@ -227,7 +227,7 @@ async def serve(options: EmulatorOptions, ready_file: Path | None,
     first = options
     if options.processes > 1:
         first = share_options(options, shares(options.instances, options.processes)[0], None)
-    fleet = Fleet(first, fleet_ports=fleet_ports(options))
+    fleet = Fleet(first, fleet_ports=options.instance_ports())
     workers = Workers(options, log_level)
     code = 0
     try:

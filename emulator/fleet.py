@@ -40,9 +40,7 @@ class Fleet:
         process or others (`--processes`), which the pool's free port must not be."""
         options.validate()
         self.options = options
-        self._fleet_ports = {*fleet_ports, *options.ports,
-                             *(range(options.port, options.port + options.instances)
-                               if options.port else ())}
+        self._fleet_ports = {*fleet_ports, *options.instance_ports()}
         self.clock = EmulatedClock(options.time_scale)
         self.servers: list[EngineServer] = []
         self.pool: DdrPool | None = None  # the pool model, when this process hosts it

@@ -60,6 +60,14 @@ class EmulatorOptions:
     kv_events_replay_port: int = 0  # ... and replay (ROUTER) port; 0 = no replay socket
     kv_events_topic: str = "kv"
 
+    def instance_ports(self) -> tuple[int, ...]:
+        """Every instance's port, or () when all take free ports."""
+        if self.ports:
+            return self.ports
+        if self.port:
+            return tuple(range(self.port, self.port + self.instances))
+        return ()
+
     def validate(self) -> None:
         """Raise ValueError naming the first bad option."""
         checks = [

@@ -40,19 +40,10 @@ def shares(instances: int, processes: int) -> list[range]:
     return out
 
 
-def fleet_ports(options: EmulatorOptions) -> tuple[int, ...]:
-    """Every instance's port, or () when all take free ports."""
-    if options.ports:
-        return options.ports
-    if options.port:
-        return tuple(range(options.port, options.port + options.instances))
-    return ()
-
-
 def share_options(options: EmulatorOptions, share: range, pool_url: str | None) -> EmulatorOptions:
     """The options of the process serving ``share``: the first hosts the pool, sized for the
     whole fleet; the others join it (or run without one, as the fleet does)."""
-    ports = fleet_ports(options)
+    ports = options.instance_ports()
     mine = dataclasses.replace(
         options, instances=len(share), port=0, first_index=share.start, processes=1,
         ports=tuple(ports[share.start:share.stop]) if ports else (),

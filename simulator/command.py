@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +253,20 @@ def hashed(workload: Workload, block_size: int, jobs: int) -> PromptBlocks:
                               jobs if len(workload.requests) >= 50_000 else 1)
         workload.next_turns()
     return blocks
+
+
+def one_simulation(argv: Sequence[str], description: str
+                   ) -> tuple[Workload, SimConfig, PromptBlocks]:
+    """`kvgate simulate`'s flags in `argv`, for a tool that runs its simulations in this process
+    (simulator.ddr_reads, simulator.rehome_sensitivity): the workload, the routers' settings
+    (engines failing or drained included) and its prompts, hashed."""
+    parser = argparse.ArgumentParser(description=description)
+    add_arguments(parser)
+    args = parser.parse_args(["--quiet", "--jobs", "1", *argv])
+    options, workload = engines_and_workload(args, check=lambda engines: None)
+    config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
+                       progress=False, addresses=[], **router_settings(args))
+    return workload, config, hashed(workload, options.block_size, 1)
 
 
 def pool_description(options: EmulatorOptions) -> dict[str, object]:

@@ -12,21 +12,12 @@ pool, as its "DDR read per request" does in bytes.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 
-from benchkit.inputs import engines_and_workload
 from kvgate.contract.modes import RoutingMode
-from simulator.command import add_arguments, hashed, router_settings
+from simulator.command import one_simulation
 from simulator.run import simulate
-from simulator.setup import SimConfig
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_arguments(parser)  # kvgate simulate's flags
-    return parser
 
 
 def main(argv: list[str]) -> int:
@@ -34,11 +25,8 @@ def main(argv: list[str]) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     mode = RoutingMode(argv[0])
-    args = _parser().parse_args(["--quiet", "--jobs", "1", *argv[1:]])
-    options, workload = engines_and_workload(args, check=lambda engines: None)
-    config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
-                       progress=False, addresses=[], **router_settings(args))
-    result = simulate(workload, mode, config, hashed(workload, options.block_size, 1))
+    workload, config, blocks = one_simulation(argv[1:], __doc__.split("\n\n")[0])
+    result = simulate(workload, mode, config, blocks)
 
     kinds: dict[str, list[int]] = {"first turn": [0, 0], "stayed": [0, 0], "moved": [0, 0]}
     per_engine: dict[int, int] = defaultdict(int)
@@ -63,7 +51,7 @@ def main(argv: list[str]) -> int:
           f"{len(moved)} of {len(previous)} sessions moved at least once")
     for kind, (turns, tokens) in kinds.items():
         print(f"  {kind:>10}: {tokens / 1e6:6.1f}M tokens over {turns} turns")
-    spread = sorted(per_engine.get(e, 0) / 1e6 for e in range(options.instances))
+    spread = sorted(per_engine.get(e, 0) / 1e6 for e in range(config.engine.instances))
     print("  per engine, fewest first (M tokens): " + ", ".join(f"{t:.1f}" for t in spread))
     return 0
 

@@ -182,7 +182,7 @@ class Pipeline:
                 return await self._store.move(stored, ring)
             return stored
         # Memory keeps no ring hash per binding; the stored value carries it for the failover.
-        # A move for load is optional: one etcd does not take now is not made (it would split).
+        # The gate's moves are optional (_GATE_MOVES): one etcd does not take now is not made.
         return await self._store.move(replace(current, hash=hash_value), target, reason,
                                       optional=reason in _GATE_MOVES)
 
