@@ -21,11 +21,18 @@ import pytest
 from tests.support.chaos import Traffic
 from tests.support.chaos_run import FULL
 from tests.support.etcd_cluster import EtcdCluster
-from tests.support.soak import Sample, etcd_db_bytes, rss_bytes, slope_percent_per_hour
+from tests.support.soak import (
+    Sample,
+    etcd_db_bytes,
+    etcd_memory,
+    rss_bytes,
+    slope_per_hour,
+    slope_percent_per_hour,
+)
 from tests.support.stack import gateway_config, running_stack, stored_bindings
 from tests.support.upstreams import Upstream
 
-RUN_S, TTL_S, EVERY_S = (3600.0, 60.0, 60.0) if FULL else (90.0, 8.0, 10.0)
+RUN_S, TTL_S, EVERY_S = (3600.0, 60.0, 15.0) if FULL else (90.0, 8.0, 10.0)
 RUN_S = float(os.environ.get("KVGATE_SOAK_S", RUN_S))  # a shorter (or longer) full run
 # A binding outlives its last use by the TTL, then by up to one epoch (TTL / 4) until the next
 # re-attach, half an epoch of shard spread and the re-attach's own pacing (docs/operating.md).
@@ -52,6 +59,8 @@ async def test_a_steady_soak_keeps_memory_flat_and_bindings_tracking_live_sessio
                 rss.update({f"etcd-m{i}": rss_bytes(child.pid)
                             for i, child in enumerate(cluster.children) if child})
                 db, in_use = await etcd_db_bytes(cluster.endpoints[0])
+                etcd = {f"etcd-m{i}": await etcd_memory(endpoint)
+                        for i, endpoint in enumerate(cluster.endpoints)}
                 held = len(await stored_bindings(cluster.endpoints, prefix))
                 now = time.monotonic()  # after the read: every binding it saw is counted live
                 last_use: dict[str, float] = {}
@@ -60,7 +69,7 @@ async def test_a_steady_soak_keeps_memory_flat_and_bindings_tracking_live_sessio
                 # The sessions whose first turn is still on its way have a binding already.
                 live = traffic.workers + sum(now - t <= EXPIRES_WITHIN_S
                                              for t in last_use.values())
-                return Sample(now - start, rss, db, in_use, held, live)
+                return Sample(now - start, rss, db, in_use, held, live, etcd)
 
             try:
                 while time.monotonic() - start < RUN_S:
@@ -83,6 +92,11 @@ async def test_a_steady_soak_keeps_memory_flat_and_bindings_tracking_live_sessio
     print(f"{started} sessions started; RSS slope after warm-up, % per hour:",
           {name: round(v, 1) for name, v in slopes.items()},
           f"etcd db {samples[-1].db / 1e6:.1f} MB ({samples[-1].db_in_use / 1e6:.1f} MB in use)")
+    for member in samples[-1].etcd:  # what an etcd member's resident set is made of, MB an hour
+        parts = {part: slope_per_hour([(s.at_s, getattr(s.etcd[member], part)) for s in warm]) / 1e6
+                 for part in ("db", "go_obtained", "go_retained", "heap_in_use")}
+        print(f"{member}: RSS {slope_per_hour([(s.at_s, s.rss[member]) for s in warm]) / 1e6:+.2f}"
+              " MB/h;", " ".join(f"{part} {v:+.2f}" for part, v in parts.items()))
     if FULL:  # minutes of samples cannot show a slope of 1 % an hour: only the full run judges
         assert all(v < 1.0 for v in slopes.values()), slopes
         # etcd compacts every 5 minutes: what is in use levels off instead of growing on.
