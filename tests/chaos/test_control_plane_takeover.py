@@ -27,7 +27,7 @@ from kvgate.config.model import HostPort
 from kvgate.runtime.children.child import Child
 from kvgate.runtime.children.ports import free_ports
 from stack.local import grpc_serving
-from tests.support.chaos_run import Scene, state_of, under_traffic
+from tests.support.chaos_run import Scene, recovered, state_of, under_traffic
 from tests.support.polling import eventually
 from tests.support.upstreams import Upstream
 
@@ -76,6 +76,7 @@ async def test_the_leader_cut_from_etcd_hands_over_and_cannot_undo_its_successor
                                          until=lambda s: s == "active",
                                          what="the new leader brings it back"))
             scene.heal("control-plane")  # what the old leader sent arrives now
+            scene.ended()
             seen.append(await eventually(lambda: leader_seen_by(stack.config.control_plane.admin),
                                          30, until=lambda name: name == PEER,
                                          what="the old leader follows"))
@@ -89,5 +90,6 @@ async def test_the_leader_cut_from_etcd_hands_over_and_cannot_undo_its_successor
     row = await under_traffic(tmp_path, ups, prefix, take_over, partitioned=["control-plane"],
                               failed_over=[hidden.address])
     assert row.faults >= 1 and row.requests > 100 and row.sessions > 20, row
-    assert (row.failed, row.lost, row.interleaved) == (0, 0, 0), row
+    assert (row.failed, row.cut, row.lost, row.interleaved) == (0, 0, 0, 0), row
+    recovered(row)
     assert seen == [PEER, "failed", "active", PEER] + ["active"] * 10, seen

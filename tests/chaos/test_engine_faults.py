@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.chaos_run import FULL, Scene, state_of, under_traffic
+from tests.support.chaos_run import FULL, Scene, recovered, state_of, under_traffic
 from tests.support.polling import eventually
 from tests.support.upstreams import Upstream
 
@@ -42,6 +42,7 @@ async def test_an_engine_the_probes_cannot_reach_loses_its_sessions_once(
                                        what="the leader fails the engine its probes miss"))
         await asyncio.sleep(max(0.0, REFUSED_S - (asyncio.get_running_loop().time() - started)))
         hidden.probes_refused = False
+        scene.ended()
         states.append(await eventually(lambda: state_of(scene, hidden.address), 30,
                                        until=lambda state: state == "active",
                                        what="the engine back once its probes pass"))
@@ -51,7 +52,8 @@ async def test_an_engine_the_probes_cannot_reach_loses_its_sessions_once(
     served_before = hidden.requests
     row = await under_traffic(tmp_path, ups, prefix, hide, failed_over=[hidden.address])
     assert row.faults >= 1 and row.requests > 100 and row.sessions > 20, row
-    assert (row.failed, row.lost, row.interleaved) == (0, 0, 0), row
+    assert (row.failed, row.cut, row.lost, row.interleaved) == (0, 0, 0, 0), row
+    recovered(row)
     assert states == ["failed", "active"]
     assert hidden.requests > served_before  # it served before (and after) the fault
 

@@ -44,6 +44,7 @@ async def test_the_etcd_leader_killed_again_and_again_loses_nothing(
             cluster.kill(leader)
             kills += 1
             await cluster.restart(leader)  # back on its data; it rejoins as a follower
+        scene.ended()
         return f"etcd leader killed every {every_s:g} s for {for_s:g} s", kills
 
     row = await under_traffic(tmp_path, await upstreams(4), prefix, kill_the_leader)
@@ -65,6 +66,7 @@ async def test_a_member_stopped_and_started_again_loses_nothing(
         await cluster.stop_member(0)
         await asyncio.sleep(away_s)
         await cluster.restart(0)
+        scene.ended()
         await asyncio.sleep(2.0)  # traffic after it is back
         return f"the first etcd member stopped for {away_s:g} s", 1
 
@@ -93,6 +95,7 @@ async def test_etcd_out_of_space_then_disarmed_loses_nothing(
         finally:
             await writer.close()
         await cluster.alarm("NOSPACE", raised=False)
+        scene.ended()
         await asyncio.sleep(2.0)  # traffic after it is cleared
         return f"etcd NOSPACE alarm for {alarmed_s:g} s, then disarmed", 1
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.chaos import Account, Served, Traffic, engines_by_session, runs
-from tests.support.chaos_run import FULL, Scene, under_traffic
+from tests.support.chaos_run import FULL, Scene, recovered, under_traffic
 from tests.support.metrics_faults import FaultyMetricsUpstream, MetricsFault
 from tests.support.upstreams import Upstream
 
@@ -52,6 +52,7 @@ async def run(tmp_path: Path, prefix: str, fault: MetricsFault, source: str = "s
             bad.fault = fault
             await asyncio.sleep(FAULT_S)
             bad.fault = MetricsFault.NONE
+            scene.ended()
             await asyncio.sleep(2.0)  # traffic after it is honest again
             assert bad.scrapes > scrapes, "no scrape reached the faulty engine"
             return f"{bad.address}'s /metrics {fault} for {FAULT_S:g} s", 1
@@ -72,7 +73,8 @@ async def test_metrics_that_do_not_come_move_no_session(
         tmp_path: Path, prefix: str, fault: MetricsFault) -> None:
     row, _, _ = await run(tmp_path, prefix, fault)
     assert row.requests > 100 and row.sessions > 20, row
-    assert (row.failed, row.split, row.lost) == (0, 0, 0), row
+    assert (row.failed, row.cut, row.split, row.lost) == (0, 0, 0, 0), row
+    recovered(row)
 
 
 @pytest.mark.chaos
@@ -85,7 +87,8 @@ async def test_a_lying_deep_queue_moves_each_session_at_most_once(
     replica moves it back when the lie ends (docs/faults.md)."""
     row, served, bad = await run(tmp_path, prefix, MetricsFault.DEEP_QUEUE, source)
     assert row.requests > 100 and row.sessions > 20, row
-    assert (row.failed, row.interleaved, row.lost) == (0, 0, 0), row
+    assert (row.failed, row.cut, row.interleaved, row.lost) == (0, 0, 0, 0), row
+    recovered(row)
     moved = {s: runs(e) for s, e in engines_by_session(served).items() if len(set(e)) > 1}
     assert moved, "the lie moved no session: the run tested nothing"
     # Only sessions on the engine that claims the queue move, once, away from it (however many

@@ -30,6 +30,7 @@ def partition(component: str) -> Fault:
         scene.cut(component)
         await asyncio.sleep(CUT_S)
         scene.heal(component)
+        scene.ended()
         await asyncio.sleep(3.0)  # traffic after it heals
         return f"{component} cut from etcd for {CUT_S:g} s", 1
     return cut_off
@@ -92,6 +93,7 @@ async def test_envoy_cut_from_the_control_plane_keeps_its_last_config(
         await eventually(connected, until=down, what="Envoy's ADS stream down")
         await asyncio.sleep(CUT_S)
         scene.heal("envoy")
+        scene.ended()
         await eventually(connected, until=up_again, within=30, what="Envoy's ADS stream up")
         await asyncio.sleep(2.0)  # traffic after it heals
         return f"Envoy cut from the control plane for {CUT_S:g} s", 1

@@ -55,6 +55,7 @@ async def test_every_component_restarted_one_at_a_time_loses_nothing(
         await asyncio.sleep(1.0)
         await stack.hot_restart_envoy()  # a new Envoy takes the port over; the old one drains
         restarted += 1
+        scene.ended()
         await asyncio.sleep(2.0)  # traffic after the last step
         return "every component restarted one at a time", restarted
 

@@ -79,7 +79,7 @@ async def test_a_steady_soak_keeps_memory_flat_and_bindings_tracking_live_sessio
             finally:
                 traffic.stop()
                 await running
-    failed = [s for s in traffic.served if s.engine is None]
+    failed = [s for s in traffic.served if s.engine is None or s.cut]
     assert len(traffic.served) > 100 and not failed, failed[:5]
     # Sessions expire: etcd never holds more bindings than sessions used within their expiry,
     # and after the first TTL it holds fewer than every session ever started.

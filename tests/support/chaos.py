@@ -1,12 +1,14 @@
 """Traffic for fault tests, and its account: many sessions through the gateway, new ones
-arriving all the time, every request recorded (which engine answered, when, and how it ended),
-then checked against the bindings etcd holds at the end.
+arriving all the time, every answer streamed as an engine streams it, every request recorded
+(which engine answered, when, and how it ended: failed before its stream began, cut in the
+middle of it, or whole), then checked against the bindings etcd holds at the end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections import defaultdict
 from collections.abc import Collection
@@ -23,8 +25,9 @@ class Served:
     session: str
     start: float
     end: float
-    engine: str | None  # None: it failed before an answer
+    engine: str | None  # None: it failed before its answer began
     error: str = ""
+    cut: bool = False  # its answer began (`engine` said who) and stopped before its end
 
 
 @dataclass
@@ -37,6 +40,7 @@ class Traffic:
     turns: int = 5
     think_s: float = 0.0
     body_bytes: int = 0  # each request POSTs a prompt this long (the gate reads its length)
+    events: int = 3  # each answer streamed: who answers, this many events (10 ms apart), [DONE]
     served: list[Served] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
@@ -48,18 +52,36 @@ class Traffic:
                 if self._stop.is_set():
                     return
                 start = time.monotonic()
-                try:
-                    reply = await http.request(
-                        "POST" if self.body_bytes else "GET", "/v1/chat",
-                        headers={"x-session-id": session},
-                        content=b"x" * self.body_bytes if self.body_bytes else None)
-                    engine = reply.json()["upstream"] if reply.status_code == 200 else None
-                    error = "" if engine else f"HTTP {reply.status_code}"
-                except (httpx.HTTPError, ValueError) as exc:
-                    engine, error = None, type(exc).__name__
-                self.served.append(Served(session, start, time.monotonic(), engine, error))
+                engine, cut, error = await self._ask(http, session)
+                self.served.append(Served(session, start, time.monotonic(), engine, error, cut))
                 if self.think_s:
                     await asyncio.sleep(self.think_s)  # the client's pace, not a wait
+
+    async def _ask(self, http: httpx.AsyncClient, session: str
+                   ) -> tuple[str | None, bool, str]:
+        """One turn: (the engine that answered, whether its stream was cut, the error)."""
+        engine: str | None = None
+        try:
+            async with http.stream(
+                    "POST" if self.body_bytes else "GET", "/v1/chat",
+                    params={"stream": self.events} if self.events else None,
+                    headers={"x-session-id": session},
+                    content=b"x" * self.body_bytes if self.body_bytes else None) as reply:
+                if reply.status_code != 200:
+                    return None, False, f"HTTP {reply.status_code}"
+                if not self.events:
+                    return json.loads(await reply.aread())["upstream"], False, ""
+                async for line in reply.aiter_lines():
+                    data = line.removeprefix("data: ")
+                    if data == line:
+                        continue  # the blank line between events
+                    if engine is None:
+                        engine = json.loads(data)["upstream"]
+                    elif data == "[DONE]":
+                        return engine, False, ""
+                return engine, engine is not None, "the stream ended before [DONE]"
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            return engine, engine is not None, type(exc).__name__
 
     async def run(self) -> None:
         """Until :meth:`stop`; every request it started ends before this returns."""
@@ -76,7 +98,7 @@ class Account:
 
     fault: str
     requests: int
-    failed: int  # no answer (never streamed: these requests do not stream)
+    failed: int  # no answer: failed before its stream began
     sessions: int
     split: int  # sessions answered by two engines
     lost: int  # sessions whose binding is gone, or names another engine than their last
@@ -93,15 +115,22 @@ class Account:
     # Each session etcd holds no binding for, its turns in order: what a failed assertion shows
     # of a lost binding.
     unbound: tuple[str, ...] = ()
+    cut: int = 0  # answers that began and stopped before their end
+    rebinds: int = 0  # bindings etcd holds with a move recorded (the session moved)
+    # Seconds from the fault's end until the gateway decided on bindings again and stayed so
+    # (tests/support/recovery.py); None: not back.
+    recovery_s: float | None = None
 
-    HEADER = ("| fault | requests | failed | sessions | on two engines (interleaved) "
-              "| bindings lost | faults | slowest request |\n"
-              "|---|---:|---:|---:|---:|---:|---:|---:|")
+    HEADER = ("| fault | requests | failed before streaming | cut mid-stream | sessions "
+              "| on two engines (interleaved) | bindings lost | re-binds | faults | recovery "
+              "| slowest request |\n"
+              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
     def row(self) -> str:
-        return (f"| {self.fault} | {self.requests} | {self.failed} | {self.sessions} "
-                f"| {self.split} ({self.interleaved}) | {self.lost} | {self.faults} "
-                f"| {self.slowest_s:.2f} s |")
+        recovery = "not back" if self.recovery_s is None else f"{self.recovery_s:.1f} s"
+        return (f"| {self.fault} | {self.requests} | {self.failed} | {self.cut} "
+                f"| {self.sessions} | {self.split} ({self.interleaved}) | {self.lost} "
+                f"| {self.rebinds} | {self.faults} | {recovery} | {self.slowest_s:.2f} s |")
 
 
 def account(fault: str, served: list[Served], bindings: dict[str, dict[str, Any]],
@@ -130,7 +159,9 @@ def account(fault: str, served: list[Served], bindings: dict[str, dict[str, Any]
                    sum(_interleaved(e) for e in engines.values()),
                    tuple(_turns(session, in_order, bindings) for session, e in engines.items()
                          if len(set(e)) > 1),
-                   tuple(_turns(session, in_order, bindings) for session in missing))
+                   tuple(_turns(session, in_order, bindings) for session in missing),
+                   cut=sum(s.cut for s in served),
+                   rebinds=sum("reason" in value for value in bindings.values()))
 
 
 def engines_by_session(served: list[Served]) -> dict[str, list[str]]:

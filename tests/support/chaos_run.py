@@ -7,6 +7,7 @@ off alone; "envoy" there puts a proxy between Envoy and the control plane's xDS 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -24,10 +25,13 @@ from tests.support.chaos import Account, Traffic, account
 from tests.support.etcd_cluster import EtcdCluster
 from tests.support.fault_proxy import FaultProxy
 from tests.support.polling import eventually
+from tests.support.recovery import OnBindings
 from tests.support.stack import gateway_config, running_stack, stored_binding_values
 from tests.support.upstreams import Upstream
 
 FULL = os.environ.get("KVGATE_CHAOS") == "full"
+RECOVERY_TARGET_S = 10.0  # decisions back on bindings within this long of the fault's end
+RECOVERY_WAIT_S = 30.0  # how long a run waits for them before it reports "not back"
 
 
 @dataclass
@@ -37,6 +41,12 @@ class Scene:
     cluster: EtcdCluster
     stack: Stack
     proxies: dict[str, list[FaultProxy]] = field(default_factory=dict)  # component -> per member
+    ended_at: float | None = None  # loop time the fault ended (its recovery counts from here)
+
+    def ended(self) -> None:
+        """The fault is over (healed, restarted, cleared): recovery is timed from now. A fault
+        that does not say so ends when its schedule returns."""
+        self.ended_at = asyncio.get_running_loop().time()
 
     def cut(self, component: str, *, reset: bool = False) -> None:
         for proxy in self.proxies[component]:
@@ -94,19 +104,29 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
                 os.getpid() % 10_000 if hot_restart else None,
         ) as stack:
             load = traffic(f"http://{stack.config.listener}")
+            watch = OnBindings(stack)
             running = asyncio.create_task(load.run())
+            watching = asyncio.create_task(watch.run())
+            scene = Scene(cluster, stack, proxies)
             try:
-                name, faults = await fault(Scene(cluster, stack, proxies))
+                name, faults = await fault(scene)
             finally:
                 load.stop()
                 await running
             stopped = loop.time()
+            ended = stopped if scene.ended_at is None else scene.ended_at
+            try:
+                await watch.back(ended, RECOVERY_WAIT_S)
+            finally:
+                watch.stop()
+                await watching
 
             async def settled() -> Account:
                 # Bindings placed while etcd was away are written back once it answers again.
-                return account(name, load.served,
-                               await stored_binding_values(cluster.endpoints, prefix), faults,
-                               failed_over)
+                row = account(name, load.served,
+                              await stored_binding_values(cluster.endpoints, prefix), faults,
+                              failed_over)
+                return dataclasses.replace(row, recovery_s=watch.recovered_after(ended))
 
             def nothing_lost(row: Account) -> bool:
                 return row.lost == 0
@@ -117,7 +137,8 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
             finally:
                 last = await settled()
                 print(f"\n{Account.HEADER}\n{last.row()}\nbindings complete "
-                      f"{loop.time() - stopped:.1f} s after the traffic stopped")
+                      f"{loop.time() - stopped:.1f} s after the traffic stopped; "
+                      f"{watch.off_bindings(ended)}")
                 print("no binding:", *last.unbound, "decisions:", *await _decisions(stack),
                       sep="\n")
 
@@ -140,10 +161,17 @@ async def _decisions(stack: Stack) -> list[str]:
 
 
 def holds(row: Account, faults: int) -> None:
-    """The targets: every fault made, enough traffic, none failed, split or lost."""
+    """The targets: every fault made, enough traffic, none failed, cut, split or lost, and
+    decisions back on bindings soon after the fault ended."""
     assert row.faults >= faults
     assert row.requests > 100 and row.sessions > 20, row
-    assert (row.failed, row.split, row.lost) == (0, 0, 0), row
+    assert (row.failed, row.cut, row.split, row.lost) == (0, 0, 0, 0), row
+    recovered(row)
+
+
+def recovered(row: Account) -> None:
+    """Decisions back on bindings within RECOVERY_TARGET_S of the fault's end."""
+    assert row.recovery_s is not None and row.recovery_s <= RECOVERY_TARGET_S, row
 
 
 async def state_of(scene: Scene, address: str, admin: HostPort | None = None) -> str:

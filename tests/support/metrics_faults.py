@@ -32,7 +32,7 @@ class FaultyMetricsUpstream(Upstream):
         self.fault = fault
         self.scrapes = 0
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         if request.path not in ("/metrics", "/metrics/"):
             return await super()._handle(request)
         self.scrapes += 1

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 from aiohttp import web
 
 
@@ -16,6 +19,8 @@ class Upstream:
         self.seen_headers: list[dict[str, str]] = []
         self.seen_body_sizes: list[int] = []
         self.probes_refused = False  # /health answers 503: the control plane's probes fail
+        self.stream_gap_s = 0.01  # between the events of a streamed answer (?stream=N)
+        self.streams_die_after: int | None = None  # events, then the connection drops
         self._runner: web.AppRunner | None = None
 
     @property
@@ -38,7 +43,7 @@ class Upstream:
             await self._runner.cleanup()
             self._runner = None
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         # The control plane's probes and the load gate's scrapes (at vLLM's /metrics/ first).
         if request.path in ("/health", "/metrics", "/metrics/"):
             self.probes += 1
@@ -51,7 +56,27 @@ class Upstream:
         self.requests += 1
         self.seen_headers.append({k.lower(): v for k, v in request.headers.items()})
         self.seen_body_sizes.append(len(await request.read()))
+        events = int(request.query.get("stream", "0"))
+        if events:
+            return await self._stream(request, events)
         return web.json_response(
             {"upstream": self.address, "path": request.path},
             headers={"x-engine-id": self.address},
         )
+
+    async def _stream(self, request: web.Request, events: int) -> web.StreamResponse:
+        """Server-sent events, as an engine streams its tokens: who answers first, then `events`
+        more, ``stream_gap_s`` apart, then ``[DONE]``."""
+        reply = web.StreamResponse(headers={"content-type": "text/event-stream",
+                                            "x-engine-id": self.address})
+        await reply.prepare(request)
+        await reply.write(f"data: {json.dumps({'upstream': self.address})}\n\n".encode())
+        for n in range(events):
+            await asyncio.sleep(self.stream_gap_s)  # the pace of the tokens
+            if n == self.streams_die_after and request.transport is not None:
+                request.transport.close()  # an engine dying in the middle of an answer
+                return reply
+            await reply.write(f"data: {json.dumps({'n': n})}\n\n".encode())
+        await reply.write(b"data: [DONE]\n\n")
+        await reply.write_eof()
+        return reply

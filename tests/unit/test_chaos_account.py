@@ -1,0 +1,62 @@
+"""The fault harness's own measures: a streamed answer that stops in the middle is counted cut,
+not failed; recovery is timed from the fault's end to the first sample from which the gateway
+stayed on bindings."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from types import SimpleNamespace
+from typing import cast
+
+from stack.local import Stack
+from tests.support.chaos import Traffic, account
+from tests.support.polling import eventually
+from tests.support.recovery import OnBindings
+from tests.support.upstreams import Upstream
+
+
+async def _one_session(upstream: Upstream) -> Traffic:
+    traffic = Traffic(f"http://{upstream.address}", workers=1, turns=2)
+    running = asyncio.create_task(traffic.run())
+    await eventually(lambda: len(traffic.served) >= 2 or running.done(),
+                     what="a session's two turns")
+    traffic.stop()
+    await running
+    return traffic
+
+
+async def test_a_whole_stream_is_served_and_a_dropped_one_is_cut(
+        upstreams: Callable[[int], Awaitable[list[Upstream]]]) -> None:
+    whole, dying = await upstreams(2)
+    dying.streams_die_after = 1
+    served = (await _one_session(whole)).served
+    assert len(served) >= 2
+    assert {(s.engine, s.cut, s.error) for s in served} == {(whole.address, False, "")}
+    served = (await _one_session(dying)).served
+    assert all(s.engine == dying.address and s.cut and s.error for s in served), served
+    row = account("a dying engine", served, {}, 1)
+    assert (row.failed, row.cut) == (0, len(served))
+
+
+async def test_a_stopped_upstream_fails_before_streaming(
+        upstreams: Callable[[int], Awaitable[list[Upstream]]]) -> None:
+    (gone,) = await upstreams(1)
+    await gone.stop()
+    served = (await _one_session(gone)).served
+    assert served and all(s.engine is None and not s.cut for s in served), served
+    assert account("gone", served, {}, 1).failed == len(served)
+
+
+def _watch(samples: list[tuple[float, bool]]) -> OnBindings:
+    return OnBindings(cast(Stack, SimpleNamespace()), samples)
+
+
+def test_recovery_counts_from_the_fault_end_to_the_run_that_stayed_on_bindings() -> None:
+    watch = _watch([(0.0, True), (1.0, False), (5.0, False), (6.0, True), (6.5, False),
+                    (7.0, True), (8.0, True)])
+    assert watch.recovered_after(5.5) == 1.5  # back at 6.0, off again at 6.5: 7.0 counts
+    assert watch.recovered_after(7.0) == 0.0
+    assert _watch([(0.0, False), (1.0, True)]).recovered_after(0.5) == 0.5
+    assert _watch([(0.0, True), (1.0, False)]).recovered_after(0.5) is None
+    assert _watch([(0.0, True)]).recovered_after(0.5) is None  # nothing sampled after the end
