@@ -6,6 +6,7 @@ on the full run each component's memory flat after warm-up (slope under 1 % an h
     python -m pytest -m chaos tests/chaos/test_soak.py -s            (90 s, idle TTL 8 s)
     KVGATE_CHAOS=full python -m pytest -m chaos tests/chaos/test_soak.py -s   (an hour, TTL 60 s)
     KVGATE_SOAK_S=1500 ...: another length
+    KVGATE_SOAK_SESSIONS=32 ...: more sessions at a time (8 unless set), each at the same pace
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tests.support.upstreams import Upstream
 
 RUN_S, TTL_S, EVERY_S = (3600.0, 60.0, 15.0) if FULL else (90.0, 8.0, 10.0)
 RUN_S = float(os.environ.get("KVGATE_SOAK_S", RUN_S))  # a shorter (or longer) full run
+SESSIONS = int(os.environ.get("KVGATE_SOAK_SESSIONS", 8))  # at a time, 0.2 s between turns
 # A binding outlives its last use by the TTL, then by up to one epoch (TTL / 4) until the next
 # re-attach, half an epoch of shard spread and the re-attach's own pacing (docs/operating.md).
 EXPIRES_WITHIN_S = 2 * TTL_S + 5
@@ -50,7 +52,7 @@ async def test_a_steady_soak_keeps_memory_flat_and_bindings_tracking_live_sessio
         config = gateway_config([u.address for u in ups], prefix=prefix,
                                 etcd=cluster.endpoints, ext_procs=2, idle_ttl=f"{TTL_S:g}s")
         async with running_stack(config, tmp_path / "stack") as stack:
-            traffic = Traffic(f"http://{stack.config.listener}", think_s=0.2)
+            traffic = Traffic(f"http://{stack.config.listener}", SESSIONS, think_s=0.2)
             running = asyncio.create_task(traffic.run())
             start = time.monotonic()
 
