@@ -50,6 +50,9 @@ class Stack:
     # Etcd endpoints that one component uses instead of the cluster's, by its name (e.g.
     # "ext_proc[1]"): a fault test puts a proxy it can cut between that component and etcd.
     etcd_for: dict[str, list[str]] = field(default_factory=dict)
+    # Environment one component's process gets on top of this one's, by its name (a fault test
+    # sets one replica's wall clock off).
+    env_for: dict[str, dict[str, str]] = field(default_factory=dict)
     # Where Envoy asks for its config, instead of the control plane's xDS address (a fault test's
     # proxy, as above).
     envoy_xds: HostPort | None = None
@@ -157,6 +160,7 @@ class Stack:
                 "--etcd", self._etcd_of("control-plane"),
             ],
             self.workdir / "control-plane.log",
+            self.env_for.get("control-plane"),
         )
         xds = self.config.control_plane.xds
         await self._launch(child, f"xds grpc://{xds}  admin grpc://{admin}",
@@ -183,6 +187,7 @@ class Stack:
                 "--etcd", self._etcd_of(name),
             ],
             self.workdir / f"ext_proc-{index}.log",
+            self.env_for.get(name),
         )
         if self.config.ext_proc.transport == "http":
             scheme, probe = "http", http_serving

@@ -10,13 +10,17 @@ most once and never back and forth.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
 
+from kvgate.etcd import EtcdClient
+from kvgate.replicas import read_reports
 from tests.support.chaos import Account, Served, Traffic, engines_by_session, runs
-from tests.support.chaos_run import FULL, Scene, recovered, under_traffic
+from tests.support.chaos_run import FULL, Scene, recovered, skewed, under_traffic
 from tests.support.metrics_faults import FaultyMetricsUpstream, MetricsFault
+from tests.support.polling import eventually
 from tests.support.upstreams import Upstream
 
 FAULT_S = 60.0 if FULL else 8.0
@@ -31,10 +35,13 @@ PLACEMENT: dict[str, object] = {"engine_cost": {"prefill_tokens_per_s": 1_000_00
                                                 "prefill_overhead_s": 0.003}}
 
 
-async def run(tmp_path: Path, prefix: str, fault: MetricsFault, source: str = "scrape"
+async def run(tmp_path: Path, prefix: str, fault: MetricsFault, source: str = "scrape",
+              clocks: dict[str, float] | None = None,
               ) -> tuple[Account, list[Served], FaultyMetricsUpstream]:
     """Four engines; the first one's /metrics turns bad two seconds in, for FAULT_S. `source`:
-    where the replicas get the engines' load (`placement.load_gate.source`)."""
+    where the replicas get the engines' load (`placement.load_gate.source`); `clocks`: seconds
+    the wall clock of a component (by name) is off; each entry is replaced by what its
+    replica's report in etcd showed (its `at` against this process's clock)."""
     ups = [FaultyMetricsUpstream() for _ in range(4)]
     try:
         for u in ups:
@@ -55,15 +62,46 @@ async def run(tmp_path: Path, prefix: str, fault: MetricsFault, source: str = "s
             scene.ended()
             await asyncio.sleep(2.0)  # traffic after it is honest again
             assert bad.scrapes > scrapes, "no scrape reached the faulty engine"
-            return f"{bad.address}'s /metrics {fault} for {FAULT_S:g} s", 1
+            name = f"{bad.address}'s /metrics {fault} for {FAULT_S:g} s"
+            if clocks:
+                name += ", replicas' clocks " + " and ".join(f"{s:+g} s" for s in clocks.values())
+                await _read_clocks(scene, prefix, clocks)
+            return name, 1
 
         placement = {**PLACEMENT, "load_gate": {"source": source}}
         row = await under_traffic(tmp_path, list[Upstream](ups), prefix, turn_bad,
-                                  placement=placement, traffic=traffic)
+                                  placement=placement, traffic=traffic,
+                                  env_for={name: skewed(s) for name, s in (clocks or {}).items()})
         return row, traffics[0].served, bad
     finally:
         for u in ups:
             await u.stop()
+
+
+async def _read_clocks(scene: Scene, prefix: str, clocks: dict[str, float]) -> None:
+    """Each ext_proc replica's clock as its reports in etcd show it: the `at` of a report seen
+    within a tenth of a second of being written, less this process's time then."""
+    names = {f"-{child.pid}": f"ext_proc[{index}]"
+             for index, child in enumerate(scene.stack.ext_procs)}
+    client = EtcdClient(scene.cluster.endpoints)
+    try:
+        first = {r.identity: r.at for r in await read_reports(client, prefix)}
+        seen: dict[str, float] = {}
+
+        async def newer() -> int:
+            for report in await read_reports(client, prefix):
+                if report.identity in first and report.at != first[report.identity]:
+                    seen.setdefault(report.identity, report.at - time.time())
+            return len(seen)
+
+        await eventually(newer, 30, until=lambda n: n == len(first), every=0.1,
+                         what="a new report from every replica")
+    finally:
+        await client.close()
+    for identity, off in seen.items():
+        name = next(n for suffix, n in names.items() if identity.endswith(suffix))
+        if name in clocks:
+            clocks[name] = off
 
 
 @pytest.mark.chaos
@@ -97,3 +135,23 @@ async def test_a_lying_deep_queue_moves_each_session_at_most_once(
     assert not wrong, (bad.address, [t for t in row.on_two if t.split(":", 1)[0] in wrong])
 
 
+
+
+@pytest.mark.chaos
+@pytest.mark.timeout(600)
+async def test_replicas_whose_clocks_differ_move_each_session_at_most_once(
+        tmp_path: Path, prefix: str) -> None:
+    """The same lie, decided by two replicas whose wall clocks are seven seconds apart (one 4 s
+    ahead, one 3 s behind; the control plane's collector on time): the decision path, cooldowns
+    and the collector's figures run on each process's monotonic clock (docs/faults.md)."""
+    clocks = {"ext_proc[0]": 4.0, "ext_proc[1]": -3.0}
+    row, served, bad = await run(tmp_path, prefix, MetricsFault.DEEP_QUEUE, "collector", clocks)
+    # The skew was real: each replica's report carries its own clock.
+    assert 3.0 < clocks["ext_proc[0]"] <= 4.0 and -4.0 < clocks["ext_proc[1]"] <= -3.0, clocks
+    assert row.requests > 100 and row.sessions > 20, row
+    assert (row.failed, row.cut, row.interleaved, row.lost) == (0, 0, 0, 0), row
+    recovered(row)
+    moved = {s: runs(e) for s, e in engines_by_session(served).items() if len(set(e)) > 1}
+    assert moved, "the lie moved no session: the run tested nothing"
+    wrong = {s: e for s, e in moved.items() if e[0] != bad.address or len(e) > 2}
+    assert not wrong, (bad.address, [t for t in row.on_two if t.split(":", 1)[0] in wrong])

@@ -12,6 +12,7 @@ import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 
 import grpc
@@ -30,6 +31,10 @@ from tests.support.stack import gateway_config, running_stack, stored_binding_va
 from tests.support.upstreams import Upstream
 
 FULL = os.environ.get("KVGATE_CHAOS") == "full"
+# libfaketime's library, as the libfaketime wheel ships it: preloaded, it sets a process's wall
+# clock off for every reader (Python's time.time and gRPC's C core alike), the monotonic clock
+# left alone.
+_FAKETIME = Path(str(resources.files("libfaketime"))) / "vendor/libfaketime/src/libfaketime.so.1"
 RECOVERY_TARGET_S = 10.0  # decisions back on bindings within this long of the fault's end
 RECOVERY_WAIT_S = 30.0  # how long a run waits for them before it reports "not back"
 
@@ -82,15 +87,25 @@ async def _proxied(targets: dict[str, list[str]], avoid: Collection[int]
                for name, addresses in targets.items()}
 
 
+def skewed(seconds: float) -> dict[str, str]:
+    """The environment of a component whose wall clock is `seconds` off, as a host's clock
+    that has drifted."""
+    assert _FAKETIME.is_file(), f"libfaketime's library is not at {_FAKETIME}"
+    return {"LD_PRELOAD": str(_FAKETIME), "FAKETIME": f"{seconds:+g}s",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
 async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault: Fault,
                         partitioned: Sequence[str] = (), hot_restart: bool = False,
                         placement: dict[str, object] | None = None,
                         traffic: Callable[[str], Traffic] = Traffic,
-                        failed_over: Sequence[str] = ()) -> Account:
+                        failed_over: Sequence[str] = (),
+                        env_for: dict[str, dict[str, str]] | None = None) -> Account:
     """``hot_restart``: Envoy runs with hot restart on (a base id of its own), so the fault can
     replace it (Stack.hot_restart_envoy). ``placement``: extra placement keys (the load gate);
     ``traffic``: the traffic for the gateway's URL; ``failed_over``: engines the fault fails
-    (their sessions' bindings move, see tests.support.chaos.account)."""
+    (their sessions' bindings move, see tests.support.chaos.account); ``env_for``: environment
+    one component gets (Stack.env_for; `skewed` sets its clock off)."""
     loop = asyncio.get_running_loop()
     async with EtcdCluster(tmp_path / "etcd", 3) as cluster:
         config = gateway_config([u.address for u in ups], prefix=prefix,
@@ -101,7 +116,7 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
                 config, tmp_path / "stack",
                 {n: [p.address for p in ps] for n, ps in proxies.items() if n != "envoy"},
                 HostPort.parse(proxies["envoy"][0].address) if "envoy" in proxies else None,
-                os.getpid() % 10_000 if hot_restart else None,
+                os.getpid() % 10_000 if hot_restart else None, env_for,
         ) as stack:
             load = traffic(f"http://{stack.config.listener}")
             watch = OnBindings(stack)

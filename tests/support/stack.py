@@ -82,12 +82,16 @@ def gateway_config(
 async def running_stack(config: Config, workdir: Path,
                         etcd_for: dict[str, list[str]] | None = None,
                         envoy_xds: HostPort | None = None,
-                        envoy_base_id: int | None = None) -> AsyncIterator[Stack]:
+                        envoy_base_id: int | None = None,
+                        env_for: dict[str, dict[str, str]] | None = None
+                        ) -> AsyncIterator[Stack]:
     """``etcd_for``: endpoints one component uses instead of the cluster's (Stack.etcd_for);
+    ``env_for``: environment one component gets on top of this process's (Stack.env_for);
     ``envoy_xds``: where Envoy asks for its config (Stack.envoy_xds); ``envoy_base_id``: Envoy's
     hot restart on (Stack.hot_restart_envoy)."""
     stack = Stack(config, workdir, ready_timeout=60,  # generous: the machine may be busy
-                  etcd_for=etcd_for or {}, envoy_xds=envoy_xds, envoy_base_id=envoy_base_id)
+                  etcd_for=etcd_for or {}, envoy_xds=envoy_xds, envoy_base_id=envoy_base_id,
+                  env_for=env_for or {})
     await stack.start()
     try:
         yield stack
