@@ -1,6 +1,6 @@
 """The fault harness's own measures: a streamed answer that stops in the middle is counted cut,
 not failed; recovery is timed from the fault's end to the first sample from which the gateway
-stayed on bindings."""
+stayed on bindings; a soak's slope is per hour."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from stack.local import Stack
 from tests.support.chaos import Traffic, account
 from tests.support.polling import eventually
 from tests.support.recovery import OnBindings
+from tests.support.soak import slope_per_hour, slope_percent_per_hour
 from tests.support.upstreams import Upstream
 
 
@@ -60,3 +61,11 @@ def test_recovery_counts_from_the_fault_end_to_the_run_that_stayed_on_bindings()
     assert _watch([(0.0, False), (1.0, True)]).recovered_after(0.5) == 0.5
     assert _watch([(0.0, True), (1.0, False)]).recovered_after(0.5) is None
     assert _watch([(0.0, True)]).recovered_after(0.5) is None  # nothing sampled after the end
+
+
+def test_a_soak_slope_is_per_hour_and_a_share_of_the_mean() -> None:
+    rising = [(t, 100.0 + t / 360) for t in (0.0, 600.0, 1200.0, 1800.0)]  # +10 an hour
+    assert abs(slope_per_hour(rising) - 10.0) < 1e-9
+    mean = sum(v for _, v in rising) / len(rising)
+    assert abs(slope_percent_per_hour(rising) - 1000.0 / mean) < 1e-9
+    assert slope_per_hour([(0.0, 5.0)]) == 0.0 and slope_percent_per_hour([]) == 0.0
