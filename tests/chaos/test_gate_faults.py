@@ -123,18 +123,20 @@ async def test_a_lying_deep_queue_moves_each_session_at_most_once(
     """Each session's turns reach one replica (the ext_proc cluster hashes the session header),
     so the replica that moved a session away from the lie also holds its cooldown: no other
     replica moves it back when the lie ends (docs/faults.md)."""
-    row, served, bad = await run(tmp_path, prefix, MetricsFault.DEEP_QUEUE, source)
+    _moved_once_away(*await run(tmp_path, prefix, MetricsFault.DEEP_QUEUE, source))
+
+
+def _moved_once_away(row: Account, served: list[Served], bad: FaultyMetricsUpstream) -> None:
+    """The targets under a lie: nothing failed, cut or lost, decisions back on bindings, and
+    only sessions on the engine that claims the queue moved, once, away from it (however many
+    turns they had there first)."""
     assert row.requests > 100 and row.sessions > 20, row
     assert (row.failed, row.cut, row.interleaved, row.lost) == (0, 0, 0, 0), row
     recovered(row)
     moved = {s: runs(e) for s, e in engines_by_session(served).items() if len(set(e)) > 1}
     assert moved, "the lie moved no session: the run tested nothing"
-    # Only sessions on the engine that claims the queue move, once, away from it (however many
-    # turns they had there first).
     wrong = {s: e for s, e in moved.items() if e[0] != bad.address or len(e) > 2}
     assert not wrong, (bad.address, [t for t in row.on_two if t.split(":", 1)[0] in wrong])
-
-
 
 
 @pytest.mark.chaos
@@ -145,13 +147,7 @@ async def test_replicas_whose_clocks_differ_move_each_session_at_most_once(
     ahead, one 3 s behind; the control plane's collector on time): the decision path, cooldowns
     and the collector's figures run on each process's monotonic clock (docs/faults.md)."""
     clocks = {"ext_proc[0]": 4.0, "ext_proc[1]": -3.0}
-    row, served, bad = await run(tmp_path, prefix, MetricsFault.DEEP_QUEUE, "collector", clocks)
+    outcome = await run(tmp_path, prefix, MetricsFault.DEEP_QUEUE, "collector", clocks)
     # The skew was real: each replica's report carries its own clock.
     assert 3.0 < clocks["ext_proc[0]"] <= 4.0 and -4.0 < clocks["ext_proc[1]"] <= -3.0, clocks
-    assert row.requests > 100 and row.sessions > 20, row
-    assert (row.failed, row.cut, row.interleaved, row.lost) == (0, 0, 0, 0), row
-    recovered(row)
-    moved = {s: runs(e) for s, e in engines_by_session(served).items() if len(set(e)) > 1}
-    assert moved, "the lie moved no session: the run tested nothing"
-    wrong = {s: e for s, e in moved.items() if e[0] != bad.address or len(e) > 2}
-    assert not wrong, (bad.address, [t for t in row.on_two if t.split(":", 1)[0] in wrong])
+    _moved_once_away(*outcome)
