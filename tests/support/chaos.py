@@ -134,13 +134,16 @@ class Account:
 
 
 def account(fault: str, served: list[Served], bindings: dict[str, dict[str, Any]],
-            faults: int, failed_over: Collection[str] = ()) -> Account:
+            faults: int, failed_over: Collection[str] = (),
+            expired_before: float | None = None) -> Account:
     """``bindings``: session uuid -> the binding's stored value, as etcd holds them at the end.
     ``failed_over``: engines the fault failed, whose sessions' bindings the failover moves
     elsewhere as it should (one answered last by such an engine and bound elsewhere is not
-    lost)."""
+    lost). ``expired_before``: a session whose last turn started before this (monotonic time)
+    has been idle past its TTL when the bindings were read; its binding may have expired."""
     in_order = sorted(served, key=lambda s: s.start)
     engines = engines_by_session(in_order)
+    last_turn = {s.session: s.start for s in in_order}
     missing: list[str] = []
     moved = 0
     for session, answered in engines.items():
@@ -148,7 +151,8 @@ def account(fault: str, served: list[Served], bindings: dict[str, dict[str, Any]
         value = None if key is None else bindings.get(key)
         held = None if value is None else value["endpoint"]
         if held is None:
-            missing.append(session)
+            if expired_before is None or last_turn[session] >= expired_before:
+                missing.append(session)
         elif held != answered[-1] and answered[-1] not in failed_over:
             moved += 1
     failed = [s for s in served if s.engine is None]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
@@ -100,16 +101,19 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
                         placement: dict[str, object] | None = None,
                         traffic: Callable[[str], Traffic] = Traffic,
                         failed_over: Sequence[str] = (),
-                        env_for: dict[str, dict[str, str]] | None = None) -> Account:
+                        env_for: dict[str, dict[str, str]] | None = None,
+                        idle_ttl_s: float = 3600.0) -> Account:
     """``hot_restart``: Envoy runs with hot restart on (a base id of its own), so the fault can
     replace it (Stack.hot_restart_envoy). ``placement``: extra placement keys (the load gate);
     ``traffic``: the traffic for the gateway's URL; ``failed_over``: engines the fault fails
     (their sessions' bindings move, see tests.support.chaos.account); ``env_for``: environment
-    one component gets (Stack.env_for; `skewed` sets its clock off)."""
+    one component gets (Stack.env_for; `skewed` sets its clock off); ``idle_ttl_s``: the
+    sessions' idle TTL (a session idle past it by the end may have no binding, as it should)."""
     loop = asyncio.get_running_loop()
     async with EtcdCluster(tmp_path / "etcd", 3) as cluster:
         config = gateway_config([u.address for u in ups], prefix=prefix,
-                                etcd=cluster.endpoints, ext_procs=2, placement=placement)
+                                etcd=cluster.endpoints, ext_procs=2, placement=placement,
+                                idle_ttl=f"{idle_ttl_s:g}s")
         targets = {name: [str(config.control_plane.xds)] if name == "envoy"
                    else cluster.endpoints for name in partitioned}
         async with _proxied(targets, config_ports(config)) as proxies, running_stack(
@@ -138,9 +142,10 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
 
             async def settled() -> Account:
                 # Bindings placed while etcd was away are written back once it answers again.
+                read_at = time.monotonic()
                 row = account(name, load.served,
                               await stored_binding_values(cluster.endpoints, prefix), faults,
-                              failed_over)
+                              failed_over, read_at - idle_ttl_s)
                 return dataclasses.replace(row, recovery_s=watch.recovered_after(ended))
 
             def nothing_lost(row: Account) -> bool:
