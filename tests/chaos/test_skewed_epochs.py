@@ -7,7 +7,7 @@ grant, so a session is kept its idle TTL while the replicas' clocks are less tha
 expires while its session is in use (within the idle TTL of its last turn), and the usual ones
 (none failed, cut, split or lost).
 
-    python -m pytest -m chaos tests/chaos/test_clock_skew.py -s
+    python -m pytest -m chaos tests/chaos/test_skewed_epochs.py -s
     KVGATE_CLOCKS=4,-3 ...: other offsets (these are seven seconds apart, past an epoch of 3 s)
 """
 
