@@ -128,15 +128,15 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
             watching = asyncio.create_task(watch.run())
             scene = Scene(cluster, stack, proxies)
             try:
-                name, faults = await fault(scene)
-            finally:
-                load.stop()
-                await running
-            stopped = loop.time()
-            ended = stopped if scene.ended_at is None else scene.ended_at
-            try:
+                try:
+                    name, faults = await fault(scene)
+                finally:
+                    load.stop()
+                    await running
+                stopped = loop.time()
+                ended = stopped if scene.ended_at is None else scene.ended_at
                 await watch.back(ended, RECOVERY_WAIT_S)
-            finally:
+            finally:  # the watcher stops whatever the fault did
                 watch.stop()
                 await watching
 
@@ -161,7 +161,6 @@ async def under_traffic(tmp_path: Path, ups: list[Upstream], prefix: str, fault:
                       f"{watch.off_bindings(ended)}")
                 print("no binding:", *last.unbound, "decisions:", *await _decisions(stack),
                       sep="\n")
-
 
 
 async def _decisions(stack: Stack) -> list[str]:
