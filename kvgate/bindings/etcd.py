@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import replace
 
@@ -44,6 +45,13 @@ DEFAULT_MAX_PENDING = 100_000
 SLOW_WRITES_TO_DEGRADE = 3  # hot-path writes past the deadline in a row: etcd counts as away
 FLUSH_PARALLEL = 8  # batched flush transactions in flight at once
 
+
+# After a degraded spell, new sessions stay on Envoy's ring this long: a peer that lost etcd too
+# placed its new sessions there and may still be flushing them (it retries every half
+# second), and a session it placed can reach this replica meanwhile (Envoy's ext_proc ring changes
+# as replicas come back). Placed by load instead, it would move once when the peer's write lands
+# (tests/chaos/test_etcd_faults.py, docs/faults.md).
+RING_AFTER_RECOVERY_S = 3.0
 
 class EtcdBindingStore:
     def __init__(
@@ -72,6 +80,7 @@ class EtcdBindingStore:
             client, EpochLeases(client, prefix, epoch, math.ceil(idle_ttl + 2 * epoch)),
             self._index, self._session_etcd_key, self._failures)
         self._degraded = False
+        self._recovered_at = -math.inf  # monotonic: when the last degraded spell ended
         self._slow_writes = 0
         self._flush_interval = flush_interval
         # Hot-path writes must finish well inside Envoy's ext_proc message timeout; a slower
@@ -123,6 +132,10 @@ class EtcdBindingStore:
     @property
     def degraded(self) -> bool:
         return self._degraded
+
+    @property
+    def places_on_ring(self) -> bool:
+        return self._degraded or time.monotonic() - self._recovered_at < RING_AFTER_RECOVERY_S
 
     @property
     def pending(self) -> int:
@@ -331,6 +344,7 @@ class EtcdBindingStore:
                     raise result
         if self._degraded:
             self._degraded = False
+            self._recovered_at = time.monotonic()
             self._slow_writes = 0
             self._failures.forget("bindings_flush_failed")
             log.info("etcd_recovered", flushed=True)

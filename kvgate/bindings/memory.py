@@ -35,6 +35,10 @@ class MemoryBindingStore:
     def degraded(self) -> bool:
         return False  # no other replica shares it
 
+    @property
+    def places_on_ring(self) -> bool:
+        return False
+
     async def fetch(self, pool: str, session: str) -> Binding | None:
         return self.get(pool, session)
 

@@ -42,6 +42,13 @@ class BindingStore(Protocol):
         """Writes do not reach the shared store now (they wait in a local queue)."""
         ...
 
+    @property
+    def places_on_ring(self) -> bool:
+        """New placements go where Envoy's ring puts them, the one placement every replica
+        computes alike: while degraded, and for a moment after, while the other replicas'
+        queued bindings may not have landed yet."""
+        ...
+
     def get(self, pool: str, session: str) -> Binding | None: ...
 
     async def fetch(self, pool: str, session: str) -> Binding | None: ...

@@ -164,7 +164,7 @@ class Pipeline:
         if target is None:
             prefer = None if current is None else view.kv_pool_of(current.endpoint)
             exclude = None if current is None else current.endpoint
-            on_ring = self._store.degraded
+            on_ring = self._store.places_on_ring
             if on_ring:
                 target = _ring(view, hash_value, prefer, exclude)
             else:

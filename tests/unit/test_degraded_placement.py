@@ -4,18 +4,24 @@ session's turns reach any replica, and the others cannot see what this one binds
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
+from prometheus_client import CollectorRegistry
+
+from kvgate.bindings.etcd import RING_AFTER_RECOVERY_S, EtcdBindingStore
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.model import Binding
 from kvgate.config import load_text
 from kvgate.contract.states import MoveReason
 from kvgate.endpoints import EndpointDirectory
+from kvgate.etcd import EtcdClient
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.routing import GatedPolicy, Outcome, Pipeline
+from kvgate.runtime.tasks.supervisor import Supervisor
 
 CONFIG = load_text("pools: [{name: p, kv_pool: a, endpoints: "
                    "[10.0.0.1:1, 10.0.0.2:1, 10.0.0.3:1]}]\n")
@@ -36,6 +42,10 @@ class AwayStore(MemoryBindingStore):
 
     @property
     def degraded(self) -> bool:
+        return self.away
+
+    @property
+    def places_on_ring(self) -> bool:
         return self.away
 
     async def create(self, binding: Binding) -> Binding:
@@ -130,3 +140,22 @@ async def test_a_move_for_load_whose_write_finds_etcd_gone_is_not_made() -> None
     kept = await decider.decide("p", b"s", prompt_tokens=2000)
     assert (kept.outcome, kept.reason, kept.endpoints[0]) == (Outcome.STICKY, None, home)
     assert [(b.endpoint, b.revision > 0) for b in store.bindings("p")] == [(home, True)]
+
+
+async def test_the_etcd_store_places_on_the_ring_while_degraded_and_a_moment_after() -> None:
+    """A peer that lost etcd too placed its new sessions on the ring and may still be flushing
+    them: right after recovery this replica places new sessions there as well (docs/faults.md,
+    the leader kills)."""
+    client = EtcdClient(["127.0.0.1:1"])  # never called: the test drives the state alone
+    try:
+        store = EtcdBindingStore(client, "/kvgate/t/", 60.0, supervisor=Supervisor(
+            "t", CollectorRegistry()))
+        assert not store.places_on_ring
+        store._degraded = True
+        assert store.places_on_ring
+        store._degraded, store._recovered_at = False, time.monotonic()  # just recovered
+        assert store.places_on_ring
+        store._recovered_at = time.monotonic() - RING_AFTER_RECOVERY_S
+        assert not store.places_on_ring
+    finally:
+        await client.close()
