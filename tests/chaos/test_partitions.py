@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from stack.local import Stack
-from tests.support.chaos_run import FULL, Fault, Scene, holds, under_traffic
+from tests.support.chaos_run import FULL, Fault, Scene, holds, recovered, under_traffic
 from tests.support.polling import eventually
 from tests.support.upstreams import Upstream
 
@@ -49,7 +49,13 @@ async def test_one_ext_proc_replica_cut_from_etcd_loses_nothing(
     replica per request)."""
     row = await under_traffic(tmp_path, await upstreams(4), prefix, partition("ext_proc[1]"),
                               partitioned=["ext_proc[1]"])
-    holds(row, 1)
+    # The issue's target for a split: no session served by two engines at overlapping times
+    # (interleaved). A session the cut replica placed in the moment before its write missed its
+    # deadline can still move once when its peer takes its next turn (docs/faults.md): counted
+    # in the row (on two engines), not a split.
+    assert row.faults >= 1 and row.requests > 100 and row.sessions > 20, row
+    assert (row.failed, row.cut, row.interleaved, row.lost) == (0, 0, 0, 0), row
+    recovered(row)
     log = (tmp_path / "stack" / "ext_proc-1.log").read_text()
     assert "ext_proc_stepped_aside" in log and "ext_proc_serving_again" in log
 
