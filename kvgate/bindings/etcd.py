@@ -53,6 +53,7 @@ FLUSH_PARALLEL = 8  # batched flush transactions in flight at once
 # (tests/chaos/test_etcd_faults.py, docs/faults.md).
 RING_AFTER_RECOVERY_S = 3.0
 
+
 class EtcdBindingStore:
     def __init__(
         self,
