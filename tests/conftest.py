@@ -10,8 +10,28 @@ import pytest
 
 from kvgate.runtime.children.child import Child
 from kvgate.runtime.children.etcd import embedded_etcd, etcd_ready
-from kvgate.runtime.children.ports import free_ports
+from tests.support.ports import free_ports
+from tests.support.tiers import selects_serial_tier
 from tests.support.upstreams import Upstream
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Runs before pytest-xdist's own pytest_configure (trylast), which starts the workers only
+    # while `dist` is on.
+    if selects_serial_tier(config.option.markexpr or ""):
+        config.option.dist = "no"
+        config.option.tx = []
+        config.option.numprocesses = 0
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test under tests/chaos is a chaos test, marked or not: it never slips into the default
+    run by a forgotten mark."""
+    chaos_dir = Path(__file__).parent / "chaos"
+    for item in items:
+        if chaos_dir in Path(item.path).parents and item.get_closest_marker("chaos") is None:
+            item.add_marker(pytest.mark.chaos)
 
 
 class EtcdServer:

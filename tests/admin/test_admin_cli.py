@@ -8,7 +8,6 @@ import time
 from kvgate.bindings.model import Binding
 from kvgate.endpoints import EndpointRecord
 from kvgate.endpoints.records import record_key
-from kvgate.runtime.children.ports import free_port
 from tests.admin.admin_helpers import (
     SESSION_A,
     SESSION_B,
@@ -18,6 +17,7 @@ from tests.admin.admin_helpers import (
     StartServer,
     run_cli,
 )
+from tests.support.ports import free_port
 
 
 async def record(fleet: Fleet, pool: str, address: str) -> EndpointRecord:

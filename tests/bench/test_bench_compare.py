@@ -15,9 +15,9 @@ from bench.compare import CompareOptions, compare, ports_needed
 from benchkit.modes import ALL_MODES
 from emulator.options import EmulatorOptions
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.children.ports import free_port
 from kvgate_cli.main import main
 from simulator.run import SimConfig, simulate_async
+from tests.support.ports import free_port
 
 SCALE = 1 / 40
 

@@ -16,9 +16,9 @@ from bench.client import DriveOptions, GatewayUnreachable, drive
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.children.ports import free_port
 from kvgate_cli.main import main
 from simulator.run import SimConfig, simulate_async
+from tests.support.ports import free_port
 from workload.model import Request, Segment, Workload
 
 SCALE = 0.01  # 240 emulated seconds in 2.4 wall seconds

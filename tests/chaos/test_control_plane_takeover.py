@@ -25,10 +25,10 @@ from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.config.model import HostPort
 from kvgate.runtime.children.child import Child
-from kvgate.runtime.children.ports import free_ports
 from stack.local import grpc_serving
 from tests.support.chaos_run import Scene, recovered, state_of, under_traffic
 from tests.support.polling import eventually
+from tests.support.ports import free_ports
 from tests.support.upstreams import Upstream
 
 PEER = "control-plane-2"

@@ -18,8 +18,8 @@ import pytest
 from emulator.command import add_arguments, options_from_args
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
-from kvgate.runtime.children.ports import free_ports
 from tests.support.polling import eventually_sync
+from tests.support.ports import free_ports
 
 # The checkout root, so the children import this tree's `emulator` whatever the caller's cwd.
 ROOT = Path(__file__).resolve().parents[2]

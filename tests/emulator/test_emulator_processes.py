@@ -17,9 +17,9 @@ import pytest
 
 from emulator.options import EmulatorOptions
 from emulator.processes import share_options, shares
-from kvgate.runtime.children.ports import free_ports
 from tests.emulator.test_emulator_cli import ROOT, port_open, wait_for_file
 from tests.support.polling import eventually_sync
+from tests.support.ports import free_ports
 
 PROMPT = "def handler(request):\n    return route(request, pool=3)\n" * 40
 

@@ -18,8 +18,8 @@ from emulator.command import add_arguments, options_from_args
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
 from emulator.processes import share_options
-from kvgate.runtime.children.ports import free_ports
 from tests.support.kv_events import ENCODER, Subscriber, block_count, replay
+from tests.support.ports import free_ports
 
 BS = 16
 MODEL = "Qwen/Qwen2.5-32B-Instruct"

@@ -13,9 +13,9 @@ import pytest
 
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
-from kvgate.runtime.children.ports import free_ports
 from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL
 from tests.support.kv_events import Subscriber
+from tests.support.ports import free_ports
 from tests.support.residency_check import WatchedEngine, converse, summary
 
 USABLE_BLOCKS = 24  # 3,072 tokens per engine: three sessions of up to 1,300 do not fit

@@ -18,7 +18,6 @@ from kvgate.endpoints import EndpointRecords, MembershipConflict, sync_membershi
 from kvgate.endpoints.membership import read_membership
 from kvgate.endpoints.records import endpoints_prefix
 from kvgate.etcd import EtcdClient, KeyValue
-from kvgate.runtime.children.ports import free_ports
 from tests.failsafe.failsafe_helpers import (
     control_plane_config,
     running_control_plane,
@@ -26,6 +25,7 @@ from tests.failsafe.failsafe_helpers import (
     write_config,
 )
 from tests.support.polling import eventually
+from tests.support.ports import free_ports
 
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 

@@ -23,7 +23,6 @@ from kvgate.endpoints.records import EndpointRecord, record_key
 from kvgate.etcd import EtcdClient
 from kvgate.etcd.client import Guard, Write
 from kvgate.runtime.children.child import Child
-from kvgate.runtime.children.ports import free_ports
 from stack.local import grpc_serving
 from tests.admin.admin_helpers import run_cli
 from tests.failsafe.failsafe_helpers import (
@@ -33,6 +32,7 @@ from tests.failsafe.failsafe_helpers import (
     write_config,
 )
 from tests.support.polling import eventually
+from tests.support.ports import free_ports
 
 DEEP = "pools: " + "[" * 20_000 + "]" * 20_000 + "\n"  # RecursionError in the YAML composer
 

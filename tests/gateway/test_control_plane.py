@@ -14,9 +14,9 @@ from kvgate.config.dump import to_dict
 from kvgate.config.model import HostPort
 from kvgate.etcd import EtcdClient
 from kvgate.runtime.children.child import Child
-from kvgate.runtime.children.ports import free_ports
 from stack.local import grpc_serving
 from tests.support.polling import eventually, homes_of
+from tests.support.ports import free_ports
 from tests.support.stack import gateway_config, running_stack
 
 

@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from kvgate.etcd import EtcdClient
-from kvgate.runtime.children.ports import free_port
 from kvgate.session import normalize_session
 from tests.support.polling import eventually
+from tests.support.ports import free_port
 from tests.support.stack import gateway_config, running_stack
 
 

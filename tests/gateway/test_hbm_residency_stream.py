@@ -21,9 +21,9 @@ from emulator.options import EmulatorOptions
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.config.model import HostPort
-from kvgate.runtime.children.ports import free_ports
 from kvgate.session import normalize_session
 from tests.support.polling import eventually
+from tests.support.ports import free_ports
 from tests.support.stack import gateway_config, running_stack
 
 BS = 16

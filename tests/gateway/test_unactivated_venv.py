@@ -19,8 +19,8 @@ import yaml
 from kvgate.runtime.children.envoy import envoy_binary
 from kvgate.runtime.children.etcd import etcd_binary
 from kvgate.runtime.children.executables import ExecutableNotFound, find_executable
-from kvgate.runtime.children.ports import free_ports
 from tests.support.polling import eventually
+from tests.support.ports import free_ports
 
 BIN = Path(sys.executable).parent  # the virtualenv's bin/ (sys.executable is not resolved)
 

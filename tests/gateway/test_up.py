@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from kvgate.config.dump import to_dict
-from kvgate.runtime.children.ports import free_port, free_ports
+from tests.support.ports import free_port, free_ports
 from tests.support.stack import gateway_config
 
 

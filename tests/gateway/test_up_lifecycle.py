@@ -15,8 +15,9 @@ from pathlib import Path
 import yaml
 
 from kvgate.config.dump import to_dict
-from kvgate.runtime.children.ports import free_port, port_in_use
+from kvgate.runtime.children.ports import port_in_use
 from tests.support.polling import eventually
+from tests.support.ports import free_port
 from tests.support.stack import gateway_config
 
 

@@ -29,11 +29,11 @@ import zmq.asyncio
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
 from kvgate.fleet import kv_events
-from kvgate.runtime.children.ports import free_ports
 from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL, EngineOptions, RealFleet, default_cores
 from real_vllm.install import cache_root, ensure_installed
 from real_vllm.model import ensure_model
 from tests.support.kv_events import Subscriber, replay
+from tests.support.ports import free_ports
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.asyncio(loop_scope="session"),
               pytest.mark.timeout(1200)]

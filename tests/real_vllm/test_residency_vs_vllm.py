@@ -21,11 +21,11 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from kvgate.runtime.children.ports import free_ports
 from real_vllm.fleet import BLOCK_SIZE, SERVED_MODEL, EngineOptions, RealFleet, default_cores
 from real_vllm.install import cache_root, ensure_installed
 from real_vllm.model import ensure_model
 from tests.support.kv_events import Subscriber
+from tests.support.ports import free_ports
 from tests.support.residency_check import WatchedEngine, converse, summary
 
 pytestmark = [pytest.mark.real_vllm, pytest.mark.asyncio(loop_scope="session"),

@@ -30,11 +30,12 @@ from tests.support.polling import eventually
 A, B, C = "10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"
 
 
-def _config(etcd: str, prefix: str) -> str:
+def _config(etcd: str, prefix: str, health: str = "") -> str:
+    """`health`: the coder pool's health settings (its addresses answer no probe)."""
     return (f"etcd: {{endpoints: ['{etcd}'], prefix: '{prefix}'}}\n"
             f"pools:\n"
             f"  - {{name: coder, kv_pool: ddr-a, endpoints: [{A}, {B}, "
-            f"{{address: '{C}', kv_pool: ddr-b}}]}}\n"
+            f"{{address: '{C}', kv_pool: ddr-b}}]{health}}}\n"
             f"  - {{name: chat, endpoints: ['10.0.1.1:8000']}}\n"
             f"routes: [{{match: {{prefix: /chat/}}, pool: chat}}, {{match: {{prefix: /}}, "
             f"pool: coder}}]\n")
@@ -112,7 +113,9 @@ async def test_past_the_exact_limit_counts_come_from_a_synced_ext_proc(
     etcd, prefix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(control_plane.counts, "EXACT_LIMIT", 100)
-    config = load_text(_config(etcd.endpoint, prefix))
+    # Counts, not health: on a busy machine the default probes (2 s x 3) failed A and moved its
+    # sessions before the count was read.
+    config = load_text(_config(etcd.endpoint, prefix, ", health: {interval: 1h}"))
     client = EtcdClient([etcd.endpoint])
     admin = str(config.control_plane.admin)
     await sync_membership(client, config, "test", claim=True)

@@ -18,10 +18,10 @@ import yaml
 
 from kvgate.config.dump import to_dict
 from kvgate.config.model import Config, Etcd, EtcdAuth
-from kvgate.runtime.children.ports import free_ports
 from kvgate.session import normalize_session
 from stack.local import grpc_serving
 from tests.support.polling import eventually
+from tests.support.ports import free_ports
 from tests.support.secure_etcd import PASSWORD, USER, SecureEtcd
 from tests.support.stack import gateway_config, running_stack
 

@@ -23,8 +23,8 @@ from control_plane.resources import protos
 from control_plane.resources.session_filters import body_session_filters, buffer_limit
 from kvgate.config.model import HostPort, Session
 from kvgate.runtime.children.envoy import envoy_child, envoy_ready
-from kvgate.runtime.children.ports import free_ports
 from kvgate.session import BODY_METADATA_NAMESPACE, IMPLICIT_KEY
+from tests.support.ports import free_ports
 
 _ECHO = """
 function envoy_on_request(handle)

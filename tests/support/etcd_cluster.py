@@ -18,7 +18,7 @@ from kvgate.runtime.children.etcd import (
     etcd_binary,
     etcd_ready,
 )
-from kvgate.runtime.children.ports import free_ports
+from tests.support.ports import free_ports
 
 READY_S = 60.0
 

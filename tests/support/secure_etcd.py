@@ -17,7 +17,7 @@ from kvgate.etcd.client import prefix_end
 from kvgate.etcd.security import EtcdSecurity, etcd_security, open_channel
 from kvgate.runtime.children.child import Child
 from kvgate.runtime.children.etcd import embedded_etcd, etcd_ready
-from kvgate.runtime.children.ports import free_ports
+from tests.support.ports import free_ports
 
 ROOT_PASSWORD = "r00t-pw-for-tests"
 USER = "kvgate"

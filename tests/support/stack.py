@@ -13,8 +13,8 @@ import yaml
 from kvgate.config import Config, load_text
 from kvgate.config.model import HostPort
 from kvgate.etcd import EtcdClient
-from kvgate.runtime.children.ports import free_ports
 from stack.local import Stack
+from tests.support.ports import free_ports
 
 # Health settings for tests that are not about health: a probe may take up to 2 s and it takes
 # three misses in a row to fail an engine, so a CPU-starved control plane or engine is never

@@ -168,11 +168,14 @@ def test_ci_runs_exactly_the_readmes_test_command() -> None:
     readme = (ROOT / "README.md").read_text()
     steps = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
              if line and not line.startswith("#")]
-    test_command = steps[-1]
+    test_command = steps[-2]
     assert f"```bash\n{test_command}\n```" in readme
     assert "pip install -e '.[test]'" in test_command and "python -m pytest -q" in test_command
-    # install, lint, type-check, then the tests
+    # install, lint, type-check, the tests, then the chaos tier's short runs (left out of the
+    # README's command, still gating)
     assert steps.index("python -m pip install --quiet -e '.[test]'") < steps.index(
-        "ruff check .") < steps.index("mypy") < len(steps) - 1
+        "ruff check .") < steps.index("mypy") < len(steps) - 2
+    assert steps[-1] == "python -m pytest -q -m chaos tests/chaos"
+    assert steps[-1] in readme
     # the quick start installs the gateway alone
     assert "pip install -e . && kvgate up\n" in readme

@@ -19,9 +19,9 @@ from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.fleet.kv_events import decode, events_endpoint, replay_endpoint
 from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics
-from kvgate.runtime.children.ports import free_ports
 from kvgate.session import normalize_session
 from tests.support.polling import eventually
+from tests.support.ports import free_ports
 
 ENGINE = "127.0.0.1:8000"
 BS = 16
