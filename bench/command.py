@@ -95,15 +95,14 @@ def run(args: argparse.Namespace) -> int:
     except (InputError, ValueError) as exc:
         print(f"kvgate bench: {exc}", file=sys.stderr)
         return 2
-    say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    say(f"workload {workload.name}: {len(workload.requests)} requests over "
+    _say(f"workload {workload.name}: {len(workload.requests)} requests over "
         f"{workload.duration:.0f} emulated s ({workload.duration * args.time_scale:.0f} s wall)")
     progress = not args.quiet and sys.stderr.isatty()
     if args.compare:
-        results = _run_compare(args, engine, workload, headers, progress, say)
+        results = _run_compare(args, engine, workload, headers, progress, _say)
         block = engine.block_size
     else:
-        results = _run_gateway(args, workload, headers, progress, say)
+        results = _run_gateway(args, workload, headers, progress, _say)
         block = args.block_size
     if results is None:
         return 1
@@ -123,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         name = args.name or f"bench-{workload.name}"
         for path in write_outputs(args.out, name, document,
                                   {m: s.ttfts for m, s in stats.items()}, title):
-            say(f"wrote {path}")
+            _say(f"wrote {path}")
     return 0
 
 
@@ -221,3 +220,8 @@ def _check_url(url: str) -> None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"--gateway must be an http(s) URL such as http://127.0.0.1:8080, "
                          f"got {redact_url(url)!r}")
+
+
+def _say(line: str) -> None:
+    """A progress line, on stderr (stdout carries the result)."""
+    print(line, file=sys.stderr, flush=True)

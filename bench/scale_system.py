@@ -206,13 +206,13 @@ class Bench:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{self.ports['admin']}") as channel:
             stub = admin_pb2_grpc.AdminStub(channel)
             times = {}
-            for name, call in (("status_s", lambda: stub.Status(admin.StatusRequest())),
-                               ("endpoints_list_s",
-                                lambda: stub.ListEndpoints(admin.ListEndpointsRequest())),
-                               ("sessions_list_100_s", lambda: stub.ListSessions(
-                                   admin.ListSessionsRequest(limit=100)))):
+            for name, method, request in (
+                ("status_s", stub.Status, admin.StatusRequest()),
+                ("endpoints_list_s", stub.ListEndpoints, admin.ListEndpointsRequest()),
+                ("sessions_list_100_s", stub.ListSessions, admin.ListSessionsRequest(limit=100)),
+            ):
                 started = time.perf_counter()
-                await call()
+                await method(request)
                 times[name] = time.perf_counter() - started
             return times
 

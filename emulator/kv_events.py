@@ -71,7 +71,8 @@ def all_blocks_cleared() -> Event:
 
 def encode_batch(ts: float, events: Sequence[Event], data_parallel_rank: int = 0) -> bytes:
     """A ``KVEventBatch`` payload: msgpack ``[ts, [events...], data_parallel_rank]``."""
-    return msgpack.packb([float(ts), list(events), data_parallel_rank], use_bin_type=True)
+    payload: bytes = msgpack.packb([float(ts), list(events), data_parallel_rank], use_bin_type=True)
+    return payload
 
 
 def session_id(body: Mapping[str, Any], headers: Mapping[str, str]) -> str | None:

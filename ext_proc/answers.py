@@ -49,7 +49,8 @@ def protobuf_answer(destination: str | None) -> bytes:
         lb = struct_pb2.Struct()
         lb.fields[DESTINATION_KEY].string_value = destination
         response.dynamic_metadata.fields[LB_NAMESPACE].struct_value.CopyFrom(lb)
-    return response.SerializeToString()
+    answer: bytes = response.SerializeToString()  # envoy's modules are untyped
+    return answer
 
 
 def json_answer(destination: str | None) -> bytes:

@@ -40,13 +40,15 @@ class ExternalProcessor:
         })
 
     async def Process(
-        self, request: pb.ProcessingRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ProcessingRequest,
+        context: grpc.aio.ServicerContext[pb.ProcessingRequest, bytes],
     ) -> bytes:
         """The stream's first message answered; the call ends with the answer."""
         if request.HasField("request_headers"):
             return await self._on_request_headers(request, _pool(context))
         # Not asked for; answer "continue" in kind should Envoy send it anyway.
-        return _continue_for(request).SerializeToString()
+        answer: bytes = _continue_for(request).SerializeToString()  # envoy's modules are untyped
+        return answer
 
     async def _on_request_headers(self, request: pb.ProcessingRequest, pool: str | None) -> bytes:
         headers: dict[str, bytes] = {}
@@ -56,7 +58,7 @@ class ExternalProcessor:
         return self._answers.of(await self._handler.decide(pool, headers, body))
 
 
-def _pool(context: grpc.aio.ServicerContext) -> str | None:
+def _pool(context: grpc.aio.ServicerContext[pb.ProcessingRequest, bytes]) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == POOL_METADATA_KEY:
             return value if isinstance(value, str) else value.decode()

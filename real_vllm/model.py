@@ -55,4 +55,4 @@ def kv_bytes_per_token(model: Path) -> int:
     config = json.loads((model / "config.json").read_text())
     heads = config.get("num_key_value_heads") or config["num_attention_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return 2 * config["num_hidden_layers"] * heads * head_dim * 4
+    return int(2 * config["num_hidden_layers"] * heads * head_dim * 4)

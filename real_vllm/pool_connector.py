@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (  # type: ignore[import-not-found]
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
@@ -53,7 +53,7 @@ class _Save:
 
 
 @dataclass
-class PoolMetadata(KVConnectorMetadata):
+class PoolMetadata(KVConnectorMetadata):  # type: ignore[misc]  # vLLM: not installed for mypy
     """One step's work for the worker: blocks to load (key, HBM block) and prompts to offer."""
 
     loads: list[tuple[int, int]] = field(default_factory=list)
@@ -70,7 +70,7 @@ class _Request:
     offered: bool = False
 
 
-class PoolConnector(KVConnectorBase_V1):
+class PoolConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM: not installed for mypy
     """See the module docstring. Extra config: ``pool_url``, ``pool_dir``, ``call_log``."""
 
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any = None) -> None:
@@ -240,7 +240,8 @@ class PoolConnector(KVConnectorBase_V1):
     def _block_bytes(self, block: int) -> bytes:
         parts: Sequence[torch.Tensor] = [self._block(layer, block).reshape(-1)
                                          for layer in self._caches.values()]
-        return torch.cat(list(parts)).numpy().tobytes()
+        joined: bytes = torch.cat(list(parts)).numpy().tobytes()  # torch: untyped for mypy
+        return joined
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks whose file was gone at load time; vLLM recomputes them."""

@@ -21,8 +21,8 @@ class Goal:
     min_hit_rate: float = 0.0
 
     def met_by(self, figures: Mapping[str, Any]) -> bool:
-        return (figures["errors"] == 0 and figures["ttft_p99_s"] <= self.ttft_p99_s
-                and figures["hit_rate"] >= self.min_hit_rate)
+        return bool(figures["errors"] == 0 and figures["ttft_p99_s"] <= self.ttft_p99_s
+                    and figures["hit_rate"] >= self.min_hit_rate)
 
     def describe(self) -> str:
         text = f"TTFT p99 <= {self.ttft_p99_s:g} s"

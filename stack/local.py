@@ -248,7 +248,7 @@ async def grpc_serving(address: HostPort) -> bool:
     async with grpc.aio.insecure_channel(str(address)) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         # types-grpcio-health-checking's HealthStub omits the methods its __init__ sets.
-        reply = await stub.Check(  # type: ignore[attr-defined]
+        reply: health_pb2.HealthCheckResponse = await stub.Check(  # type: ignore[attr-defined]
             health_pb2.HealthCheckRequest(), timeout=0.5
         )
         return reply.status == health_pb2.HealthCheckResponse.SERVING

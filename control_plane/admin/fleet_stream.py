@@ -24,7 +24,9 @@ class FleetStream:
         self._leader = leader
         self._frame: tuple[int, pb.FleetLoad] | None = None  # the last round's message
 
-    async def watch(self, context: grpc.aio.ServicerContext) -> AsyncIterator[pb.FleetLoad]:
+    async def watch(
+        self, context: grpc.aio.ServicerContext[pb.WatchFleetLoadRequest, pb.FleetLoad]
+    ) -> AsyncIterator[pb.FleetLoad]:
         collector = self._collector
         if collector is None or not collector.wanted():
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, self._refusal())

@@ -32,7 +32,9 @@ log = structlog.get_logger("kvgate.admin")
 
 Request = TypeVar("Request")
 Response = TypeVar("Response")
-Method = Callable[["AdminServicer", Request, grpc.aio.ServicerContext], Awaitable[Response]]
+# A unary call's context: only its abort is used, so its messages' types do not matter here.
+Context = grpc.aio.ServicerContext[Message, Message]
+Method = Callable[["AdminServicer", Request, Context], Awaitable[Response]]
 
 
 class BadRequest(Exception):
@@ -54,7 +56,7 @@ _STATUS: tuple[tuple[type[Exception], grpc.StatusCode], ...] = (
 def _mapped(method: Method[Request, Response]) -> Method[Request, Response]:
     @functools.wraps(method)
     async def wrapper(
-        self: AdminServicer, request: Request, context: grpc.aio.ServicerContext
+        self: AdminServicer, request: Request, context: Context
     ) -> Response:
         try:
             return await method(self, request, context)
@@ -82,7 +84,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     @_mapped
     async def ListEndpoints(
-        self, request: pb.ListEndpointsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ListEndpointsRequest, context: Context
     ) -> pb.ListEndpointsResponse:
         found = await self._ops.list_endpoints(_optional(request, "pool"))
         response = pb.ListEndpointsResponse(endpoints=[endpoint_status(s) for s in found.endpoints])
@@ -92,36 +94,43 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     @_mapped
     async def DrainEndpoint(
-        self, request: pb.DrainEndpointRequest, context: grpc.aio.ServicerContext
+        self, request: pb.DrainEndpointRequest, context: Context
     ) -> pb.DrainEndpointResponse:
         deadline = request.deadline_seconds if request.HasField("deadline_seconds") else None
         if deadline is not None and not 0 <= deadline < float("inf"):
             raise BadRequest(f"deadline_seconds must be >= 0, got {deadline}")
-        record = await self._ops.drain(
-            _address(request), _optional(request, "pool"), deadline
-        )
-        log.info("admin_drain", pool=record.pool, endpoint=record.address, deadline_s=deadline)
-        return pb.DrainEndpointResponse(endpoint=endpoint(record))
+        changed = await self._change(
+            "admin_drain", request,
+            lambda address, pool: self._ops.drain(address, pool, deadline), deadline_s=deadline)
+        return pb.DrainEndpointResponse(endpoint=changed)
 
     @_mapped
     async def UndrainEndpoint(
-        self, request: pb.UndrainEndpointRequest, context: grpc.aio.ServicerContext
+        self, request: pb.UndrainEndpointRequest, context: Context
     ) -> pb.UndrainEndpointResponse:
-        record = await self._ops.undrain(_address(request), _optional(request, "pool"))
-        log.info("admin_undrain", pool=record.pool, endpoint=record.address)
-        return pb.UndrainEndpointResponse(endpoint=endpoint(record))
+        changed = await self._change("admin_undrain", request, self._ops.undrain)
+        return pb.UndrainEndpointResponse(endpoint=changed)
 
     @_mapped
     async def FailEndpoint(
-        self, request: pb.FailEndpointRequest, context: grpc.aio.ServicerContext
+        self, request: pb.FailEndpointRequest, context: Context
     ) -> pb.FailEndpointResponse:
-        record = await self._ops.fail(_address(request), _optional(request, "pool"))
-        log.info("admin_fail", pool=record.pool, endpoint=record.address)
-        return pb.FailEndpointResponse(endpoint=endpoint(record))
+        changed = await self._change("admin_fail", request, self._ops.fail)
+        return pb.FailEndpointResponse(endpoint=changed)
+
+    async def _change(
+        self, event: str, request: Message,
+        change: Callable[[str, str | None], Awaitable[EndpointRecord]], **fields: object,
+    ) -> pb.Endpoint:
+        """An operator's change to the endpoint `request` names: made, logged as `event`,
+        answered as the endpoint's new record."""
+        record = await change(_address(request), _optional(request, "pool"))
+        log.info(event, pool=record.pool, endpoint=record.address, **fields)
+        return endpoint(record)
 
     @_mapped
     async def ListSessions(
-        self, request: pb.ListSessionsRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ListSessionsRequest, context: Context
     ) -> pb.ListSessionsResponse:
         page = await self._ops.list_sessions(
             _optional(request, "pool"), _optional(request, "endpoint"), request.limit,
@@ -134,7 +143,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     @_mapped
     async def ShowSession(
-        self, request: pb.ShowSessionRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ShowSessionRequest, context: Context
     ) -> pb.ShowSessionResponse:
         if not request.session.strip():
             raise BadRequest("session is required")
@@ -143,7 +152,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     @_mapped
     async def MoveSession(
-        self, request: pb.MoveSessionRequest, context: grpc.aio.ServicerContext
+        self, request: pb.MoveSessionRequest, context: Context
     ) -> pb.MoveSessionResponse:
         if not request.session.strip():
             raise BadRequest("session is required")
@@ -158,7 +167,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
 
     @_mapped
     async def Status(
-        self, request: pb.StatusRequest, context: grpc.aio.ServicerContext
+        self, request: pb.StatusRequest, context: Context
     ) -> pb.StatusResponse:
         status = self._status()
         response = control_plane_status(status)
@@ -185,7 +194,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         return response
 
     async def WatchFleetLoad(
-        self, request: pb.WatchFleetLoadRequest, context: grpc.aio.ServicerContext
+        self, request: pb.WatchFleetLoadRequest,
+        context: grpc.aio.ServicerContext[pb.WatchFleetLoadRequest, pb.FleetLoad],
     ) -> AsyncIterator[pb.FleetLoad]:
         if self._fleet is None:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,

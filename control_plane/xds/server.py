@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 
 import grpc
 import structlog
-from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
+from envoy.service.discovery.v3 import discovery_pb2
 
 from control_plane.resources.types import NAMED, TYPE_ORDER, short
 from control_plane.status import NodeStatus
@@ -44,7 +44,14 @@ class NodeRegistry:
         return tuple(self.nodes.values())
 
 
-class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
+# The ADS context: what a stream reads from Envoy and sends it.
+Context = grpc.aio.ServicerContext[discovery_pb2.DiscoveryRequest, discovery_pb2.DiscoveryResponse]
+
+
+class AdsServer:
+    """Both of ADS's methods (ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server
+    takes any object with them)."""
+
     def __init__(self, cache: SnapshotCache, metrics: XdsMetrics, registry: NodeRegistry) -> None:
         self._cache = cache
         self._metrics = metrics
@@ -54,7 +61,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
     async def StreamAggregatedResources(
         self,
         request_iterator: AsyncIterator[discovery_pb2.DiscoveryRequest],
-        context: grpc.aio.ServicerContext,
+        context: Context,
     ) -> None:
         self._streams += 1
         stream = _Stream(self._streams, self._cache, self._metrics, self._registry, context)
@@ -66,7 +73,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             self._registry.nodes.pop(stream.id, None)
 
     async def DeltaAggregatedResources(
-        self, request_iterator: object, context: grpc.aio.ServicerContext
+        self, request_iterator: object, context: Context
     ) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "kvgate serves state-of-the-world ADS")
 
@@ -74,7 +81,7 @@ class AdsServer(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
 class _Stream:
     def __init__(
         self, stream_id: int, cache: SnapshotCache, metrics: XdsMetrics, registry: NodeRegistry,
-        context: grpc.aio.ServicerContext,
+        context: Context,
     ) -> None:
         self.id = stream_id
         self._cache = cache

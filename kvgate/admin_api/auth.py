@@ -115,11 +115,11 @@ def _bearer(metadata: tuple[tuple[str, str | bytes], ...]) -> bytes | None:
 
 
 def _deny(
-    handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str
-) -> grpc.RpcMethodHandler:
+    handler: grpc.RpcMethodHandler[Any, Any], code: grpc.StatusCode, message: str
+) -> grpc.RpcMethodHandler[Any, Any]:
     """A handler of the same streaming kind as `handler` that only aborts with `code`."""
 
-    async def deny(request: object, context: grpc.aio.ServicerContext) -> None:
+    async def deny(request: object, context: grpc.aio.ServicerContext[Any, Any]) -> None:
         await context.abort(code, message)
 
     # Deserializers stay unset: the request is never read, so it is never parsed.

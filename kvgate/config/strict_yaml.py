@@ -34,8 +34,9 @@ class _Loader(yaml.SafeLoader):
 
     def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         if self._depth >= MAX_DEPTH:
+            event = self.peek_event()  # type: ignore[no-untyped-call]  # unannotated in its stub
             raise ComposerError(
-                None, None, f"nested deeper than {MAX_DEPTH} levels", self.peek_event().start_mark
+                None, None, f"nested deeper than {MAX_DEPTH} levels", event.start_mark
             )
         self._depth += 1
         try:

@@ -32,6 +32,20 @@ from kvgate.etcd.records import (
     key_value,
     prefix_end,
 )
+from kvgate.etcd.replies import (
+    ALARM,
+    COMPACT,
+    DEFRAGMENT,
+    DELETE_RANGE,
+    LEASE_GRANT,
+    LEASE_REVOKE,
+    PUT,
+    RANGE,
+    STATUS,
+    TXN,
+    LeaseKeepAliveReply,
+    WatchReply,
+)
 
 # etcd refuses a transaction of more than --max-txn-ops (128 by default) operations.
 MAX_TXN_OPS = 100
@@ -76,11 +90,11 @@ class EtcdClient(EtcdConnection):
         self, key: bytes, range_end: bytes, limit: int | None = None, revision: int = 0
     ) -> tuple[list[KeyValue], bool, int]:
         """One page of [key, range_end): (keys, whether more follow, the revision read at)."""
-        reply = await self._call("Range", "_kv", rpc.RangeRequest(
+        reply = await self._call(RANGE, rpc.RangeRequest(
             key=key, range_end=range_end, limit=limit or self.page_size, revision=revision,
         ))
-        return ([key_value(kv) for kv in reply.kvs], reply.more,  # type: ignore[attr-defined]
-                reply.header.revision if not revision else revision)  # type: ignore[attr-defined]
+        return ([key_value(kv) for kv in reply.kvs], reply.more,
+                reply.header.revision if not revision else revision)
 
     async def count_prefix(self, prefix: bytes) -> int:
         """How many keys are under `prefix` (etcd counts; nothing is transferred)."""
@@ -91,34 +105,34 @@ class EtcdClient(EtcdConnection):
         self, key: bytes, range_end: bytes, revision: int = 0
     ) -> tuple[int, int]:
         """(keys in [key, range_end) at `revision` or now, the revision counted at)."""
-        reply = await self._call("Range", "_kv", rpc.RangeRequest(
+        reply = await self._call(RANGE, rpc.RangeRequest(
             key=key, range_end=range_end, count_only=True, revision=revision))
-        return (int(reply.count),  # type: ignore[attr-defined]
-                revision or reply.header.revision)  # type: ignore[attr-defined]
+        return (int(reply.count),
+                revision or reply.header.revision)
 
     async def get(self, key: bytes, limit_s: float | None = None) -> KeyValue | None:
-        reply = await self._call("Range", "_kv", rpc.RangeRequest(key=key), limit_s)
-        kvs = reply.kvs  # type: ignore[attr-defined]
+        reply = await self._call(RANGE, rpc.RangeRequest(key=key), limit_s)
+        kvs = reply.kvs
         return key_value(kvs[0]) if kvs else None
 
     async def put(self, key: bytes, value: bytes, lease: int = 0) -> int:
-        reply = await self._call("Put", "_kv", rpc.PutRequest(key=key, value=value, lease=lease))
-        return reply.header.revision  # type: ignore[attr-defined]
+        reply = await self._call(PUT, rpc.PutRequest(key=key, value=value, lease=lease))
+        return reply.header.revision
 
     async def delete(self, key: bytes) -> bool:
-        reply = await self._call("DeleteRange", "_kv", rpc.DeleteRangeRequest(key=key))
-        return reply.deleted > 0  # type: ignore[attr-defined]
+        reply = await self._call(DELETE_RANGE, rpc.DeleteRangeRequest(key=key))
+        return reply.deleted > 0
 
     async def delete_prefix(self, prefix: bytes) -> int:
         request = rpc.DeleteRangeRequest(key=prefix, range_end=prefix_end(prefix))
-        reply = await self._call("DeleteRange", "_kv", request)
-        return reply.deleted  # type: ignore[attr-defined]
+        reply = await self._call(DELETE_RANGE, request)
+        return reply.deleted
 
     async def create(
         self, key: bytes, value: bytes, lease: int = 0, limit_s: float | None = None
     ) -> tuple[bool, KeyValue]:
         """Create `key` only if absent. Returns (created, the key's value now)."""
-        return await self._put_if(
+        created, now = await self._put_if(
             rpc.Compare(
                 key=key,
                 target=rpc.Compare.CREATE,
@@ -127,6 +141,8 @@ class EtcdClient(EtcdConnection):
             ),
             key, value, lease, limit_s,
         )
+        assert now is not None  # refused only when the key exists: the same transaction read it
+        return created, now
 
     async def replace(
         self, key: bytes, value: bytes, mod_revision: int, lease: int = 0,
@@ -144,7 +160,7 @@ class EtcdClient(EtcdConnection):
     async def _put_if(
         self, compare: rpc.Compare, key: bytes, value: bytes, lease: int, limit_s: float | None,
         fence: Fence | None = None,
-    ) -> tuple[bool, KeyValue]:
+    ) -> tuple[bool, KeyValue | None]:
         failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=key))]
         if fence is not None:
             failure.append(rpc.RequestOp(request_range=rpc.RangeRequest(key=fence.key)))
@@ -155,17 +171,17 @@ class EtcdClient(EtcdConnection):
             ],
             failure=failure,
         )
-        reply = await self._call("Txn", "_kv", request, limit_s)
-        if reply.succeeded:  # type: ignore[attr-defined]
-            revision = reply.header.revision  # type: ignore[attr-defined]
+        reply = await self._call(TXN, request, limit_s)
+        if reply.succeeded:
+            revision = reply.header.revision
             return True, KeyValue(key, value, revision, lease)
         if fence is not None:
-            holder = reply.responses[1].response_range.kvs  # type: ignore[attr-defined]
+            holder = reply.responses[1].response_range.kvs
             if not holder or holder[0].lease != fence.lease:
                 raise EtcdFenced("this replica's election key is gone: another leads now",
                                  operation="Txn")
-        kvs = reply.responses[0].response_range.kvs  # type: ignore[attr-defined]
-        return False, key_value(kvs[0]) if kvs else None  # type: ignore[return-value]
+        kvs = reply.responses[0].response_range.kvs
+        return False, key_value(kvs[0]) if kvs else None
 
     async def commit(self, guards: Sequence[Guard], writes: Sequence[Write]) -> int | None:
         """Applies every write in one transaction if every guard holds; returns the store's
@@ -183,10 +199,10 @@ class EtcdClient(EtcdConnection):
             else rpc.RequestOp(request_put=rpc.PutRequest(key=w.key, value=w.value))
             for w in writes
         ]
-        reply = await self._call("Txn", "_kv", rpc.TxnRequest(compare=compare, success=success))
-        if not reply.succeeded:  # type: ignore[attr-defined]
+        reply = await self._call(TXN, rpc.TxnRequest(compare=compare, success=success))
+        if not reply.succeeded:
             return None
-        return reply.header.revision  # type: ignore[attr-defined]
+        return reply.header.revision
 
     async def put_each(
         self, puts: Sequence[GuardedPut], limit_s: float | None = None,
@@ -214,14 +230,14 @@ class EtcdClient(EtcdConnection):
                 failure=[rpc.RequestOp(request_range=rpc.RangeRequest(key=p.key))]
                 if read_refused else [],
             )))
-        reply = await self._call("Txn", "_kv", rpc.TxnRequest(compare=_fenced(fence),
+        reply = await self._call(TXN, rpc.TxnRequest(compare=_fenced(fence),
                                                               success=ops), limit_s)
-        if not reply.succeeded:  # type: ignore[attr-defined]  # only a fence can fail here
+        if not reply.succeeded:  # only a fence can fail here
             raise EtcdFenced("this replica's election key is gone: another leads now",
                              operation="Txn")
-        revision = reply.header.revision  # type: ignore[attr-defined]
+        revision = reply.header.revision
         results = []
-        for p, response in zip(puts, reply.responses, strict=True):  # type: ignore[attr-defined]
+        for p, response in zip(puts, reply.responses, strict=True):
             nested = response.response_txn
             if nested.succeeded:
                 # ignore_value keeps the stored value, which the caller did not send: unknown
@@ -234,11 +250,11 @@ class EtcdClient(EtcdConnection):
         return results, revision
 
     async def grant_lease(self, ttl: int) -> int:
-        reply = await self._call("LeaseGrant", "_lease", rpc.LeaseGrantRequest(TTL=ttl))
-        return reply.ID  # type: ignore[attr-defined]
+        reply = await self._call(LEASE_GRANT, rpc.LeaseGrantRequest(TTL=ttl))
+        return reply.ID
 
     async def revoke_lease(self, lease: int) -> None:
-        await self._call("LeaseRevoke", "_lease", rpc.LeaseRevokeRequest(ID=lease))
+        await self._call(LEASE_REVOKE, rpc.LeaseRevokeRequest(ID=lease))
 
     async def keep_alive_once(self, lease: int) -> int:
         """Refreshes a lease; returns its new TTL (0 if it had already expired)."""
@@ -251,7 +267,10 @@ class EtcdClient(EtcdConnection):
                 await call.done_writing()
         finally:
             call.cancel()
-        return 0 if reply is grpc.aio.EOF else reply.TTL
+        if reply is grpc.aio.EOF:
+            return 0
+        alive: LeaseKeepAliveReply = reply
+        return alive.TTL
 
     async def watch_prefix(
         self, prefix: bytes, start_revision: int
@@ -278,9 +297,10 @@ class EtcdClient(EtcdConnection):
             async with self._classified("Watch"):
                 await call.write(create)
                 while True:
-                    reply = await call.read()
-                    if reply is grpc.aio.EOF:
+                    message = await call.read()
+                    if message is grpc.aio.EOF:
                         raise self._watch_lost("watch stream ended")
+                    reply: WatchReply = message
                     if reply.compact_revision:
                         raise self._watch_lost(f"watch compacted at {reply.compact_revision}")
                     if reply.canceled:
@@ -305,17 +325,17 @@ class EtcdClient(EtcdConnection):
 
     async def alarms(self) -> list[str]:
         """The active alarms, e.g. ["NOSPACE"] (`etcdctl alarm list`)."""
-        reply = await self._call("Alarm", "_maintenance",
+        reply = await self._call(ALARM,
                                  rpc.AlarmRequest(action=rpc.AlarmRequest.GET))
-        return sorted({rpc.AlarmType.Name(a.alarm) for a in reply.alarms})  # type: ignore[attr-defined]
+        return sorted({rpc.AlarmType.Name(a.alarm) for a in reply.alarms})
 
     async def disarm_alarms(self) -> int:
         """Deactivates every active alarm (`etcdctl alarm disarm`); returns how many."""
-        reply = await self._call("Alarm", "_maintenance",
+        reply = await self._call(ALARM,
                                  rpc.AlarmRequest(action=rpc.AlarmRequest.GET))
-        alarms = list(reply.alarms)  # type: ignore[attr-defined]
+        alarms = list(reply.alarms)
         for alarm in alarms:
-            await self._call("Alarm", "_maintenance", rpc.AlarmRequest(
+            await self._call(ALARM, rpc.AlarmRequest(
                 action=rpc.AlarmRequest.DEACTIVATE, memberID=alarm.memberID, alarm=alarm.alarm,
             ))
         return len(alarms)
@@ -323,22 +343,22 @@ class EtcdClient(EtcdConnection):
     async def compact(self, revision: int | None = None) -> int:
         """Drops history before `revision` (default: now) (`etcdctl compact`); returns it."""
         if revision is None:
-            reply = await self._call("Range", "_kv", rpc.RangeRequest(key=b"\0", limit=1))
-            revision = reply.header.revision  # type: ignore[attr-defined]
-        await self._call("Compact", "_kv",
+            reply = await self._call(RANGE, rpc.RangeRequest(key=b"\0", limit=1))
+            revision = reply.header.revision
+        await self._call(COMPACT,
                          rpc.CompactionRequest(revision=revision, physical=True))
         return revision
 
     async def db_size(self) -> tuple[int, int]:
         """(bytes of the connected member's database file, of which in use): its quota
         (--quota-backend-bytes) counts the file; defragmenting returns the rest."""
-        reply = await self._call("Status", "_maintenance", rpc.StatusRequest())
-        return int(reply.dbSize), int(reply.dbSizeInUse)  # type: ignore[attr-defined]
+        reply = await self._call(STATUS, rpc.StatusRequest())
+        return int(reply.dbSize), int(reply.dbSizeInUse)
 
     async def defragment(self, limit_s: float = 60.0) -> None:
         """Returns the compacted space to the file system on the connected member
         (`etcdctl defrag`)."""
-        await self._call("Defragment", "_maintenance", rpc.DefragmentRequest(), limit_s)
+        await self._call(DEFRAGMENT, rpc.DefragmentRequest(), limit_s)
 
 
 async def wait_until_ready(client: EtcdClient, deadline: float, key: bytes = b"/") -> None:

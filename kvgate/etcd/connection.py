@@ -12,6 +12,7 @@ import grpc
 from aetcd.rpc import rpc_pb2_grpc as stubs
 
 from kvgate.etcd.errors import EtcdError, EtcdUnavailable, from_rpc_error
+from kvgate.etcd.replies import R, Rpc
 from kvgate.etcd.security import EtcdSecurity, open_channel
 
 # Every prefix read comes in pages of at most this many keys, so no reply grows with the
@@ -88,13 +89,12 @@ class EtcdConnection:
         if self._channel is None:
             self._connect()
 
-    async def _call(
-        self, name: str, service: str, request: object, limit_s: float | None = None
-    ) -> object:
+    async def _call(self, rpc: Rpc[R], request: object, limit_s: float | None = None) -> R:
         self._stubs()
-        method = getattr(getattr(self, service), name)
-        async with self._classified(name):
-            return await method(request, timeout=limit_s or self._timeout)
+        method = getattr(getattr(self, rpc.stub), rpc.method)
+        async with self._classified(rpc.method):
+            reply: R = await method(request, timeout=limit_s or self._timeout)
+        return reply
 
     @asynccontextmanager
     async def _classified(self, operation: str) -> AsyncIterator[None]:

@@ -4,6 +4,10 @@ their revisions, watch events, transaction guards and writes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvgate.etcd.replies import KeyValueMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +78,6 @@ def prefix_end(prefix: bytes) -> bytes:
     return b"\0"
 
 
-def key_value(kv: object) -> KeyValue:
+def key_value(kv: KeyValueMessage) -> KeyValue:
     """A KeyValue from etcd's protobuf message."""
-    return KeyValue(kv.key, kv.value, kv.mod_revision, kv.lease)  # type: ignore[attr-defined]
+    return KeyValue(kv.key, kv.value, kv.mod_revision, kv.lease)

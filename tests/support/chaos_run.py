@@ -198,6 +198,6 @@ async def state_of(scene: Scene, address: str, admin: HostPort | None = None) ->
     reports it."""
     asked = admin or scene.stack.config.control_plane.admin
     async with grpc.aio.insecure_channel(str(asked)) as channel:
-        listed = await admin_pb2_grpc.AdminStub(channel).ListEndpoints(
+        listed: pb.ListEndpointsResponse = await admin_pb2_grpc.AdminStub(channel).ListEndpoints(
             pb.ListEndpointsRequest(), timeout=10)
     return next(e.endpoint.state for e in listed.endpoints if e.endpoint.address == address)

@@ -139,7 +139,7 @@ class Supervisor:
     def backoff(self, attempt: int) -> float:
         """Seconds before restart number `attempt` (1, 2, ...) in a row: capped exponential,
         with jitter so replicas that failed together do not retry together."""
-        ceiling = min(self._max, self._initial * 2 ** min(attempt - 1, 30))
+        ceiling = min(self._max, self._initial * 2.0 ** min(attempt - 1, 30))
         return ceiling * self._rng.uniform(0.5, 1.0)
 
     async def _guard(self, name: str, run: Callable[[], Awaitable[None]], once: bool) -> None:
