@@ -49,9 +49,9 @@ from control_plane.status import ControlPlaneStatus
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.fleet.scrape import EngineScrapeMetrics
 from kvgate.placement.live import LoadBoard
-from kvgate.routing.recent import PrefillMix
 from kvgate.runtime.children.child import Child
 from kvgate.runtime.tasks.loop import run as run_loop
 

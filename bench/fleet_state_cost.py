@@ -55,11 +55,11 @@ from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
 from kvgate.fleet.keepalive import OnReply, Page, PageError
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.fleet.residency import EngineResidency
 from kvgate.fleet.scrape import EngineFigures, Pages, ScrapeRounds
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
-from kvgate.routing.recent import PrefillMix
 from kvgate.runtime.children.child import Child
 from kvgate.runtime.tasks.loop import run as run_loop
 

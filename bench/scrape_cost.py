@@ -21,10 +21,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry
 
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.fleet.scrape import ScrapeRounds
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
-from kvgate.routing.recent import PrefillMix
 from kvgate.runtime.children.child import Child
 
 

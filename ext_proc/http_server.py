@@ -19,7 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
-from google.protobuf import struct_pb2
 
 from ext_proc.answers import Answers, json_answer
 from kvgate.contract.envoy import DECISIONS_HEALTH_PATH, POOL_HEADER
@@ -97,13 +96,15 @@ class HttpProcessor:
             # Not a request-headers message: nothing else is asked for; "continue".
             log.warning("http_transport_unexpected_message", error=str(exc))
             return self._answers.of_nothing()
-        body_metadata = None
+        # The body's session fields as the core takes them, name -> text; a field of another
+        # kind reads as empty text (names no session), as over gRPC.
+        body_fields = None
         if isinstance(session, dict) and session:
-            body_metadata = struct_pb2.Struct()
-            body_metadata.update(session)
+            body_fields = {name: text if isinstance(text, str) else ""
+                           for name, text in session.items()}
         pool = headers.pop(POOL_HEADER, None)
         decision = await self._handler.decide(
-            None if pool is None else pool.decode(errors="replace"), headers, body_metadata
+            None if pool is None else pool.decode(errors="replace"), headers, body_fields
         )
         return self._answers.of(decision)
 

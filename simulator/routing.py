@@ -14,6 +14,7 @@ from emulator.prefix_cache import PrefixCache
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState, MoveReason
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.evictions import EvictionRate
@@ -21,7 +22,6 @@ from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.placement.view import Member, PoolView
 from kvgate.routing import STATIC, DecisionError, GatedPolicy, Pipeline, Policy
-from kvgate.routing.recent import PrefillMix
 from simulator.observe import Scrape
 
 POOL = "sim"

@@ -1,5 +1,6 @@
-"""`etcd.tls` and `etcd.auth`: the files they name are read and checked when the config is read,
-so a service never starts with a certificate it cannot use (validate, then act).
+"""`etcd.tls` and `etcd.auth`: their keys, and the files they name, read and checked when the
+config is read, so a service never starts with a certificate it cannot use (validate, then act).
+The `etcd:` section (`sections.etcd`) holds them.
 
 Relative paths are taken from the YAML file's folder and stored absolute, so the config a
 service hands to another (`kvgate up` writes one) means the same files.
@@ -9,16 +10,42 @@ from __future__ import annotations
 
 import os
 import ssl
+from dataclasses import dataclass
 from pathlib import Path as FilePath
 from typing import Any
 
 from kvgate.config.fields import Fields, Path
-from kvgate.config.sections.etcd import EtcdAuth, EtcdTls
+from kvgate.config.schema import Custom, key
 
 PASSWORD_ENV = "KVGATE_ETCD_PASSWORD"
 MAX_FILE_BYTES = 1 << 20  # a certificate bundle or a password is a few KiB
 _CERTIFICATE = b"-----BEGIN CERTIFICATE-----"
 _PRIVATE_KEY = b"PRIVATE KEY-----"
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdTls:
+    """TLS to etcd (`etcd.tls`): absolute paths of PEM files, checked when the config is read."""
+
+    ca: str | None = key(Custom(Fields.string, "file"), "the PEM CA that signed etcd's "
+                         "certificate", default=None, default_doc="the system's CAs")
+    cert: str | None = key(Custom(Fields.string, "file"), "a PEM client certificate (chain), for "
+                           "an etcd with `--client-cert-auth`; with `key`", default=None)
+    key: str | None = key(Custom(Fields.string, "file"), "the client certificate's unencrypted "
+                          "PEM key; with `cert`", default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class EtcdAuth:
+    """etcd user authentication (`etcd.auth`). The password itself is never in the config: it is
+    read from `password_file`, else from the KVGATE_ETCD_PASSWORD environment variable."""
+
+    username: str = key(Custom(Fields.string, "string"), "the etcd user kvgate authenticates as",
+                        default="", default_doc="required")
+    password_file: str | None = key(
+        Custom(Fields.string, "file"), "the password (one line; a final newline is dropped); "
+        "without it, the environment variable `KVGATE_ETCD_PASSWORD`. Never in the YAML itself",
+        default=None)
 
 
 def read_tls(f: Fields, value: Any, path: Path, base: FilePath) -> EtcdTls | None:

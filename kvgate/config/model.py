@@ -7,10 +7,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.config.address import HostPort
+from kvgate.config.etcd_security import EtcdAuth, EtcdTls
 from kvgate.config.fields import Fields, Path
 from kvgate.config.schema import Custom, Section, Socket, key
 from kvgate.config.sections.control_plane import ControlPlane
-from kvgate.config.sections.etcd import Etcd, EtcdAuth, EtcdTls
+from kvgate.config.sections.etcd import Etcd
 from kvgate.config.sections.ext_proc import ExtProc
 from kvgate.config.sections.placement import LoadGateConfig, Placement
 from kvgate.config.sections.pools import POOLS, Endpoint, Health, Pool

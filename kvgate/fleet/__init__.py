@@ -7,4 +7,6 @@
 - `collector`: the control-plane leader's one scraper for the whole gateway
   (`load_gate.source: collector`), whose rounds the admin API streams to every replica.
 - `feed`: an ext_proc replica's side of that stream: figures onto its load board, aged.
+- `prefill_mix`: the mean prefill a waiting request is assumed to need (the figures' waiting
+  counts in seconds).
 """

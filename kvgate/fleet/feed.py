@@ -26,8 +26,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.fleet.hbm_board import HbmBoard
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.live import LoadBoard, ObservedLoad, ObservedRound
-from kvgate.routing.recent import PrefillMix
 
 log = structlog.get_logger("kvgate.fleet")
 

@@ -4,11 +4,12 @@ for the next turn."""
 
 from __future__ import annotations
 
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.view import PoolView
 from kvgate.routing.policy import HbmResidency, Known
-from kvgate.routing.recent import PrefillMix, RecentSessions
+from kvgate.routing.recent import RecentSessions
 
 
 class Ledger:

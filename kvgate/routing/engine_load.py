@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.fleet.scrape import (
     FULL_PATH,
     LOAD_GAUGES,
@@ -31,7 +32,6 @@ from kvgate.fleet.scrape import (
     ScrapeRounds,
 )
 from kvgate.placement.live import LoadBoard, ObservedLoad
-from kvgate.routing.recent import PrefillMix
 
 __all__ = ["FULL_PATH", "LOAD_GAUGES", "LOAD_PATH", "LOAD_QUERY", "EngineLoadScraper",
            "EngineScrapeMetrics", "observed_load", "scrape_timeout"]

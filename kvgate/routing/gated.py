@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from itertools import islice
 
 from kvgate.contract.states import EndpointState, MoveReason
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
@@ -45,7 +46,7 @@ from kvgate.routing.policy import (
     PoolResidency,
     PromptSize,
 )
-from kvgate.routing.recent import PrefillMix, RecentSessions
+from kvgate.routing.recent import RecentSessions
 from kvgate.routing.terms import Candidate, Estimate, Term, default_terms
 
 

@@ -9,13 +9,12 @@ import time
 from collections.abc import Mapping
 
 import structlog
-from google.protobuf import struct_pb2
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kvgate.contract.states import MoveReason
 from kvgate.routing.decision import Decision, DecisionError, Outcome
 from kvgate.routing.pipeline import Pipeline
-from kvgate.routing.sources import SessionSources, Source
+from kvgate.routing.sources import BodyFields, SessionSources, Source
 
 log = structlog.get_logger("kvgate.ext_proc")
 
@@ -54,8 +53,8 @@ class DecisionMetrics:
 
 
 class RequestHandler:
-    """Called by ext_proc's gRPC and HTTP transports: (pool, headers, body metadata) →
-    Decision."""
+    """Called by ext_proc's gRPC and HTTP transports: (pool, headers, body session fields) →
+    Decision. Plain input: each transport converts its wire message (protobuf, JSON)."""
 
     def __init__(
         self,
@@ -80,9 +79,10 @@ class RequestHandler:
         self,
         pool: str | None,
         headers: Mapping[str, bytes],
-        body: struct_pb2.Struct | None,
+        body: BodyFields | None,
     ) -> Decision:
-        """`headers`: the forwarded request headers; `body`: metadata namespace kvgate.session."""
+        """`headers`: the forwarded request headers, name -> value; `body`: the session fields
+        Envoy found in the body (metadata namespace kvgate.session), None if it found none."""
         self.last_decided = started = time.perf_counter()
         pool = pool or self.default_pool
         try:

@@ -1,5 +1,6 @@
-"""What the load gate remembers between requests: each session's size and last move, and the
-mean prefill of the requests it booked."""
+"""What the load gate remembers between requests: each session's size and last move. The mean
+prefill of the requests it booked is `kvgate.fleet.prefill_mix.PrefillMix` (the engines'
+figures read it too)."""
 
 from __future__ import annotations
 
@@ -37,19 +38,3 @@ class RecentSessions:
     def __len__(self) -> int:
         return len(self._seen)
 
-
-class PrefillMix:
-    """A running mean of the prefill seconds this replica books per request: the plain mean of
-    the first 100, then an exponential one over about the last 100. What a request waiting on
-    an engine (`vllm:num_requests_waiting`) is assumed to need."""
-
-    def __init__(self) -> None:
-        self.mean_s = 0.0
-        self._seen = 0
-
-    def add(self, seconds: float) -> None:
-        if self._seen < 100:
-            self._seen += 1
-            self.mean_s += (seconds - self.mean_s) / self._seen
-        else:
-            self.mean_s += (seconds - self.mean_s) * 0.01

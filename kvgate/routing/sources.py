@@ -8,14 +8,17 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import NamedTuple
 
-from google.protobuf import struct_pb2
-
 from kvgate.config.model import Session
 from kvgate.session import IMPLICIT_KEY, LEGACY_IMPLICIT_KEY
 
 # Never equal to an explicit id a client could send by accident: the implicit key is hashed
 # in its own space.
 IMPLICIT_PREFIX = b"kvgate-implicit\x00"
+
+# The session fields Envoy found in the request's body (its dynamic metadata namespace
+# `kvgate.session`, forwarded): field name -> text, empty for a field that is not text. The
+# transports convert their messages to it (ext_proc).
+BodyFields = Mapping[str, str]
 
 
 class Source(StrEnum):
@@ -41,23 +44,22 @@ class SessionSources:
         self._fields = session.body_fields
         self._implicit = session.implicit
 
-    def pick(self, headers: Mapping[str, bytes], body: struct_pb2.Struct | None) -> Found:
-        """`headers`: the request's (forwarded) headers; `body`: metadata namespace
-        `kvgate.session`, or None when Envoy found nothing in the body."""
+    def pick(self, headers: Mapping[str, bytes], body: BodyFields | None) -> Found:
+        """`headers`: the request's (forwarded) headers, name -> value; `body`: the body's
+        session fields, or None when Envoy found nothing in the body."""
         for name in self._headers:
             value = headers.get(name)
             if value and value.strip():
                 return Found(value, Source.HEADER)
         if body is None:
             return NOT_FOUND
-        fields = body.fields
         for name in self._fields:
-            if name in fields:
-                text = fields[name].string_value
+            if name in body:
+                text = body[name]
                 if text.strip():
                     return Found(text.encode(), Source.BODY)
         if self._implicit:
-            key = IMPLICIT_KEY if IMPLICIT_KEY in fields else LEGACY_IMPLICIT_KEY
-            if key in fields and (text := fields[key].string_value):
+            key = IMPLICIT_KEY if IMPLICIT_KEY in body else LEGACY_IMPLICIT_KEY
+            if key in body and (text := body[key]):
                 return Found(IMPLICIT_PREFIX + text.encode(), Source.IMPLICIT)
         return NOT_FOUND

@@ -23,9 +23,9 @@ from kvgate.config import load_text
 from kvgate.config.model import HostPort
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.fleet.scrape import EngineScrapeMetrics
 from kvgate.placement.live import LoadBoard
-from kvgate.routing.recent import PrefillMix
 from tests.admin.admin_helpers import Fleet, StartServer, run_cli
 from tests.support.polling import eventually
 

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.fleet.scrape import ScrapeRounds
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.engine_load import (
@@ -23,7 +24,6 @@ from kvgate.routing.engine_load import (
     EngineLoadScraper,
     EngineScrapeMetrics,
 )
-from kvgate.routing.recent import PrefillMix
 
 PAGE = """# TYPE vllm:num_requests_waiting gauge
 vllm:num_requests_waiting{engine="0"} 3.0

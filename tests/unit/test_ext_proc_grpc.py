@@ -11,14 +11,14 @@ import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as pb_grpc
-from google.protobuf import struct_pb2
 
 from ext_proc.server import ExternalProcessor
 from kvgate.config import load_text
 from kvgate.contract.envoy import DESTINATION_KEY, LB_NAMESPACE, POOL_METADATA_KEY
 from kvgate.routing import Decision, Outcome
 from kvgate.routing.handler import DecisionMetrics, RequestHandler
-from kvgate.routing.sources import SessionSources
+from kvgate.routing.sources import BodyFields, SessionSources
+from kvgate.session import BODY_METADATA_NAMESPACE
 from tests.support.polling import eventually
 
 
@@ -27,10 +27,12 @@ class RecordingHandler:
 
     def __init__(self) -> None:
         self.calls: list[tuple[str | None, dict[str, bytes]]] = []
+        self.bodies: list[dict[str, str] | None] = []
 
     async def decide(self, pool: str | None, headers: Mapping[str, bytes],
-                     body: struct_pb2.Struct | None) -> Decision:
+                     body: BodyFields | None) -> Decision:
         self.calls.append((pool, dict(headers)))
+        self.bodies.append(None if body is None else dict(body))
         return Decision(Outcome.STICKY, ("10.0.0.1:8000", "10.0.0.2:8000"))
 
 
@@ -85,6 +87,23 @@ async def test_a_stream_gets_its_answer_and_ends_without_the_client_closing_its_
     assert await call.read() is grpc.aio.EOF
     assert await call.code() == grpc.StatusCode.OK
     assert handler.calls == [("coder", {"x-session-id": b"s-\xc3\xa9"})]
+    assert handler.bodies == [None]
+
+
+async def test_the_body_session_fields_reach_the_core_as_text(
+    stub: tuple[RecordingHandler, pb_grpc.ExternalProcessorStub],
+) -> None:
+    """The metadata Envoy forwards (a protobuf Struct) reaches the core as name -> text; a
+    field of another kind reads as empty text, naming no session (as over HTTP)."""
+    handler, client = stub
+    request = pb.ProcessingRequest(request_headers=pb.HttpHeaders(end_of_stream=True))
+    session = request.metadata_context.filter_metadata[BODY_METADATA_NAMESPACE]
+    session.fields["prompt_cache_key"].string_value = "conv-1"
+    session.fields["user"].number_value = 7
+    call = client.Process(timeout=10)
+    await call.write(request)
+    assert isinstance(await call.read(), pb.ProcessingResponse)
+    assert handler.bodies == [{"prompt_cache_key": "conv-1", "user": ""}]
 
 
 async def test_a_phase_not_asked_for_is_continued_in_kind_and_decides_nothing(

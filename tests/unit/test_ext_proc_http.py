@@ -11,10 +11,11 @@ from collections.abc import AsyncIterator, Mapping
 
 import pytest
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from google.protobuf import json_format, struct_pb2
+from google.protobuf import json_format
 
 from ext_proc.http_server import HttpProcessor
 from kvgate.routing import Decision, Outcome
+from kvgate.routing.sources import BodyFields
 
 
 class RecordingHandler:
@@ -24,9 +25,8 @@ class RecordingHandler:
         self.calls: list[tuple[str | None, dict[str, bytes], dict[str, object] | None]] = []
 
     async def decide(self, pool: str | None, headers: Mapping[str, bytes],
-                     body: struct_pb2.Struct | None) -> Decision:
-        self.calls.append((pool, dict(headers),
-                           None if body is None else json_format.MessageToDict(body)))
+                     body: BodyFields | None) -> Decision:
+        self.calls.append((pool, dict(headers), None if body is None else dict(body)))
         if not headers:
             return Decision(Outcome.SESSIONLESS)
         return Decision(Outcome.STICKY, ("10.0.0.1:8000", "10.0.0.2:8000"))
@@ -43,7 +43,7 @@ async def served() -> AsyncIterator[tuple[RecordingHandler, int]]:
     await server.stop()
 
 
-def _processing_request(headers: dict[str, bytes], session: dict[str, str] | None) -> bytes:
+def _processing_request(headers: dict[str, bytes], session: dict[str, object] | None) -> bytes:
     request = {"request_headers": {"headers": {"headers": [
         {"key": k, "raw_value": base64.b64encode(v).decode()} for k, v in headers.items()
     ]}, "end_of_stream": True}}
@@ -97,6 +97,19 @@ async def test_no_session_is_continue_without_a_pick(served: tuple[RecordingHand
     assert response.HasField("request_headers")
     assert not response.HasField("dynamic_metadata")
     assert handler.calls == [(None, {}, None)]
+
+
+async def test_the_body_session_fields_reach_the_core_as_text(
+    served: tuple[RecordingHandler, int]
+) -> None:
+    """The core takes the body's fields as name -> text: one of another kind reads as empty
+    text, naming no session (as over gRPC); an empty namespace is no body session at all."""
+    handler, port = served
+    session = {"user": 7, "prompt_cache_key": "conv-1", "metadata": {"session_id": "m"}}
+    await _exchange(port, _post(_processing_request({}, session), chunked=False))
+    await _exchange(port, _post(_processing_request({}, {}), chunked=False))
+    assert handler.calls == [
+        (None, {}, {"user": "", "prompt_cache_key": "conv-1", "metadata": ""}), (None, {}, None)]
 
 
 async def test_get_is_the_health_check_and_other_methods_are_refused(

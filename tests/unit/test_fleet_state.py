@@ -23,10 +23,10 @@ from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, ScrapeRounds
 from kvgate.placement.live import LoadBoard
 from kvgate.replicas import ReplicaReport
-from kvgate.routing.recent import PrefillMix
 from kvgate_cli.admin import render
 from tests.support.polling import eventually
 from tests.support.upstreams import Upstream

@@ -6,7 +6,6 @@ import re
 
 from envoy.extensions.common.matching.v3 import extension_matcher_pb2
 from envoy.extensions.filters.http.json_to_metadata.v3 import json_to_metadata_pb2
-from google.protobuf import struct_pb2
 
 from control_plane.resources.session_filters import (
     JSON_CONTENT_TYPE,
@@ -14,7 +13,7 @@ from control_plane.resources.session_filters import (
     buffer_limit,
 )
 from kvgate.config.model import Session
-from kvgate.routing.sources import IMPLICIT_PREFIX, SessionSources, Source
+from kvgate.routing.sources import IMPLICIT_PREFIX, BodyFields, SessionSources, Source
 from kvgate.session import IMPLICIT_KEY, LEGACY_IMPLICIT_KEY
 
 
@@ -74,11 +73,8 @@ def test_json_content_types() -> None:
         assert not re.fullmatch(JSON_CONTENT_TYPE, bad), bad
 
 
-def _body(**fields: str) -> struct_pb2.Struct:
-    found = struct_pb2.Struct()
-    for key, value in fields.items():
-        found.fields[key].string_value = value
-    return found
+def _body(**fields: str) -> BodyFields:
+    return fields
 
 
 def test_sources_in_order_header_body_implicit() -> None:
@@ -93,6 +89,10 @@ def test_sources_in_order_header_body_implicit() -> None:
         IMPLICIT_PREFIX + b"chat:1:x", Source.IMPLICIT)
     assert sources.pick({}, None) == (b"", Source.NONE)
     assert sources.pick({}, _body(other="x")) == (b"", Source.NONE)
+    # A field that is not text reaches the core as empty text (ext_proc's transports).
+    assert sources.pick({}, _body(user="", **{"metadata.session_id": "m1"})) == (
+        b"m1", Source.BODY)
+    assert sources.pick({}, _body(**{IMPLICIT_KEY: ""})) == (b"", Source.NONE)
 
 
 def test_sources_honour_the_config() -> None:

@@ -6,33 +6,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.config.address import HostPort
+from kvgate.config.etcd_security import EtcdAuth, EtcdTls, read_auth, read_tls
 from kvgate.config.fields import Fields, Path
 from kvgate.config.schema import Address, Custom, ListOf, Section, key
-
-
-@dataclass(frozen=True, slots=True)
-class EtcdTls:
-    """TLS to etcd (`etcd.tls`): absolute paths of PEM files, checked when the config is read."""
-
-    ca: str | None = key(Custom(Fields.string, "file"), "the PEM CA that signed etcd's "
-                         "certificate", default=None, default_doc="the system's CAs")
-    cert: str | None = key(Custom(Fields.string, "file"), "a PEM client certificate (chain), for "
-                           "an etcd with `--client-cert-auth`; with `key`", default=None)
-    key: str | None = key(Custom(Fields.string, "file"), "the client certificate's unencrypted "
-                          "PEM key; with `cert`", default=None)
-
-
-@dataclass(frozen=True, slots=True)
-class EtcdAuth:
-    """etcd user authentication (`etcd.auth`). The password itself is never in the config: it is
-    read from `password_file`, else from the KVGATE_ETCD_PASSWORD environment variable."""
-
-    username: str = key(Custom(Fields.string, "string"), "the etcd user kvgate authenticates as",
-                        default="", default_doc="required")
-    password_file: str | None = key(
-        Custom(Fields.string, "file"), "the password (one line; a final newline is dropped); "
-        "without it, the environment variable `KVGATE_ETCD_PASSWORD`. Never in the YAML itself",
-        default=None)
 
 
 def _endpoints(f: Fields, value: Any, path: Path) -> tuple[HostPort, ...]:
@@ -51,14 +27,10 @@ def _prefix(f: Fields, value: Any, path: Path) -> str | None:
 
 
 def _tls(f: Fields, value: Any, path: Path) -> EtcdTls | None:
-    from kvgate.config.etcd_security import read_tls
-
     return read_tls(f, value, path, f.base)
 
 
 def _auth(f: Fields, value: Any, path: Path) -> EtcdAuth | None:
-    from kvgate.config.etcd_security import read_auth
-
     return read_auth(f, value, path, f.base)
 
 
