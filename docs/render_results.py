@@ -190,12 +190,73 @@ def fleet_state_table() -> str:
     return "\n".join(rows)
 
 
+# The gate with the pool's or the engines' holdings known: (scenario, run without, run with the
+# pool's holdings, run with HBM residency); "" where that run is not committed.
+RESIDENCY = (
+    ("bank-coding", "simulate-bank-coding", "simulate-residency-bank-coding",
+     "simulate-hbm-residency-bank-coding"),
+    ("pool of 1× the fleet's HBM", "simulate-small-pool-bank-coding",
+     "simulate-residency-small-pool-bank-coding", "simulate-hbm-residency-small-pool-bank-coding"),
+    ("pool down 10 min", "simulate-pool-fail-bank-coding",
+     "simulate-residency-pool-fail-bank-coding", ""),
+    ("agentic-coding, 960 sessions", "simulate-agentic-coding-960",
+     "simulate-residency-agentic-coding-960", "simulate-hbm-residency-agentic-coding-960"),
+    ("agentic-coding, 1,440 sessions", "load/agentic-coding-1440", "",
+     "simulate-hbm-residency-agentic-coding-1440"),
+    ("agentic-coding, 1,920 sessions", "load/agentic-coding-1920", "",
+     "simulate-hbm-residency-agentic-coding-1920"),
+)
+
+
+def kvgate(name: str) -> dict[str, Any] | None:
+    figures: dict[str, Any] | None = load(name)["modes"]["affinity+ddr"] if name else None
+    return figures
+
+
+def residency_table() -> str:
+    """kvgate's TTFT p99 and DDR read per request without and with each residency."""
+    rows = ["| run | kvgate p99: without / pool holdings / HBM residency | prefix-score p99 | "
+            "kvgate DDR read per request: without / pool holdings / HBM residency | "
+            "prefix-score DDR read |", "|---|---:|---:|---:|---:|"]
+    for scenario, base, pool, hbm in RESIDENCY:
+        runs = [kvgate(base), kvgate(pool), kvgate(hbm)]
+        peer = load(base)["modes"]["prefix-score"]
+        p99 = " / ".join("–" if r is None else secs(r["ttft_p99_s"]) for r in runs)
+        ddr = " / ".join("–" if r is None else gb(r["ddr_bytes_per_request_mean"]) for r in runs)
+        rows.append(f"| {scenario} | {p99} | {secs(peer['ttft_p99_s'])} | {ddr} | "
+                    f"{gb(peer['ddr_bytes_per_request_mean'])} |")
+    return "\n".join(rows)
+
+
+def seeds_table() -> str:
+    """agentic-coding at 960 sessions under workload seeds 0-3, with and without HBM residency."""
+    rows = ["| seed | `affinity+ddr` | with HBM residency | `sticky+ddr` | prefix-score | "
+            "residency ÷ prefix-score | p99: residency / prefix-score |",
+            "|---|---:|---:|---:|---:|---:|---:|"]
+    for seed in range(4):
+        plain, hbm = (("simulate-agentic-coding-960", "simulate-hbm-residency-agentic-coding-960")
+                      if seed == 0 else (f"seeds/agentic-coding-960-seed-{seed}",
+                                         f"seeds/hbm-residency-agentic-coding-960-seed-{seed}"))
+        modes, with_hbm = load(plain)["modes"], load(hbm)["modes"]["affinity+ddr"]
+        peer = modes["prefix-score"]
+        ratio = with_hbm["ddr_bytes_per_request_mean"] / peer["ddr_bytes_per_request_mean"]
+        rows.append(
+            f"| {seed} | {gb(modes['affinity+ddr']['ddr_bytes_per_request_mean'])} | "
+            f"{gb(with_hbm['ddr_bytes_per_request_mean'])} | "
+            f"{gb(modes['sticky+ddr']['ddr_bytes_per_request_mean'])} | "
+            f"{gb(peer['ddr_bytes_per_request_mean'])} | {ratio:.2f}× | "
+            f"{secs(with_hbm['ttft_p99_s'])} / {secs(peer['ttft_p99_s'])} |")
+    return "\n".join(rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "sweep": sweep_table,
     "scenarios": scenarios_table,
     "plans": plans_table,
     "real-vs-sim": real_vs_sim_table,
     "fleet-state": fleet_state_table,
+    "residency": residency_table,
+    "seeds": seeds_table,
 }
 
 
