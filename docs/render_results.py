@@ -125,7 +125,7 @@ def plans_table() -> str:
     for name, varied in PLANS:
         doc = load(name)
         best = doc["cheapest"]
-        answer = "no fleet tried" if best is None else (
+        answer = "none of the fleets tried" if best is None else (
             f"{best['engines']} engines, pool {best['ddr_tokens'] / 1e6:.1f}M tokens, "
             f"node link {best['node_gbps']:.0f} GB/s, TTFT p99 {secs(best['ttft_p99_s'])}"
             if doc["mode"] in POOL_MODES else
