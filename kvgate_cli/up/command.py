@@ -226,8 +226,8 @@ async def _run(stack: Stack, stop: asyncio.Event) -> int:
 def _report_gave_up(stack: Stack, gave_up: GaveUp, policy: str) -> None:
     name = gave_up.component.name
     log = gave_up.component.child.log_path if gave_up.component.child else stack.workdir
-    print(f"kvgate up: {name} {gave_up.how} and cannot come back ({gave_up.restarts} "
-          f"restarts, the most within the window: {policy}); everything stopped", file=sys.stderr)
+    print(f"kvgate up: {name} {gave_up.how} and cannot come back ({policy}); everything "
+          "stopped", file=sys.stderr)
     print(f"kvgate up: the last lines of {log}:", file=sys.stderr)
     print(gave_up.tail or "  | (empty)", file=sys.stderr)
 
