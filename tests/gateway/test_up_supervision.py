@@ -13,6 +13,7 @@ import asyncio
 import os
 import signal
 from collections.abc import Awaitable, Callable
+from functools import partial
 from pathlib import Path
 
 from kvgate.config.dump import to_dict
@@ -24,6 +25,7 @@ from tests.support.up_children import (
     UpProcess,
     assess,
     bindings_lost,
+    came_back,
     kill_in_turn,
     write_config,
 )
@@ -106,7 +108,7 @@ async def test_a_child_that_keeps_dying_stops_everything_and_keeps_its_logs(
         for restarts in range(6):
             os.kill(up.pids["control-plane"], signal.SIGKILL)
             if restarts < 5:
-                await eventually(lambda n=restarts: up.back.get("control-plane", 0) > n, 30,
+                await eventually(partial(came_back, up, "control-plane", restarts), 30,
                                  what=f"control-plane back:\n{up.output}")
         assert await asyncio.wait_for(up.process.wait(), 60) == 1
         await reading

@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -149,17 +150,24 @@ async def kill_in_turn(up: UpProcess, traffic: Traffic, children: list[str],
     loop = asyncio.get_running_loop()
     kills = []
     for child in children:
-        came_back = up.back.get(child, 0)
+        before = up.back.get(child, 0)
         killed_at = loop.time()
         os.kill(up.pids[child], signal.SIGKILL)
-        await eventually(lambda c=child, n=came_back: up.back.get(c, 0) > n, 30,
+        await eventually(partial(came_back, up, child, before), 30,
                          what=f"{child} back:\n{up.output}")
         kills.append(Killed(child, killed_at, loop.time() - killed_at))
         await asyncio.sleep(max(0.0, killed_at + window_s - loop.time()))  # the window's traffic
         # Every request of the window has ended before the next kill: its fate is this kill's.
-        await eventually(lambda end=killed_at + window_s: all(
-            started >= end for started in traffic.in_flight.values()), 30)
+        await eventually(partial(_ended_before, traffic, killed_at + window_s), 30)
     return kills
+
+
+def came_back(up: UpProcess, child: str, before: int) -> bool:
+    return up.back.get(child, 0) > before
+
+
+def _ended_before(traffic: Traffic, end: float) -> bool:
+    return all(started >= end for started in traffic.in_flight.values())
 
 
 def assess(traffic: Traffic, kills: list[Killed], window_s: float) -> list[Kill]:
