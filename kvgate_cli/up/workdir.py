@@ -38,8 +38,9 @@ def prepare(given: str | None) -> tuple[Workdir, list[Path]]:
 
 
 def finish(workdir: Workdir, keep: bool, failed: bool = False) -> str:
-    """Removes the directory unless kept, or the run failed (its logs say why); says what
-    happened to it."""
+    """Removes the directory unless kept, or the run failed and left logs (they say why);
+    says what happened to it."""
+    failed = failed and any(workdir.path.glob("*.log"))
     if keep or failed or not workdir.created:
         (workdir.path / PID_FILE).unlink(missing_ok=True)  # kept: never removed by a later run
         why = ("--keep-workdir" if keep else "something failed: the logs are there" if failed

@@ -89,12 +89,22 @@ def processes_holding(inodes: set[int], proc: Path = PROC) -> dict[int, str]:
         if not entry.name.isdigit():
             continue
         try:
-            links = {os.readlink(fd) for fd in (entry / "fd").iterdir()}
+            fds = list((entry / "fd").iterdir())
         except OSError:  # gone, or another user's
             continue
-        if links & wanted:
+        if _links(fds) & wanted:
             owners[int(entry.name)] = _command(entry)
     return owners
+
+
+def _links(fds: list[Path]) -> set[str]:
+    links = set()
+    for fd in fds:
+        try:
+            links.add(os.readlink(fd))
+        except OSError:  # closed meanwhile (the listing's own descriptor among them)
+            continue
+    return links
 
 
 def _command(entry: Path, width: int = 80) -> str:
