@@ -21,6 +21,13 @@ def emulator_child(instances: int, args: Sequence[str], workdir: Path) -> tuple[
     return child, ready
 
 
+def with_engine_ports(argv: Sequence[str], ports: Sequence[int]) -> list[str]:
+    """The emulator's command line with each engine on the port it took (``--ports``) instead
+    of free ones: started again, its engines keep their addresses."""
+    at = list(argv).index("--port")
+    return [*argv[:at], "--ports", ",".join(map(str, ports)), *argv[at + 2:]]
+
+
 def written(path: Path) -> Callable[[], Awaitable[bool]]:
     """A readiness probe: the ready file exists."""
     async def probe() -> bool:

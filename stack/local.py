@@ -22,8 +22,9 @@ from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.children.child import Child, ChildFailed
 from kvgate.runtime.children.envoy import envoy_child, envoy_ready
 from kvgate.runtime.children.etcd import embedded_etcd, etcd_ready
-from kvgate.runtime.children.ports import free_ports, port_in_use
-from stack.emulated import emulator_child, written
+from kvgate.runtime.children.port_owner import TIME_WAIT_S
+from kvgate.runtime.children.ports import free_ports, wait_for_ports
+from stack.emulated import emulator_child, with_engine_ports, written
 
 
 @dataclass
@@ -31,6 +32,8 @@ class Component:
     name: str
     where: str
     child: Child | None = None
+    # Says when the child serves again (a restart waits for it as the start did).
+    probe: Callable[[], Awaitable[bool]] | None = None
 
 
 @dataclass
@@ -39,6 +42,10 @@ class Stack:
     workdir: Path
     report: Callable[[str], None] = lambda line: None
     ready_timeout: float = 30.0
+    # What a port clash message advises (kvgate up: --ports auto, or the YAML when one was given).
+    port_advice: str = "change it in the YAML"
+    # How long a port held only by a closed connection in TIME-WAIT is waited for.
+    time_wait_s: float = TIME_WAIT_S
     # Baseline modes are Envoy alone (no etcd, control plane or ext_proc): for comparisons.
     mode: RoutingMode = RoutingMode.AFFINITY
     # With no pools configured: this many emulated engines sharing one DDR pool (`kvgate emulate`).
@@ -60,6 +67,7 @@ class Stack:
     envoy_base_id: int | None = None
     _envoy_epoch: int = 0
     fleet: Child | None = None
+    _fleet_ready: Path = Path()
     components: list[Component] = field(default_factory=list)
     ext_procs: list[Child] = field(default_factory=list)
     # Each ext_proc replica's metrics address, in the order of `ext_procs`.
@@ -78,7 +86,7 @@ class Stack:
     async def start(self) -> None:
         """Starts everything or nothing: on any failure what was started is stopped again."""
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._check_ports()
+        await self._check_ports()
         try:
             if self.emulated_engines and not self.config.pools:
                 await self._start_fleet()
@@ -103,7 +111,9 @@ class Stack:
         released again, as `kvgate up --ports auto` does): never to be handed out twice."""
         return config_ports(self.config)
 
-    def _check_ports(self) -> None:
+    async def _check_ports(self) -> None:
+        """Refuses ports another program holds, naming it where /proc tells; waits (at most
+        `time_wait_s`) for one that only a closed connection holds in TIME-WAIT."""
         wanted = [
             ("gateway listener", self.config.listener),
             ("Envoy admin", self.config.envoy_admin),
@@ -111,18 +121,24 @@ class Stack:
         if self.mode.uses_ext_proc:
             wanted += [
                 ("control-plane admin", self.config.control_plane.admin),
-            ("control-plane xds", self.config.control_plane.xds),
+                ("control-plane xds", self.config.control_plane.xds),
                 *(("ext_proc", a) for a in self.config.ext_proc.addresses),
             ]
-        busy = [f"{name} {addr}" for name, addr in wanted if port_in_use(addr.host, addr.port)]
+        busy = await wait_for_ports(wanted, self.time_wait_s, self.report)
         if busy:
-            raise ChildFailed(f"port already in use: {', '.join(busy)} (change it in the YAML)")
+            held = [f"{name} {addr}" + (f" (held {why})" if why else "")
+                    for name, addr, why in busy]
+            raise ChildFailed(f"port already in use: {'; '.join(held)} ({self.port_advice})")
 
     async def _start_fleet(self) -> None:
         child, ready = emulator_child(self.emulated_engines, self.emulator_args, self.workdir)
         await self._launch(child, f"{self.emulated_engines} emulated vLLM engines + DDR pool",
                            written(ready))
         fleet = json.loads(ready.read_text())
+        # A restart takes the same ports: the engines keep their addresses in the pool.
+        child.argv = with_engine_ports(child.argv, [HostPort.parse(a).port
+                                                    for a in fleet["engines"]])
+        self._fleet_ready = ready
         pool = Pool(
             name="default",
             kv_pool="ddr-pool" if fleet.get("pool_url") else "none",
@@ -237,11 +253,24 @@ class Stack:
         self, child: Child, where: str, probe: Callable[[], Awaitable[bool]]
     ) -> None:
         self.report(f"  starting {child.name} ...")
-        component = Component(child.name, where, child)
+        component = Component(child.name, where, child, probe)
         self.components.append(component)
         await child.start()
         await child.wait_ready(probe, self.ready_timeout)
         self.report(f"  {child.name:<12} ready  {where}  (pid {child.pid})")
+
+    async def restart(self, component: Component) -> None:
+        """Starts a child that exited again, with the same command line (so the same ports,
+        config and data directory), and waits until it serves; ChildFailed if it does not.
+        Its state comes back from etcd (the services) or its data directory (etcd)."""
+        child, probe = component.child, component.probe
+        if child is None or probe is None:
+            raise ValueError(f"{component.name} is not a child this stack started")
+        child.kill()  # whatever its process group left behind (an emulator's workers)
+        if child is self.fleet:
+            self._fleet_ready.unlink(missing_ok=True)
+        await child.start()
+        await child.wait_ready(probe, self.ready_timeout)
 
 
 async def grpc_serving(address: HostPort) -> bool:

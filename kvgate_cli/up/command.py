@@ -1,7 +1,9 @@
 """`kvgate up`: etcd, control plane, ext_proc and Envoy on this machine, until Ctrl-C.
 
 SIGINT, SIGTERM and SIGHUP (a closed terminal) stop everything; the children also die with it
-when it is killed outright (kvgate.runtime.children.child). Its work directory goes with it.
+when it is killed outright (kvgate.runtime.children.child). A child that dies is started again
+(kvgate_cli.up.supervise); one that cannot come back stops everything. Its work directory goes
+with it, unless something failed: then it is kept, with the logs.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from kvgate.runtime.children.child import ChildFailed
 from kvgate_cli.up import workdir as workdirs
 from kvgate_cli.up.engines import Unhealthy, unhealthy_engines
 from kvgate_cli.up.ports import PortsError, parse_ports, with_ports
+from kvgate_cli.up.supervise import ChildSupervisor, GaveUp
 from stack.engine_speed import for_emulated_fleet
 from stack.local import Stack
 
@@ -170,13 +173,25 @@ async def _up(config: Config, args: argparse.Namespace) -> int:
     stack = Stack(
         config, workdir.path, report=_say,
         emulated_engines=0 if config.pools else args.emulated,
-        emulator_args=emulator_args(args),
+        emulator_args=emulator_args(args), port_advice=port_advice(args),
     )
+    code = 1
     try:
-        return await _run(stack, stop)
+        code = await _run(stack, stop)
+        return code
     finally:
         await stack.stop()  # stopped already unless something unexpected happened
-        _say(f"kvgate up: {workdirs.finish(workdir, args.keep_workdir)}")
+        failed = code not in (0, 130)  # the logs say why: kept
+        _say(f"kvgate up: {workdirs.finish(workdir, args.keep_workdir, failed=failed)}")
+
+
+def port_advice(args: argparse.Namespace) -> str:
+    """What to do about a port another program holds, for how this run was told its ports."""
+    if args.ports:
+        return "use --ports auto, or another --ports base"
+    if args.config:
+        return f"change it in {args.config}, or use --ports auto"
+    return "use --ports auto (every port from the OS) or --ports BASE"
 
 
 async def _run(stack: Stack, stop: asyncio.Event) -> int:
@@ -198,13 +213,23 @@ async def _run(stack: Stack, stop: asyncio.Event) -> int:
         print("kvgate up: nothing left running", file=sys.stderr)
         return 1
     _print_ready(stack, await unhealthy_engines(stack.config))
-    died = await _wait_for_stop_or_death(stack, stop)
+    supervisor = ChildSupervisor(stack, _say)
+    gave_up = await supervisor.run(stop)
     await stack.stop()
-    if died:
-        print(f"kvgate up: {died} exited unexpectedly; everything stopped", file=sys.stderr)
+    if gave_up is not None:
+        _report_gave_up(stack, gave_up, supervisor.policy.describe())
         return 1
     _say("kvgate up: stopped")
     return 0
+
+
+def _report_gave_up(stack: Stack, gave_up: GaveUp, policy: str) -> None:
+    name = gave_up.component.name
+    log = gave_up.component.child.log_path if gave_up.component.child else stack.workdir
+    print(f"kvgate up: {name} {gave_up.how} and cannot come back ({policy}); everything "
+          "stopped", file=sys.stderr)
+    print(f"kvgate up: the last lines of {log}:", file=sys.stderr)
+    print(gave_up.tail or "  | (empty)", file=sys.stderr)
 
 
 def _print_ready(stack: Stack, unhealthy: list[Unhealthy]) -> None:
@@ -291,15 +316,3 @@ def openai_example(url: str, header: str) -> list[str]:
         "    cached = getattr(reply.usage.prompt_tokens_details, 'cached_tokens', 0)",
         "    print(f'turn {turn}: {reply.usage.prompt_tokens} prompt tokens, {cached} cached')",
     ]
-
-
-async def _wait_for_stop_or_death(stack: Stack, stop: asyncio.Event) -> str | None:
-    while not stop.is_set():
-        for component in stack.components:
-            if component.child is not None and not component.child.running:
-                return component.name
-        try:
-            await asyncio.wait_for(stop.wait(), 0.5)
-        except TimeoutError:
-            pass
-    return None

@@ -37,11 +37,14 @@ def prepare(given: str | None) -> tuple[Workdir, list[Path]]:
     return Workdir(path, True), removed
 
 
-def finish(workdir: Workdir, keep: bool) -> str:
-    """Removes the directory unless kept; says what happened to it."""
-    if keep or not workdir.created:
+def finish(workdir: Workdir, keep: bool, failed: bool = False) -> str:
+    """Removes the directory unless kept, or the run failed and left logs (they say why);
+    says what happened to it."""
+    failed = failed and any(workdir.path.glob("*.log"))
+    if keep or failed or not workdir.created:
         (workdir.path / PID_FILE).unlink(missing_ok=True)  # kept: never removed by a later run
-        why = "--keep-workdir" if keep else "it existed before"
+        why = ("--keep-workdir" if keep else "something failed: the logs are there" if failed
+               else "it existed before")
         return f"work directory kept ({why}): {workdir.path}"
     shutil.rmtree(workdir.path, ignore_errors=True)
     return f"work directory removed: {workdir.path}"

@@ -97,7 +97,30 @@ async def test_up_with_port_in_use_says_so_and_starts_nothing(
     text = output.decode()
     assert process.returncode == 1
     assert f"port already in use: gateway listener {ups[0].address}" in text
+    assert f"(held listening, by pid {os.getpid()} (" in text  # the upstream is in this process
+    assert f"change it in {path}, or use --ports auto" in text
     assert "(pid" not in text  # nothing was started
+
+
+async def test_up_ports_base_names_who_holds_a_port_and_never_mentions_a_yaml(
+        tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]  # the Envoy admin port of --ports taken - 1
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "kvgate_cli", "up", "--ports", str(taken - 1),
+            "--workdir", str(tmp_path / "w"),
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )
+        output, _ = await asyncio.wait_for(process.communicate(), 60)
+    text = output.decode()
+    assert process.returncode == 1, text
+    assert f"Envoy admin 127.0.0.1:{taken} (held listening, by pid {os.getpid()} (" in text
+    assert "use --ports auto, or another --ports base" in text
+    assert "YAML" not in text and "(pid" not in text, text
 
 
 async def test_up_with_bad_config_reports_field_path_and_starts_nothing(tmp_path: Path) -> None:

@@ -60,3 +60,17 @@ def test_made_is_removed_kept_or_found_is_kept(
     assert new.created
     workdirs.finish(new, keep=False)
     assert not (tmp_path / "new" / "w").exists()
+
+
+def test_a_failed_run_keeps_its_work_directory(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)
+    early, _ = workdirs.prepare(None)  # failed before any child wrote a log
+    assert workdirs.finish(early, keep=False, failed=True).startswith("work directory removed")
+    failed, _ = workdirs.prepare(None)
+    (failed.path / "envoy.log").write_text("bind: address already in use\n")
+    said = workdirs.finish(failed, keep=False, failed=True)
+    assert said == f"work directory kept (something failed: the logs are there): {failed.path}"
+    assert failed.path.exists() and not (failed.path / workdirs.PID_FILE).exists()
+    assert workdirs.remove_left_behind(tmp_path) == []  # never cleaned up by a later run

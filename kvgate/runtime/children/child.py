@@ -107,8 +107,9 @@ class Child:
                 raise ChildFailed(f"{self.name} not ready after {within:g}s\n{self.tail()}")
             await asyncio.sleep(interval)
 
-    async def wait_exit(self, within: float) -> int | None:
-        """Waits up to ``within`` seconds for the child to end on its own; its exit code."""
+    async def wait_exit(self, within: float | None) -> int | None:
+        """Waits up to ``within`` seconds (None: as long as it takes) for the child to end on
+        its own; its exit code."""
         if self.process is None:
             return None
         return await asyncio.wait_for(self.process.wait(), within)

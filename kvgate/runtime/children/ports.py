@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
-from collections.abc import Collection
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol, TypeVar
+
+from kvgate.runtime.children.port_owner import holder, only_time_wait
 
 PortRange = tuple[int, int]  # (low, high), both included
 
@@ -135,3 +140,35 @@ def port_in_use(host: str, port: int) -> bool:
         except OSError:
             return True
         return False
+
+
+class _Address(Protocol):
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int: ...
+
+
+A = TypeVar("A", bound=_Address)
+
+
+async def wait_for_ports(wanted: Sequence[tuple[str, A]], time_wait_s: float,
+                         report: Callable[[str], None] = lambda line: None,
+                         every: float = 0.5) -> list[tuple[str, A, str | None]]:
+    """The ``(name, address)`` pairs whose port a server cannot bind, each with who holds it
+    (kvgate.runtime.children.port_owner; None: not known). A port held only by closed
+    connections in TIME-WAIT is waited for, up to ``time_wait_s``: the kernel frees it."""
+    busy = [(n, a) for n, a in wanted if port_in_use(a.host, a.port)]
+    waiting = [(n, a) for n, a in busy if only_time_wait(a.host, a.port)]
+    if waiting:
+        names = ", ".join(f"{n} {a}" for n, a in waiting)
+        report(f"  waiting up to {time_wait_s:g} s for {names}: held only by a closed "
+               "connection in TIME-WAIT, which the kernel frees")
+        deadline = time.monotonic() + time_wait_s
+        while time.monotonic() < deadline:
+            if not any(port_in_use(a.host, a.port) and only_time_wait(a.host, a.port)
+                       for _, a in waiting):
+                break
+            await asyncio.sleep(every)  # the kernel tells no one: poll
+        busy = [(n, a) for n, a in wanted if port_in_use(a.host, a.port)]
+    return [(n, a, holder(a.host, a.port)) for n, a in busy]

@@ -1,0 +1,134 @@
+"""`kvgate up` outlives its children: each one SIGKILLed in turn under traffic from many sessions
+is started again on its ports while the others serve; a child that keeps dying stops everything,
+with its last log lines on screen and the work directory kept.
+
+Targets (issue 41): after the control plane, an ext_proc replica or the embedded etcd is
+killed, at most 1 % of the requests of the next window fail; after Envoy, the gateway serves
+again within 5 s; every child is back within 10 s; no binding is lost. The window is a few
+seconds here; tests/chaos/test_up_children.py runs the issue's 20 s."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+
+from kvgate.config.dump import to_dict
+from tests.support.polling import eventually
+from tests.support.stack import gateway_config
+from tests.support.up_children import (
+    Kill,
+    Traffic,
+    UpProcess,
+    assess,
+    bindings_lost,
+    came_back,
+    kill_in_turn,
+    write_config,
+)
+from tests.support.upstreams import Upstream
+
+CHILDREN = ["control-plane", "ext_proc[1]", "etcd", "envoy"]
+
+
+async def each_child_killed_in_turn(
+        tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]], prefix: str,
+        window_s: float, sessions: int = 16) -> tuple[list[Kill], list[str], str]:
+    """Runs kvgate up (three engines, two ext_proc replicas), kills each child in turn under
+    traffic; each kill's window, the sessions whose binding was lost, and kvgate up's output."""
+    ups = await upstreams(3)
+    config = gateway_config([u.address for u in ups], ext_procs=2, prefix=prefix)
+    path = write_config(tmp_path / "kvgate.yaml", to_dict(config))
+    up = await UpProcess.start("-c", str(path), "--workdir", str(tmp_path / "w"))
+    reading = asyncio.create_task(up.read())
+    traffic = Traffic(f"http://{config.listener}", [f"conv-{i}" for i in range(sessions)])
+    running: asyncio.Task[None] | None = None
+    try:
+        await eventually(lambda: "Ctrl-C stops everything" in up.output, 90,
+                         what=f"kvgate up ready:\n{up.output}")
+        assert set(CHILDREN) <= set(up.pids), up.output
+        running = asyncio.create_task(traffic.run())
+        await eventually(lambda: {r.session for r in traffic.done if r.upstream}
+                         == set(traffic.sessions), 30, what="every session served once")
+        kills = await kill_in_turn(up, traffic, CHILDREN, window_s)
+        traffic.stop()
+        await running
+        lost = await bindings_lost(up.etcd, prefix, traffic)
+        assert await up.stop() == 0, up.output
+    finally:
+        traffic.stop()
+        if running is not None:
+            await asyncio.gather(running, return_exceptions=True)
+        if up.process.returncode is None:
+            up.process.kill()
+            await up.process.wait()
+        await reading
+    return assess(traffic, kills, window_s), lost, up.output
+
+
+def check_targets(kills: list[Kill], lost: list[str], output: str) -> None:
+    report = "\n".join(str(k) for k in kills)
+    for kill in kills:
+        assert kill.back_s <= 10, f"{kill.child} back after {kill.back_s:.1f} s\n{report}"
+        if kill.child == "envoy":
+            assert kill.serving_s is not None and kill.serving_s <= 5, report
+        else:
+            assert kill.requests >= 20, report  # the window had traffic to lose
+            assert kill.failed <= 0.01 * kill.requests, f"{kill.child}: {report}"
+    assert lost == [], f"bindings lost or changed: {lost}\n{report}"
+    assert "exited unexpectedly" not in output and "cannot come back" not in output
+
+
+async def test_each_child_killed_in_turn_comes_back_while_the_gateway_serves(
+        tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]],
+        prefix: str) -> None:
+    kills, lost, output = await each_child_killed_in_turn(tmp_path, upstreams, prefix,
+                                                          window_s=3.0)
+    print("\n".join(str(k) for k in kills))
+    check_targets(kills, lost, output)
+    assert "kvgate up: stopped" in output and "work directory removed" in output
+
+
+async def test_a_child_that_keeps_dying_stops_everything_and_keeps_its_logs(
+        tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]],
+        prefix: str) -> None:
+    ups = await upstreams(1)
+    config = gateway_config([ups[0].address], prefix=prefix)
+    path = write_config(tmp_path / "kvgate.yaml", to_dict(config))
+    workdir = tmp_path / "w"
+    up = await UpProcess.start("-c", str(path), "--workdir", str(workdir))
+    reading = asyncio.create_task(up.read())
+    try:
+        await eventually(lambda: "Ctrl-C stops everything" in up.output, 90,
+                         what=f"kvgate up ready:\n{up.output}")
+        # Killed as soon as it is back, again and again: past 5 restarts within 60 s.
+        for restarts in range(6):
+            os.kill(up.pids["control-plane"], signal.SIGKILL)
+            if restarts < 5:
+                await eventually(partial(came_back, up, "control-plane", restarts), 30,
+                                 what=f"control-plane back:\n{up.output}")
+        assert await asyncio.wait_for(up.process.wait(), 60) == 1
+        await reading
+    finally:
+        if up.process.returncode is None:
+            up.process.kill()
+            await up.process.wait()
+    output = up.output
+    assert ("kvgate up: control-plane killed by SIGKILL and cannot come back "
+            "(5 restarts within 60 s)") in output, output
+    assert f"the last lines of {workdir / 'control-plane.log'}:" in output
+    assert "  | " in output.split("the last lines of", 1)[1]  # its log, on screen
+    assert f"work directory kept (something failed: the logs are there): {workdir}" in output
+    assert (workdir / "control-plane.log").stat().st_size > 0
+    assert all(not _alive(pid) for pid in up.pids.values()), up.pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
