@@ -49,6 +49,7 @@ log = structlog.get_logger("kvgate.ext_proc")
 # check, every 0.25 s, has moved its sessions away), at most DRAIN_MAX_S.
 DRAIN_QUIET_S = 0.5
 DRAIN_MAX_S = 3.0
+_MAX_METADATA = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,7 +283,12 @@ class ExtProcService:
 
     def _bind_grpc(self, listen: HostPort) -> None:
         self._server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10_000)]
+            options=[("grpc.so_reuseport", 0), ("grpc.max_concurrent_streams", 10_000),
+                     # The affinity metadata carries the session key (up to MAX_CARRIED_KEY)
+                     # and session headers (Envoy admits 96 KiB of headers): gRPC's default
+                     # 8 KiB would refuse such streams, to Envoy's fallback.
+                     ("grpc.max_metadata_size", _MAX_METADATA),
+                     ("grpc.absolute_max_metadata_size", _MAX_METADATA)]
         )
         try:
             self.port = self._server.add_insecure_port(f"{listen}")

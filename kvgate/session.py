@@ -70,3 +70,43 @@ IMPLICIT_KEY = "@implicit"
 # The implicit key's name before 2026-12-05, still read: during a rolling upgrade, Envoy's Lua
 # filter (the control plane's config) may still write it.
 LEGACY_IMPLICIT_KEY = ":implicit"
+# Never equal to an explicit id a client could send by accident: the implicit key is hashed
+# in its own space.
+IMPLICIT_PREFIX = b"kvgate-implicit\x00"
+
+# The session key Envoy's Lua filter found in the body (a body field, else the implicit key with
+# IMPLICIT_PREFIX), as a request header percent-encoded by `carry_key`: ext_proc decodes it, the
+# ext_proc cluster's affinity ring and the route's ring_hash fallback hash it as it is. Removed
+# from what clients send, and from what engines receive.
+SESSION_KEY_HEADER = "x-kvgate-session-key"
+# A key whose encoding is longer than this is not carried: the header says UNCARRIED_KEY instead
+# (never an encoding: a `%` not followed by two hex digits), which ext_proc counts.
+MAX_CARRIED_KEY = 32 * 1024
+UNCARRIED_KEY = "%uncarried"
+_KEPT = frozenset(range(0x20, 0x7F)) - {ord("%")}
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+
+
+def carry_key(raw: bytes) -> bytes:
+    """What the Lua filter sends for session key `raw`: printable ASCII kept but `%`, every
+    other byte `%XX`, and a space at either end too (HTTP/2 forbids them there). Injective, and
+    the identity for the usual ids (letters, digits, `-`, `_`, ...), so their ring position is
+    the one the same id has in a header."""
+    out = "".join(chr(b) if b in _KEPT else f"%{b:02X}" for b in raw)
+    if out.startswith(" "):
+        out = "%20" + out[1:]
+    if out.endswith(" "):
+        out = out[:-1] + "%20"
+    return out.encode("ascii")
+
+
+def uncarry_key(wire: bytes) -> bytes | None:
+    """The inverse of `carry_key`; None for UNCARRIED_KEY or anything not an encoding."""
+    parts = wire.split(b"%")
+    out = bytearray(parts[0])
+    for part in parts[1:]:
+        if len(part) < 2 or part[0] not in _HEX or part[1] not in _HEX:
+            return None
+        out.append(int(part[:2], 16))
+        out += part[2:]
+    return bytes(out)

@@ -18,6 +18,7 @@ from envoy.config.route.v3 import route_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.http.upstream_codec.v3 import upstream_codec_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
     http_connection_manager_pb2 as hcm,
 )
@@ -39,7 +40,7 @@ from kvgate.contract.envoy import (
     ROUTE_CONFIG_NAME,
 )
 from kvgate.contract.modes import RoutingMode
-from kvgate.session import BODY_METADATA_NAMESPACE
+from kvgate.session import BODY_METADATA_NAMESPACE, SESSION_KEY_HEADER
 
 _Mode = processing_mode_pb2.ProcessingMode
 
@@ -102,16 +103,20 @@ def gateway_listener(
 
 
 def _strip_destination() -> hcm.HttpFilter:
-    """Client-sent routing headers go first: the destination, and the pool header the route
-    sets for the HTTP transport (the route's own setting runs after this filter-level one)."""
-    mutation = header_mutation_pb2.HeaderMutation(
-        mutations=header_mutation_pb2.Mutations(
-            request_mutations=[mutation_rules_pb2.HeaderMutation(remove=DESTINATION_KEY),
-                               mutation_rules_pb2.HeaderMutation(remove=POOL_HEADER)]
-        )
-    )
+    """Client-sent routing headers go first: the destination, the pool header the route sets
+    for the HTTP transport (the route's own setting runs after this filter-level one), and the
+    session key only Envoy's Lua filter may set."""
+    mutation = _removing(DESTINATION_KEY, POOL_HEADER, SESSION_KEY_HEADER)
     return hcm.HttpFilter(
         name=HEADER_MUTATION_FILTER, typed_config=protos.pack(mutation)
+    )
+
+
+def _removing(*names: str) -> header_mutation_pb2.HeaderMutation:
+    return header_mutation_pb2.HeaderMutation(
+        mutations=header_mutation_pb2.Mutations(
+            request_mutations=[mutation_rules_pb2.HeaderMutation(remove=n) for n in names]
+        )
     )
 
 
@@ -134,7 +139,7 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
         # sending less keeps each decision cheap.
         forward_rules=ext_proc_pb2.HeaderForwardingRules(
             allowed_headers=_exact_names(
-                (*config.session.headers, *([POOL_HEADER] if http else []),
+                (*config.session.headers, SESSION_KEY_HEADER, *([POOL_HEADER] if http else []),
                  *(["content-length"] if config.placement.load_gate.enabled else []))
             )
         ),
@@ -206,6 +211,13 @@ def _exact_names(names: tuple[str, ...]) -> string_pb2.ListStringMatcher:
 
 
 def _router() -> hcm.HttpFilter:
-    return hcm.HttpFilter(
-        name="envoy.filters.http.router", typed_config=protos.pack(router_pb2.Router())
-    )
+    """The router; per upstream attempt it drops the session key (up to 32 KiB, for Envoy's
+    own use). Not the route's `request_headers_to_remove`: that edits the request before the
+    first attempt, and a retry's ring_hash pick would then find no key to hash."""
+    router = router_pb2.Router(upstream_http_filters=[
+        hcm.HttpFilter(name=HEADER_MUTATION_FILTER,
+                       typed_config=protos.pack(_removing(SESSION_KEY_HEADER))),
+        hcm.HttpFilter(name="envoy.filters.http.upstream_codec",
+                       typed_config=protos.pack(upstream_codec_pb2.UpstreamCodec())),
+    ])
+    return hcm.HttpFilter(name="envoy.filters.http.router", typed_config=protos.pack(router))

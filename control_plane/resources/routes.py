@@ -24,6 +24,7 @@ from kvgate.contract.envoy import (
     pool_cluster_name,
 )
 from kvgate.contract.modes import RoutingMode
+from kvgate.session import SESSION_KEY_HEADER
 
 # Only failures before the engine saw the request: retrying those never duplicates generation.
 RETRY_ON = "connect-failure,refused-stream,reset"
@@ -75,12 +76,13 @@ def _route(route: Route, config: Config, mode: RoutingMode) -> rc.Route:
     action = rc.RouteAction(
         cluster=pool_cluster_name(route.pool),
         timeout=protos.duration(route.timeout),
-        # First present session header wins, exactly as ext_proc reads it.
+        # First present session header wins, exactly as ext_proc reads it; then the body's
+        # key as Envoy's Lua filter carries it, the bytes ext_proc's first placement hashes.
         hash_policy=[
             rc.RouteAction.HashPolicy(
                 header=rc.RouteAction.HashPolicy.Header(header_name=name), terminal=True
             )
-            for name in config.session.headers
+            for name in (*config.session.headers, SESSION_KEY_HEADER)
         ],
         retry_policy=rc.RetryPolicy(
             retry_on=RETRY_ON,

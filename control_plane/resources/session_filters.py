@@ -2,9 +2,11 @@
 
 - `json_to_metadata` (C++) copies each configured body field (`session.body_fields`, dotted
   paths) into dynamic metadata `kvgate.session`, key = the path.
-- a Lua filter (`session.implicit`) adds the implicit conversation key when no field was found.
-ext_proc receives that namespace with the request headers (`forwarding_namespaces`); no body
-travels to it.
+- a Lua filter (implicit_lua.py) takes the first field found, else (`session.implicit`) the
+  implicit conversation key, and sets it percent-encoded as request header
+  `x-kvgate-session-key`, which ext_proc decodes and Envoy's rings hash.
+ext_proc receives that header with the request headers; no body travels to it. (The metadata
+namespace is still forwarded, for ext_proc replicas of earlier versions.)
 
 Both filters wait for the whole body, so both are wrapped in a matcher that skips them — the
 request then goes on at once, unread — when reading the body could not help or could fail:
@@ -36,12 +38,12 @@ from xds.type.matcher.v3 import regex_pb2 as xds_regex_pb2
 
 from control_plane.resources import protos
 from control_plane.resources.digits import at_most
-from control_plane.resources.implicit_lua import implicit_session_script
+from control_plane.resources.implicit_lua import session_key_script
 from kvgate.config.model import Session
 from kvgate.session import BODY_METADATA_NAMESPACE
 
 JSON_TO_METADATA_FILTER = "envoy.filters.http.json_to_metadata"
-IMPLICIT_FILTER = "kvgate.implicit_session"
+SESSION_KEY_FILTER = "kvgate.session_key"
 # application/json, with or without parameters, and application/<anything>+json.
 JSON_CONTENT_TYPE = r"(?i)application/([a-z0-9.+-]*\+)?json\s*(;.*)?"
 
@@ -54,12 +56,11 @@ def body_session_filters(session: Session) -> list[hcm.HttpFilter]:
     filters: list[hcm.HttpFilter] = []
     if session.body_fields:
         filters.append(_skippable(JSON_TO_METADATA_FILTER, _json_to_metadata(session), session))
-    if session.implicit:
-        lua = lua_pb2.Lua(
-            default_source_code=base_pb2.DataSource(inline_string=implicit_session_script())
-        )
-        lua.clear_route_cache.CopyFrom(protos.bool_value(False))  # it changes no header
-        filters.append(_skippable(IMPLICIT_FILTER, lua, session))
+    if session.body_fields or session.implicit:
+        script = session_key_script(session.body_fields, session.implicit)
+        lua = lua_pb2.Lua(default_source_code=base_pb2.DataSource(inline_string=script))
+        lua.clear_route_cache.CopyFrom(protos.bool_value(False))  # no route reads its header
+        filters.append(_skippable(SESSION_KEY_FILTER, lua, session))
     return filters
 
 

@@ -91,7 +91,7 @@ class RequestHandler:
             found = self._sources.pick(headers, body)
             self._source_counters[found.source].inc()
             decision = await self._pipeline.decide(pool, found.raw or None,
-                                                  self._prompt_tokens(headers))
+                                                  self._prompt_tokens(headers), ring=found.ring)
         except asyncio.CancelledError:
             self._outcome_counters[Outcome.ABANDONED].inc()
             raise

@@ -62,16 +62,17 @@ class Pipeline:
         self.policy = policy
 
     async def decide(self, pool: str, raw_session: bytes | None,
-                     prompt_tokens: int = 0) -> Decision:
+                     prompt_tokens: int = 0, *, ring: bytes | None = None) -> Decision:
         """`prompt_tokens`: an estimate of the request's prompt size (0: unknown), which a
-        load-aware policy prices the request with."""
+        load-aware policy prices the request with. `ring`: what Envoy's ring hashes for this
+        session when not `raw_session` itself (a key carried percent-encoded)."""
         session = self._sessions.normalize(raw_session) if raw_session is not None else None
         if session is None:
             return SESSIONLESS
         view = self._directory.view(pool)
         if not view.members:
             raise UnknownPool(f"no endpoints known for pool {pool!r}")
-        hash_value = session_hash(raw_session or b"")
+        hash_value = session_hash(ring if ring is not None else raw_session or b"")
         binding = self._store.get(pool, session)
         if binding is None and not self._store.synced:
             # Still loading (or the watch is lost): another replica may have bound it.

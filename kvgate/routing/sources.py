@@ -9,11 +9,13 @@ from enum import StrEnum
 from typing import NamedTuple
 
 from kvgate.config.model import Session
-from kvgate.session import IMPLICIT_KEY, LEGACY_IMPLICIT_KEY
-
-# Never equal to an explicit id a client could send by accident: the implicit key is hashed
-# in its own space.
-IMPLICIT_PREFIX = b"kvgate-implicit\x00"
+from kvgate.session import (
+    IMPLICIT_KEY,
+    IMPLICIT_PREFIX,
+    LEGACY_IMPLICIT_KEY,
+    SESSION_KEY_HEADER,
+    uncarry_key,
+)
 
 # The session fields Envoy found in the request's body (its dynamic metadata namespace
 # `kvgate.session`, forwarded): field name -> text, empty for a field that is not text. The
@@ -25,12 +27,14 @@ class Source(StrEnum):
     HEADER = "header"
     BODY = "body"
     IMPLICIT = "implicit"
+    UNCARRIED = "uncarried"  # in the body, but too long for Envoy to carry: sessionless
     NONE = "none"
 
 
 class Found(NamedTuple):
     raw: bytes  # what is normalized into the session UUID
     source: Source
+    ring: bytes | None = None  # what Envoy's ring hashes, when not `raw` (the carried key)
 
 
 NOT_FOUND = Found(b"", Source.NONE)
@@ -51,6 +55,8 @@ class SessionSources:
             value = headers.get(name)
             if value and value.strip():
                 return Found(value, Source.HEADER)
+        if wire := headers.get(SESSION_KEY_HEADER):
+            return _carried(wire)
         if body is None:
             return NOT_FOUND
         for name in self._fields:
@@ -63,3 +69,13 @@ class SessionSources:
             if key in body and (text := body[key]):
                 return Found(IMPLICIT_PREFIX + text.encode(), Source.IMPLICIT)
         return NOT_FOUND
+
+
+def _carried(wire: bytes) -> Found:
+    """The key Envoy's Lua filter found in the body (kvgate.session.carry_key)."""
+    raw = uncarry_key(wire)
+    if raw is None:
+        return Found(b"", Source.UNCARRIED)
+    if raw.startswith(IMPLICIT_PREFIX):
+        return Found(raw, Source.IMPLICIT, wire)
+    return Found(raw, Source.BODY, wire)

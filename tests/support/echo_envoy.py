@@ -1,5 +1,6 @@
 """A real Envoy running only kvgate's body-session filters, answering every request with what
-they found: the implicit key as the body, the body fields found in `x-found-fields`."""
+they found: the implicit key as the body, the body fields found in `x-found-fields`, the
+carried session key (x-kvgate-session-key) in `x-found-key`."""
 
 from __future__ import annotations
 
@@ -23,23 +24,31 @@ from control_plane.resources import protos
 from control_plane.resources.session_filters import body_session_filters, buffer_limit
 from kvgate.config.model import HostPort, Session
 from kvgate.runtime.children.envoy import envoy_child, envoy_ready
-from kvgate.session import BODY_METADATA_NAMESPACE, IMPLICIT_KEY
+from kvgate.session import BODY_METADATA_NAMESPACE, IMPLICIT_KEY, SESSION_KEY_HEADER
 from tests.support.ports import free_ports
 
-_ECHO = """
+_ECHO = r"""
 function envoy_on_request(handle)
   handle:body() -- answer once the request is in, as an upstream would
   local found = handle:streamInfo():dynamicMetadata():get("NAMESPACE")
   local fields, implicit = {}, ""
   if found ~= nil then
     for key, value in pairs(found) do
-      if key == "IMPLICIT" then implicit = value else fields[#fields + 1] = key .. "=" .. value end
+      if key == "IMPLICIT" then
+        implicit = value
+      else  -- bytes a header cannot hold as decimal escapes (\010)
+        local shown = string.gsub(value, "[%c\128-\255]",
+                                  function(c) return string.format("\\%03d", c:byte()) end)
+        fields[#fields + 1] = key .. "=" .. shown
+      end
     end
   end
   table.sort(fields)
-  handle:respond({[":status"] = "200", ["x-found-fields"] = table.concat(fields, ",")}, implicit)
+  handle:respond({[":status"] = "200", ["x-found-fields"] = table.concat(fields, ","),
+                  ["x-found-key"] = handle:headers():get("KEY_HEADER") or ""}, implicit)
 end
-""".replace("NAMESPACE", BODY_METADATA_NAMESPACE).replace("IMPLICIT", IMPLICIT_KEY)
+""".replace("NAMESPACE", BODY_METADATA_NAMESPACE).replace("IMPLICIT", IMPLICIT_KEY).replace(
+    "KEY_HEADER", SESSION_KEY_HEADER)
 
 
 def _bootstrap(session: Session, listener: HostPort, admin: HostPort) -> bootstrap_pb2.Bootstrap:

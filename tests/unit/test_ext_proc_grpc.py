@@ -43,7 +43,7 @@ class StalledPipeline:
         self.started = asyncio.Event()
 
     async def decide(self, pool: str, raw_session: bytes | None,
-                     prompt_tokens: int = 0) -> Decision:
+                     prompt_tokens: int = 0, *, ring: bytes | None = None) -> Decision:
         self.started.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")

@@ -42,13 +42,14 @@ def test_filter_chain_strips_then_reads_the_body_then_asks_ext_proc_then_routes(
     assert names == [
         "envoy.filters.http.header_mutation",
         "envoy.filters.http.json_to_metadata",
-        "kvgate.implicit_session",
+        "kvgate.session_key",
         "envoy.filters.http.ext_proc",
         "envoy.filters.http.router",
     ]
     mutation = header_mutation_pb2.HeaderMutation()
     manager.http_filters[0].typed_config.Unpack(mutation)
-    assert mutation.mutations.request_mutations[0].remove == "x-gateway-destination-endpoint"
+    assert [m.remove for m in mutation.mutations.request_mutations] == [
+        "x-gateway-destination-endpoint", "x-kvgate-pool", "x-kvgate-session-key"]
     processor = ext_proc_pb2.ExternalProcessor()
     manager.http_filters[3].typed_config.Unpack(processor)
     assert list(processor.metadata_options.forwarding_namespaces.untyped) == ["kvgate.session"]
@@ -62,7 +63,9 @@ def test_filter_chain_strips_then_reads_the_body_then_asks_ext_proc_then_routes(
 def test_routes_hash_on_session_retry_safely_and_name_their_pool() -> None:
     route = _manager().route_config.virtual_hosts[0].routes[0]
     assert route.match.path == "/v1/chat/completions"
-    assert route.route.hash_policy[0].header.header_name == "x-session-id"
+    # The session header, then the key Envoy's Lua filter found in the body (ext_proc's too).
+    assert [(p.header.header_name, p.terminal) for p in route.route.hash_policy] == [
+        ("x-session-id", True), ("x-kvgate-session-key", True)]
     assert route.route.retry_policy.retry_on == "connect-failure,refused-stream,reset"
     assert route.route.retry_policy.retry_host_predicate[0].name.endswith("previous_hosts")
     assert route.route.timeout.ToSeconds() == 0
@@ -125,8 +128,9 @@ def test_real_envoy_accepts_the_bootstrap(tmp_path: Path, mode: RoutingMode) -> 
 
 
 def test_one_session_goes_to_one_ext_proc_replica_over_grpc() -> None:
-    """Wherever the session was found (a header, a body field Envoy read into metadata, the
-    implicit key) reaches the ext_proc stream's initial metadata, and the ext_proc cluster hashes
+    """Wherever the session was found (a header, or the key Envoy's Lua filter carries for a
+    body field or the implicit key) reaches the ext_proc stream's initial metadata (as a valid
+    value whatever its bytes: the carried key is percent-encoded), and the ext_proc cluster hashes
     those keys on a ring (Envoy's configuration for ext_proc session affinity); the HTTP
     transport, which has no initial metadata, keeps round robin."""
     config = load_file(EXAMPLE)
@@ -136,9 +140,7 @@ def test_one_session_goes_to_one_ext_proc_replica_over_grpc() -> None:
     session = config.session
     assert sent == [
         *((name, f"%REQ({name})%") for name in session.headers),
-        *((f"x-kvgate-body-{i}", f"%DYNAMIC_METADATA(kvgate.session:{field})%")
-          for i, field in enumerate(session.body_fields)),
-        ("x-kvgate-implicit", "%DYNAMIC_METADATA(kvgate.session:@implicit)%"),
+        ("x-kvgate-session-key", "%REQ(x-kvgate-session-key)%"),
     ]
     assert session.body_fields and session.implicit  # the example exercises every source
     cluster = ext_proc_cluster(config.ext_proc, [key for key, _ in sent])

@@ -13,8 +13,15 @@ from control_plane.resources.session_filters import (
     buffer_limit,
 )
 from kvgate.config.model import Session
-from kvgate.routing.sources import IMPLICIT_PREFIX, BodyFields, SessionSources, Source
-from kvgate.session import IMPLICIT_KEY, LEGACY_IMPLICIT_KEY
+from kvgate.routing.sources import BodyFields, SessionSources, Source
+from kvgate.session import (
+    IMPLICIT_KEY,
+    IMPLICIT_PREFIX,
+    LEGACY_IMPLICIT_KEY,
+    UNCARRIED_KEY,
+    carry_key,
+    uncarry_key,
+)
 
 
 def _wrapped(session: Session) -> list[extension_matcher_pb2.ExtensionWithMatcher]:
@@ -40,10 +47,11 @@ def test_each_body_field_is_a_rule_with_its_dotted_path_as_key() -> None:
 
 def test_filters_follow_the_switches() -> None:
     assert len(body_session_filters(Session())) == 2
+    # The Lua filter carries a body field's key too, so it stays with the implicit key off.
     assert [f.name for f in body_session_filters(Session(implicit=False))] == [
-        "envoy.filters.http.json_to_metadata"]
+        "envoy.filters.http.json_to_metadata", "kvgate.session_key"]
     assert [f.name for f in body_session_filters(Session(body_fields=()))] == [
-        "kvgate.implicit_session"]
+        "kvgate.session_key"]
     assert body_session_filters(Session(body_fields=(), implicit=False)) == []
 
 
@@ -80,19 +88,20 @@ def _body(**fields: str) -> BodyFields:
 def test_sources_in_order_header_body_implicit() -> None:
     sources = SessionSources(Session(headers=("x-session-id", "x-agent")))
     body = _body(**{"user": "u1", "metadata.session_id": "m1", IMPLICIT_KEY: "chat:1:x"})
-    assert sources.pick({"x-agent": b"a1"}, body) == (b"a1", Source.HEADER)
-    assert sources.pick({"x-session-id": b"  ", "x-agent": b"a1"}, None) == (b"a1", Source.HEADER)
-    assert sources.pick({}, body) == (b"u1", Source.BODY)
+    assert sources.pick({"x-agent": b"a1"}, body) == (b"a1", Source.HEADER, None)
+    assert sources.pick({"x-session-id": b"  ", "x-agent": b"a1"}, None) == (
+        b"a1", Source.HEADER, None)
+    assert sources.pick({}, body) == (b"u1", Source.BODY, None)
     assert sources.pick({}, _body(**{"metadata.session_id": "m1", "user": " "})) == (
-        b"m1", Source.BODY)
+        b"m1", Source.BODY, None)
     assert sources.pick({}, _body(**{IMPLICIT_KEY: "chat:1:x"})) == (
-        IMPLICIT_PREFIX + b"chat:1:x", Source.IMPLICIT)
-    assert sources.pick({}, None) == (b"", Source.NONE)
-    assert sources.pick({}, _body(other="x")) == (b"", Source.NONE)
+        IMPLICIT_PREFIX + b"chat:1:x", Source.IMPLICIT, None)
+    assert sources.pick({}, None) == (b"", Source.NONE, None)
+    assert sources.pick({}, _body(other="x")) == (b"", Source.NONE, None)
     # A field that is not text reaches the core as empty text (ext_proc's transports).
     assert sources.pick({}, _body(user="", **{"metadata.session_id": "m1"})) == (
-        b"m1", Source.BODY)
-    assert sources.pick({}, _body(**{IMPLICIT_KEY: ""})) == (b"", Source.NONE)
+        b"m1", Source.BODY, None)
+    assert sources.pick({}, _body(**{IMPLICIT_KEY: ""})) == (b"", Source.NONE, None)
 
 
 def test_sources_honour_the_config() -> None:
@@ -103,4 +112,34 @@ def test_sources_honour_the_config() -> None:
     assert no_implicit.pick({}, _body(**{IMPLICIT_KEY: "k"})).source is Source.NONE
     # The key's name before 2026-12-05, as an Envoy not yet reconfigured writes it.
     assert implicit_only.pick({}, _body(**{LEGACY_IMPLICIT_KEY: "k"})) == (
-        IMPLICIT_PREFIX + b"k", Source.IMPLICIT)
+        IMPLICIT_PREFIX + b"k", Source.IMPLICIT, None)
+
+
+def test_carried_keys_any_bytes_and_back() -> None:
+    # The usual ids are unchanged (their ring position is the header's); others are valid
+    # header values, and decode to what was sent.
+    for usual in (b"conv-3", b"user_1@bank.example", b"a b"):
+        assert carry_key(usual) == usual
+    for odd in (b"a\nb", b"\r", b"\x00x", b"x\x7f", b"\xff\xfe", "é".encode(), b"100%",
+                b" lead", b"trail ", b"%41", IMPLICIT_PREFIX + b"chat:1:x"):
+        wire = carry_key(odd)
+        assert all(0x20 <= b < 0x7F for b in wire) and wire.strip() == wire, wire
+        assert uncarry_key(wire) == odd
+    assert carry_key(b"a\nb%") == b"a%0Ab%25"
+    for not_carried in (UNCARRIED_KEY.encode(), b"%", b"%4", b"%zz", b"a%+1"):
+        assert uncarry_key(not_carried) is None, not_carried
+
+
+def test_the_carried_key_after_the_headers_before_the_metadata() -> None:
+    sources = SessionSources(Session())
+    body = _body(user="from-metadata")
+    wire = carry_key(b"line\nbreak")
+    assert sources.pick({"x-kvgate-session-key": wire}, body) == (
+        b"line\nbreak", Source.BODY, wire)
+    assert sources.pick({"x-session-id": b"h", "x-kvgate-session-key": wire}, body) == (
+        b"h", Source.HEADER, None)
+    implicit = carry_key(IMPLICIT_PREFIX + b"chat:1:x")
+    assert sources.pick({"x-kvgate-session-key": implicit}, None) == (
+        IMPLICIT_PREFIX + b"chat:1:x", Source.IMPLICIT, implicit)
+    assert sources.pick({"x-kvgate-session-key": UNCARRIED_KEY.encode()}, body) == (
+        b"", Source.UNCARRIED, None)
