@@ -38,6 +38,7 @@ from kvgate.contract.envoy import (
     LISTENER_NAME,
     POOL_HEADER,
     ROUTE_CONFIG_NAME,
+    UPSTREAM_HEADER_MUTATION_FILTER,
 )
 from kvgate.contract.modes import RoutingMode
 from kvgate.session import BODY_METADATA_NAMESPACE, SESSION_KEY_HEADER
@@ -215,7 +216,7 @@ def _router() -> hcm.HttpFilter:
     own use). Not the route's `request_headers_to_remove`: that edits the request before the
     first attempt, and a retry's ring_hash pick would then find no key to hash."""
     router = router_pb2.Router(upstream_http_filters=[
-        hcm.HttpFilter(name=HEADER_MUTATION_FILTER,
+        hcm.HttpFilter(name=UPSTREAM_HEADER_MUTATION_FILTER,
                        typed_config=protos.pack(_removing(SESSION_KEY_HEADER))),
         hcm.HttpFilter(name="envoy.filters.http.upstream_codec",
                        typed_config=protos.pack(upstream_codec_pb2.UpstreamCodec())),

@@ -17,6 +17,10 @@ EXT_PROC_CLUSTER = "kvgate_ext_proc"
 XDS_CLUSTER = "kvgate_xds"
 EXT_PROC_FILTER = "envoy.filters.http.ext_proc"
 HEADER_MUTATION_FILTER = "envoy.filters.http.header_mutation"
+# The router's upstream filter that drops the session key per attempt. A name of its own: Envoy
+# hands a route's per-filter config to every filter of that name, upstream ones included, and
+# the HTTP transport's per-route config *adds* the pool header (it reached engines).
+UPSTREAM_HEADER_MUTATION_FILTER = "kvgate.upstream.header_mutation"
 # What Envoy's health check of the ext_proc replicas asks for: the gRPC health service name, or
 # over the HTTP transport the path. Not serving while the replica cannot reach etcd
 # (ext_proc.readiness); the overall gRPC health ("") stays serving for liveness probes.
