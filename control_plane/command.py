@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"control plane: {exc}", file=sys.stderr)
         return 2
     # The loop ext_proc runs on too, so every kvgate process runs on one loop (the collector
-    # measured no faster on it: bench/fleet_state_at_scale.py --loops).
+    # measured no faster on it: bench/collector_at_scale.py --loops).
     return run_loop(
         serve_until_signalled(service, "control plane", on_hangup=service.request_reload)
     )

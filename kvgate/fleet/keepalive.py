@@ -5,7 +5,7 @@ Why not aiohttp: a scrape of vLLM's filtered page is 566 bytes, and a general cl
 per-request machinery (URL, request and response objects, header multidicts, its pool, a task
 and a timer per request) costs several times what reading those bytes does; the collector makes
 10,000 scrapes a second at 1,000 engines. Why a Protocol and not asyncio streams: a stream
-reader and a task per GET were half of what was left (bench/fleet_state_cost.py measures this
+reader and a task per GET were half of what was left (bench/engine_state_cost.py measures this
 client against aiohttp in one run). So a round (`get_each`) writes every request at once, each
 connection's `data_received` parses its reply, and one deadline covers the round.
 

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from google.protobuf import struct_pb2
 
 from kvgate.config.model import Session
-from kvgate.session import IMPLICIT_KEY, LEGACY_IMPLICIT_KEY
+from kvgate.session import COLON_IMPLICIT_KEY, IMPLICIT_KEY
 
 # Never equal to an explicit id a client could send by accident: the implicit key is hashed
 # in its own space.
@@ -57,7 +57,7 @@ class SessionSources:
                 if text.strip():
                     return Found(text.encode(), Source.BODY)
         if self._implicit:
-            key = IMPLICIT_KEY if IMPLICIT_KEY in fields else LEGACY_IMPLICIT_KEY
+            key = IMPLICIT_KEY if IMPLICIT_KEY in fields else COLON_IMPLICIT_KEY
             if key in fields and (text := fields[key].string_value):
                 return Found(IMPLICIT_PREFIX + text.encode(), Source.IMPLICIT)
         return NOT_FOUND

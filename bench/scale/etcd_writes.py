@@ -12,7 +12,7 @@ from collections import Counter
 
 from prometheus_client import CollectorRegistry
 
-from bench.scale_parts import until
+from bench.scale.measure import until
 from kvgate.bindings.bulk import write_bindings
 from kvgate.bindings.etcd import EtcdBindingStore
 from kvgate.bindings.index import session_key
