@@ -12,10 +12,9 @@ from control_plane.service import ControlPlaneOptions, ControlPlaneService
 from kvgate.admin_api.auth import READ_TOKEN_ENV
 from kvgate.admin_api.tls import TlsError, load_server_tls
 from kvgate.config.fields import Fields
-from kvgate.config.flags import address_flag, etcd_flag, flags_refused, load_or_report
+from kvgate.config.flags import address_flag, etcd_flag, flags_refused
 from kvgate.etcd.security import EtcdSecurityError
-from kvgate.observability.logs import configure_logging
-from kvgate.runtime.tasks.serve import serve_command
+from kvgate.runtime.tasks.serve import command_config, serve_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,8 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
-    config = load_or_report(args.config)
+    config = command_config(args)
     if config is None:
         return 1
     etcd = etcd_flag(args.etcd, config)

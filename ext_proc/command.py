@@ -8,10 +8,9 @@ import sys
 from ext_proc.service import ExtProcOptions, ExtProcService
 from kvgate.admin_api.tls import TlsError
 from kvgate.config.fields import Fields
-from kvgate.config.flags import address_flag, etcd_flag, flags_refused, load_or_report
+from kvgate.config.flags import address_flag, etcd_flag, flags_refused
 from kvgate.etcd.security import EtcdSecurityError
-from kvgate.observability.logs import configure_logging
-from kvgate.runtime.tasks.serve import serve_command
+from kvgate.runtime.tasks.serve import command_config, serve_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,8 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
-    config = load_or_report(args.config)
+    config = command_config(args)
     if config is None:
         return 1
     if not config.pools:

@@ -3,12 +3,16 @@ grace."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import signal
 import sys
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from kvgate.config.flags import load_or_report
+from kvgate.config.model import Config
+from kvgate.observability.logs import configure_logging
 from kvgate.runtime.tasks.loop import run as run_loop
 
 
@@ -21,6 +25,13 @@ class Service(Protocol):
 
 
 S = TypeVar("S", bound=Service)
+
+
+def command_config(args: argparse.Namespace) -> Config | None:
+    """A service command's start: its logs at --log-level, then its config from --config (None
+    once every problem is printed to stderr)."""
+    configure_logging(args.log_level)
+    return load_or_report(args.config)
 
 
 def serve_command(
