@@ -1,7 +1,7 @@
 """Many stub engines in one process, cheap enough that a thousand answer a scrape round every
 100 ms on this machine: each port answers every HTTP/1.1 request on a kept-alive connection with
 the same recorded vLLM 0.32 load-gauge page (an asyncio Protocol writing fixed bytes: no HTTP
-framework, no task per request). aiohttp stubs (bench/fleet_state_cost.py's) could not: one
+framework, no task per request). aiohttp stubs (bench/engine_state_cost.py's) could not: one
 process answered 4,748 of 20,000 scrapes of 1,000 engines in time.
 
     python bench/stub_engines.py --engines 1000 --ready FILE   # writes FILE: ["ip:port", ...]

@@ -12,11 +12,9 @@ from control_plane.service import ControlPlaneOptions, ControlPlaneService
 from kvgate.admin_api.auth import READ_TOKEN_ENV
 from kvgate.admin_api.tls import TlsError, load_server_tls
 from kvgate.config.fields import Fields
-from kvgate.config.flags import address_flag, etcd_flag, load_or_report
+from kvgate.config.flags import address_flag, etcd_flag, flags_refused
 from kvgate.etcd.security import EtcdSecurityError
-from kvgate.observability.logs import configure_logging
-from kvgate.runtime.tasks.loop import run as run_loop
-from kvgate.runtime.tasks.serve import serve_until_signalled
+from kvgate.runtime.tasks.serve import command_config, serve_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,8 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
-    config = load_or_report(args.config)
+    config = command_config(args)
     if config is None:
         return 1
     etcd = etcd_flag(args.etcd, config)
@@ -54,8 +51,7 @@ def run(args: argparse.Namespace) -> int:
     admin = address_flag(fields, args.admin, "--admin", config.control_plane.admin)
     xds = address_flag(fields, args.xds, "--xds", config.control_plane.xds)
     metrics = address_flag(fields, args.metrics, "--metrics", None)
-    if fields.problems or admin is None or xds is None:
-        print("\n".join(str(p) for p in fields.problems), file=sys.stderr)
+    if flags_refused(fields) or admin is None or xds is None:
         return 2
     try:
         token = load_token(file=args.admin_token_file)
@@ -72,13 +68,5 @@ def run(args: argparse.Namespace) -> int:
         admin_token=token, admin_read_token=read_token, admin_tls=tls,
         **({"identity": args.identity} if args.identity else {}),
     )
-    try:
-        service = ControlPlaneService(config, options)
-    except EtcdSecurityError as exc:
-        print(f"control plane: {exc}", file=sys.stderr)
-        return 2
-    # The loop ext_proc runs on too, so every kvgate process runs on one loop (the collector
-    # measured no faster on it: bench/fleet_state_at_scale.py --loops).
-    return run_loop(
-        serve_until_signalled(service, "control plane", on_hangup=service.request_reload)
-    )
+    return serve_command("control plane", lambda: ControlPlaneService(config, options),
+                         (EtcdSecurityError,), on_hangup=lambda s: s.request_reload)

@@ -67,11 +67,6 @@ class TransferParams:
     def node_of(self, device: int) -> int:
         return device // self.devices_per_node
 
-    def alone_seconds(self, nbytes: float) -> float:
-        """A transfer's time with the links to itself: fixed cost + bytes / its narrowest link."""
-        gbps = min(g for g in (self.device_gbps, self.node_gbps, self.pool_gbps) if g is not None)
-        return self.fixed_s + nbytes / (gbps * GB)
-
 
 @dataclass(slots=True)
 class _Transfer:

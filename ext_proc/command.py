@@ -8,11 +8,9 @@ import sys
 from ext_proc.service import ExtProcOptions, ExtProcService
 from kvgate.admin_api.tls import TlsError
 from kvgate.config.fields import Fields
-from kvgate.config.flags import address_flag, etcd_flag, load_or_report
+from kvgate.config.flags import address_flag, etcd_flag, flags_refused
 from kvgate.etcd.security import EtcdSecurityError
-from kvgate.observability.logs import configure_logging
-from kvgate.runtime.tasks.loop import run as run_loop
-from kvgate.runtime.tasks.serve import serve_until_signalled
+from kvgate.runtime.tasks.serve import command_config, serve_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,8 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    configure_logging(args.log_level)
-    config = load_or_report(args.config)
+    config = command_config(args)
     if config is None:
         return 1
     if not config.pools:
@@ -34,16 +31,11 @@ def run(args: argparse.Namespace) -> int:
     fields = Fields()
     listen = address_flag(fields, args.listen, "--listen", config.ext_proc.addresses[0])
     metrics = address_flag(fields, args.metrics, "--metrics", config.ext_proc.metrics)
-    if fields.problems or listen is None:
-        print("\n".join(str(p) for p in fields.problems), file=sys.stderr)
+    if flags_refused(fields) or listen is None:
         return 2
     etcd = etcd_flag(args.etcd, config)
     options = ExtProcOptions(listen=listen, metrics=metrics, etcd_endpoints=etcd)
-    try:
-        service = ExtProcService(config, options)
-    except (EtcdSecurityError, TlsError) as exc:
-        print(f"ext_proc: {exc}", file=sys.stderr)
-        return 2
-    return run_loop(serve_until_signalled(service, "ext_proc"))
+    return serve_command("ext_proc", lambda: ExtProcService(config, options),
+                         (EtcdSecurityError, TlsError))
 
 

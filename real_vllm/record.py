@@ -1,5 +1,5 @@
 """What a real vLLM engine publishes about itself, recorded for benchmarks that cannot start one
-(``bench/fleet_state_cost.py``): its ``/metrics`` page whole and filtered to the load gate's
+(``bench/engine_state_cost.py``): its ``/metrics`` page whole and filtered to the load gate's
 gauges with ``name[]`` (at ``/metrics/``, where vLLM serves prometheus_client's exposition,
 which honours it; its ``/metrics`` does not), and its
 KV cache event stream as received (ZMQ multipart: topic, sequence, msgpack payload).

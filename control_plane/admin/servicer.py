@@ -87,10 +87,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self, request: pb.ListEndpointsRequest, context: Context
     ) -> pb.ListEndpointsResponse:
         found = await self._ops.list_endpoints(_optional(request, "pool"))
-        response = pb.ListEndpointsResponse(endpoints=[endpoint_status(s) for s in found.endpoints])
-        if found.sessions_note is not None:
-            response.sessions_note = found.sessions_note
-        return response
+        # None leaves an optional field unset.
+        return pb.ListEndpointsResponse(endpoints=[endpoint_status(s) for s in found.endpoints],
+                                        sessions_note=found.sessions_note)
 
     @_mapped
     async def DrainEndpoint(
@@ -136,10 +135,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             _optional(request, "pool"), _optional(request, "endpoint"), request.limit,
             _optional(request, "after"),
         )
-        response = pb.ListSessionsResponse(sessions=[session_binding(b) for b in page.sessions])
-        if page.next_after is not None:
-            response.next_after = page.next_after
-        return response
+        return pb.ListSessionsResponse(sessions=[session_binding(b) for b in page.sessions],
+                                       next_after=page.next_after)
 
     @_mapped
     async def ShowSession(

@@ -18,6 +18,13 @@ def address_flag(
     return fields.host_port(text, (flag,), require_ip=False) if text else default
 
 
+def flags_refused(fields: Fields) -> bool:
+    """True, after printing them to stderr, if the flags read into `fields` had problems."""
+    if fields.problems:
+        print("\n".join(str(p) for p in fields.problems), file=sys.stderr)
+    return bool(fields.problems)
+
+
 def etcd_flag(text: str | None, config: Config) -> tuple[str, ...]:
     """`--etcd a,b` if given, else the config's `etcd.endpoints` (possibly none)."""
     given = tuple(e.strip() for e in (text or "").split(",") if e.strip())

@@ -14,7 +14,7 @@ class RoutingMode(StrEnum):
     AFFINITY = "affinity"  # kvgate (ext_proc + bindings, ring_hash fallback), no DDR pool
     ROUND_ROBIN_DDR = "round_robin+ddr"  # Envoy round robin, engines sharing a DDR KV pool
     AFFINITY_DDR = "affinity+ddr"  # kvgate (load-aware), engines sharing a DDR KV pool
-    STICKY_DDR = "sticky+ddr"  # kvgate with the load gate off: static stickiness, the old default
+    STICKY_DDR = "sticky+ddr"  # kvgate with the load gate off: static stickiness
     # The peers' policies, on the same fleet with the same DDR pool (simulated only):
     PREFIX_SCORE = "prefix-score"  # llm-d-style prefix, queue and KV-usage scoring
     KV_COST = "kv-cost"  # Dynamo-style: prefill blocks to compute + active blocks

@@ -84,6 +84,10 @@ class WatchReply(Protocol):
     fragment: bool
 
 
+class AuthenticateReply(Protocol):
+    token: str
+
+
 class Empty(Protocol):
     """A reply kvgate does not read."""
 

@@ -80,10 +80,10 @@ async def _next(
     """The next page, or the first failure of a task (an etcd error stops the whole scan)."""
     getting = asyncio.ensure_future(pages.get())
     while True:
-        failed = [t for t in tasks if t.done() and t.exception() is not None]
-        if failed:
+        failed = next((e for t in tasks if t.done() and (e := t.exception()) is not None), None)
+        if failed is not None:
             getting.cancel()
-            raise failed[0].exception()  # type: ignore[misc]
+            raise failed
         waiting: set[asyncio.Future[Any]] = {getting, *(t for t in tasks if not t.done())}
         finished, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
         if getting in finished:

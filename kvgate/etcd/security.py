@@ -25,6 +25,7 @@ from aetcd.rpc import rpc_pb2_grpc as stubs
 
 from kvgate.config.etcd_security import PASSWORD_ENV
 from kvgate.config.model import Etcd
+from kvgate.etcd.replies import AuthenticateReply
 
 log = structlog.get_logger("kvgate.etcd")
 
@@ -172,7 +173,8 @@ class _Tokens:
     async def _authenticate(self, stub: stubs.AuthStub, limit_s: float | None) -> str:
         request = rpc.AuthenticateRequest(name=self.username, password=self.__password)
         try:
-            reply = await stub.Authenticate(request, timeout=limit_s or AUTHENTICATE_TIMEOUT)
+            reply: AuthenticateReply = await stub.Authenticate(
+                request, timeout=limit_s or AUTHENTICATE_TIMEOUT)
         except grpc.aio.AioRpcError as exc:
             details = exc.details() or ""
             if "authentication is not enabled" in details:
@@ -189,7 +191,7 @@ class _Tokens:
                                  f"{self.username!r} ({details})") from None
             raise
         self.obtained += 1
-        return str(reply.token)
+        return reply.token
 
 
 def _rewritten(exc: grpc.aio.AioRpcError, details: str) -> grpc.aio.AioRpcError:

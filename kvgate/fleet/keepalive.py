@@ -5,7 +5,7 @@ Why not aiohttp: a scrape of vLLM's filtered page is 566 bytes, and a general cl
 per-request machinery (URL, request and response objects, header multidicts, its pool, a task
 and a timer per request) costs several times what reading those bytes does; the collector makes
 10,000 scrapes a second at 1,000 engines. Why a Protocol and not asyncio streams: a stream
-reader and a task per GET were half of what was left (bench/fleet_state_cost.py measures this
+reader and a task per GET were half of what was left (bench/engine_state_cost.py measures this
 client against aiohttp in one run). So a round (`get_each`) writes every request at once, each
 connection's `data_received` parses its reply, and one deadline covers the round.
 
@@ -115,27 +115,14 @@ class KeepAliveClient:
                     reply: Page | Exception) -> None:
             if in_flight.pop(index, None) is None:
                 return  # the deadline passed first: already handed over
-            if isinstance(reply, Page) and connection.reusable() and address not in self._idle:
-                connection.used = loop.time()
-                self._idle[address] = connection
-            else:
-                connection.close()
+            self._release(address, connection, isinstance(reply, Page), loop.time())
             hand_over(index, reply)
             if not in_flight and not over.done():
                 over.set_result(None)
 
         for index, (address, path) in enumerate(wanted):
-            # Accept-Encoding: without it any coding is acceptable (RFC 9110 12.5.3), and
-            # prometheus_client would gzip a page this client does not inflate.
-            request = (f"GET {path} HTTP/1.1\r\nHost: {address}\r\nUser-Agent: kvgate\r\n"
-                       "Accept-Encoding: identity\r\n\r\n").encode("latin-1")
-            connection = self._idle.pop(address, None)
-            fresh = connection is None or not connection.reusable()
-            if fresh:
-                if connection is not None:
-                    connection.close()  # the engine closed it while idle: no failed scrape
-                connection = _Connection(self._max_body)
-            assert connection is not None
+            request = _get_request(address, path)
+            connection, fresh = self._take(address)
             in_flight[index] = connection
             done = functools.partial(arrived, index, address, connection)
             if fresh:
@@ -163,6 +150,25 @@ class KeepAliveClient:
             self._sweep(now)
         if raised:
             raise raised[0]
+
+    def _take(self, address: str) -> tuple[_Connection, bool]:
+        """`address`'s idle connection if it can carry another request, else a new one; True
+        when that new one is still to be connected."""
+        connection = self._idle.pop(address, None)
+        if connection is not None and connection.reusable():
+            return connection, False
+        if connection is not None:
+            connection.close()  # the engine closed it while idle: no failed scrape
+        return _Connection(self._max_body), True
+
+    def _release(self, address: str, connection: _Connection, whole: bool, now: float) -> None:
+        """After its reply: kept idle for `address`'s next GET if the reply was `whole` and the
+        connection can carry another (and no other is kept for it), else closed."""
+        if whole and connection.reusable() and address not in self._idle:
+            connection.used = now
+            self._idle[address] = connection
+        else:
+            connection.close()
 
     async def _connect(self, connection: _Connection, address: str, request: bytes,
                        done: Done) -> None:
@@ -340,6 +346,13 @@ class _Connection(asyncio.Protocol):
                 return None
             del buffer[:end + 4]
         return Page(200, bytes(self._body))
+
+
+def _get_request(address: str, path: str) -> bytes:
+    # Accept-Encoding: without it any coding is acceptable (RFC 9110 12.5.3), and
+    # prometheus_client would gzip a page this client does not inflate.
+    return (f"GET {path} HTTP/1.1\r\nHost: {address}\r\nUser-Agent: kvgate\r\n"
+            "Accept-Encoding: identity\r\n\r\n").encode("latin-1")
 
 
 def _head(head: bytes) -> tuple[int, bool, dict[bytes, bytes]]:

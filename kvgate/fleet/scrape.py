@@ -69,7 +69,7 @@ OnRead = Callable[[str, EngineFigures, float], None]  # address, figures, when (
 
 class Pages(Protocol):
     """What scrapes GET with: a KeepAliveClient (`ScrapeRounds.session`) in the product; a bench
-    may pass another client to compare (bench/fleet_state_cost.py)."""
+    may pass another client to compare (bench/engine_state_cost.py)."""
 
     async def get_each(self, wanted: Sequence[tuple[str, str]], timeout_s: float,
                        on_reply: OnReply) -> None:

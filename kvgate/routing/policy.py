@@ -47,7 +47,7 @@ NOTHING_KNOWN = Known()
 
 class PoolResidency(Protocol):
     """How much of a session's context its DDR pool still holds, where that can be known (the
-    simulator's own pool today; a pool's event stream in the fleet-state issue)."""
+    simulator's own pool; no live pool reports it yet)."""
 
     def pool_tokens(self, kv_pool: str, session: str, context_tokens: int) -> int | None:
         """Leading tokens of the session's context the pool would serve a sibling now, at most

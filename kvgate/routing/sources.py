@@ -10,9 +10,9 @@ from typing import NamedTuple
 
 from kvgate.config.model import Session
 from kvgate.session import (
+    COLON_IMPLICIT_KEY,
     IMPLICIT_KEY,
     IMPLICIT_PREFIX,
-    LEGACY_IMPLICIT_KEY,
     SESSION_KEY_HEADER,
     uncarry_key,
 )
@@ -65,7 +65,7 @@ class SessionSources:
                 if text.strip():
                     return Found(text.encode(), Source.BODY)
         if self._implicit:
-            key = IMPLICIT_KEY if IMPLICIT_KEY in body else LEGACY_IMPLICIT_KEY
+            key = IMPLICIT_KEY if IMPLICIT_KEY in body else COLON_IMPLICIT_KEY
             if key in body and (text := body[key]):
                 return Found(IMPLICIT_PREFIX + text.encode(), Source.IMPLICIT)
         return NOT_FOUND

@@ -1,11 +1,11 @@
 """Write economy: sessions used through three replicas at once are rewritten at most once per
 epoch (one set of leases per epoch shared by every replica, re-attachment by compare-and-set),
 counted in etcd itself. A real etcd, epochs of one second; the measurement is the scale
-benchmark's own (bench/scale_inprocess.py)."""
+benchmark's own (bench/scale/etcd_writes.py)."""
 
 from __future__ import annotations
 
-from bench.scale_inprocess import writes_per_epoch
+from bench.scale.etcd_writes import writes_per_epoch
 
 
 async def test_three_replicas_rewrite_a_used_session_at_most_once_per_epoch(

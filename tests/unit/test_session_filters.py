@@ -15,9 +15,9 @@ from control_plane.resources.session_filters import (
 from kvgate.config.model import Session
 from kvgate.routing.sources import BodyFields, SessionSources, Source
 from kvgate.session import (
+    COLON_IMPLICIT_KEY,
     IMPLICIT_KEY,
     IMPLICIT_PREFIX,
-    LEGACY_IMPLICIT_KEY,
     UNCARRIED_KEY,
     carry_key,
     uncarry_key,
@@ -111,7 +111,7 @@ def test_sources_honour_the_config() -> None:
     no_implicit = SessionSources(Session(implicit=False))
     assert no_implicit.pick({}, _body(**{IMPLICIT_KEY: "k"})).source is Source.NONE
     # The key's name before 2026-12-05, as an Envoy not yet reconfigured writes it.
-    assert implicit_only.pick({}, _body(**{LEGACY_IMPLICIT_KEY: "k"})) == (
+    assert implicit_only.pick({}, _body(**{COLON_IMPLICIT_KEY: "k"})) == (
         IMPLICIT_PREFIX + b"k", Source.IMPLICIT, None)
 
 

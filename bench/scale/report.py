@@ -1,4 +1,4 @@
-"""The scale benchmark's table (bench/scale.py): its result JSON as markdown, with targets."""
+"""The scale benchmark's table: its result JSON as markdown, with targets."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def markdown(r: dict[str, Any]) -> str:
          f"{r['relist']['both_relisted_within_s']:.1f} s", ""),
     ]
     lines = [f"Scale benchmark, {r['bindings']:,} bindings, 2 ext_proc replicas "
-             f"(`python bench/scale.py --bindings {r['bindings']}`)", "",
+             f"(`python -m bench.scale --bindings {r['bindings']}`)", "",
              "| measure | result | target |", "|---|---:|---|"]
     lines += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(lines) + "\n"

@@ -12,9 +12,9 @@ from collections import Counter
 
 from prometheus_client import CollectorRegistry
 
-from bench.scale_parts import until
+from bench.scale.measure import until
 from kvgate.bindings.bulk import write_bindings
-from kvgate.bindings.etcd import EtcdBindingStore
+from kvgate.bindings.etcd import DEFAULT_MAX_PENDING, EtcdBindingStore
 from kvgate.bindings.index import session_key
 from kvgate.bindings.model import Binding
 from kvgate.etcd import EtcdClient
@@ -24,11 +24,12 @@ from kvgate.runtime.tasks.supervisor import Supervisor
 class _Replica:
     """A binding store on its own etcd client, as in one ext_proc process."""
 
-    def __init__(self, endpoint: str, prefix: str, idle_ttl: float, **options: float) -> None:
+    def __init__(self, endpoint: str, prefix: str, idle_ttl: float, *, write_limit_s: float,
+                 max_pending: int = DEFAULT_MAX_PENDING) -> None:
         self.client = EtcdClient([endpoint])
         self.store = EtcdBindingStore(self.client, prefix, idle_ttl,
                                       supervisor=Supervisor("ext_proc", CollectorRegistry()),
-                                      **options)  # type: ignore[arg-type]
+                                      write_limit_s=write_limit_s, max_pending=max_pending)
 
     async def close(self) -> None:
         await self.store.close()

@@ -10,7 +10,7 @@ kvgate.routing.gated `GatedPolicy.rehome`), per engine per round, projected to a
 Measured in the same run against the same round without the column (the baseline), since this
 machine is shared: the figure that matters is the difference, per engine per round.
 
-    python bench/fleet_state_evictions.py [--engines 1000] [--rounds 200] [--replicas 8]
+    python bench/eviction_rate_cost.py [--engines 1000] [--rounds 200] [--replicas 8]
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The scale benchmark's system under test (bench/scale.py): a real etcd, a control plane and
+"""The scale benchmark's system under test: a real etcd, a control plane and
 two ext_proc replicas as child processes, and the measurements taken on them."""
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from typing import Any
 import aiohttp
 import grpc
 
-from bench.scale_parts import Decisions, Engines, metrics, rss_bytes, until
+from bench.scale.decisions import Decisions
+from bench.scale.engines import Engines
+from bench.scale.measure import metrics, rss_bytes, until
 from kvgate.admin_api.v1 import admin_pb2 as admin
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.bindings.bulk import write_bindings
@@ -34,7 +36,7 @@ from kvgate.runtime.children.ports import free_ports
 from kvgate.session import normalize_session
 from stack.local import grpc_serving
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PREFIX = "/kvgate/bench/"
 POOL = "coder"
 ENGINES = 16
@@ -254,7 +256,7 @@ class Bench:
             # is the replica's delay, not its own wait for a core on a busy machine.
             nice = ("nice", "-n", "-10") if os.geteuid() == 0 else ()
             started.append(await asyncio.create_subprocess_exec(
-                *nice, sys.executable, "-m", "bench.scale_parts", "probe",
+                *nice, sys.executable, "-m", "bench.scale.probe",
                 self.replica_address(index),
                 POOL, str(known), str(self.workdir / f"probe-{index}.jsonl"), "0.01",
                 stdin=asyncio.subprocess.PIPE, cwd=REPO))

@@ -1,7 +1,7 @@
-"""bench/fleet_state_cost.py on a few stub engines: it runs, reads the recorded real vLLM
+"""bench/engine_state_cost.py on a few stub engines: it runs, reads the recorded real vLLM
 pages and event stream, times scraping the three gauges and the whole page, and
 projects the collector (its own scrapes, and a round delivered to every replica) below every
-replica scraping for itself; bench/fleet_state_at_scale.py on twenty cheap stubs: every engine
+replica scraping for itself; bench/collector_at_scale.py on twenty cheap stubs: every engine
 scraped each round, each feed's rounds replaced and their ages counted."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def test_the_scrapes_are_timed_and_events_are_decoded(
         tmp_path: Path) -> None:
     out = tmp_path / "cost.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "fleet_state_cost.py"), "--engines", "2",
+        [sys.executable, str(ROOT / "bench" / "engine_state_cost.py"), "--engines", "2",
          "--rounds", "20", "--repeat", "2", "--delivery-rounds", "3", "--json", str(out)],
         capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
@@ -50,7 +50,7 @@ def test_at_scale_every_engine_is_scraped_and_every_feed_replaced_its_rounds(
         tmp_path: Path) -> None:
     out = tmp_path / "scale.json"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "fleet_state_at_scale.py"), "--engines", "20",
+        [sys.executable, str(ROOT / "bench" / "collector_at_scale.py"), "--engines", "20",
          "--feeds", "2", "--seconds", "1", "--json", str(out)],
         capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr

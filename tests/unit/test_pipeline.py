@@ -1,4 +1,4 @@
-"""The decision pipeline (pure logic over an in-memory store): outcomes, coalescing,
+"""kvgate.routing.pipeline (pure logic over an in-memory store): outcomes, coalescing,
 cancellation."""
 
 from __future__ import annotations
