@@ -134,7 +134,7 @@ async def follow(engines: list[str], args: argparse.Namespace) -> dict[str, Any]
     address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     await server.start()
     registries = [CollectorRegistry() for _ in range(args.feeds)]
-    feeds = [FleetFeed([address], LoadBoard(), PrefillMix(), FleetFeedMetrics(registry))
+    feeds = [FleetFeed([address], LoadBoard(), PrefillMix(), FleetFeedMetrics(registry, "ext_proc"))
              for registry in registries]
     tasks = [asyncio.create_task(collector.run())] + [
         asyncio.create_task(feed.run()) for feed in feeds]

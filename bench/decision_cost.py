@@ -81,8 +81,8 @@ async def per_decision(gate_on: bool, decisions: int, sessions: int,
         assert isinstance(policy, GatedPolicy)
         policy.hbm = resident(sessions)
     pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, policy=policy)
-    handler = RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics(), "p",
-                             bytes_per_token=4.0 if gate_on else None)
+    handler = RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics("bench"),
+                             "p", bytes_per_token=4.0 if gate_on else None)
     headers = [{"x-session-id": f"bench-{i}".encode(), "content-length": b"2000"}
                for i in range(sessions)]
     for one in headers:

@@ -131,7 +131,7 @@ async def scrape_cpu(addresses: list[str], rounds: int) -> float:
     """CPU seconds per engine per round of the load gate's scraper over ``addresses``."""
     board, registry = LoadBoard(), CollectorRegistry()
     scraper = EngineLoadScraper(lambda: addresses, board, PrefillMix(), 0.1,
-                                EngineScrapeMetrics(registry))
+                                EngineScrapeMetrics(registry, "ext_proc"))
     async with ScrapeRounds.session() as http:
         for _ in range(2):  # connections opened; a 404 answered (the whole-page stubs)
             await scraper.scrape_round(http)
@@ -188,9 +188,10 @@ def delivery_cost(engines: int, rounds: int) -> dict[str, float]:
                          EngineFigures(index % 7, index % 13, (index % 100) / 100), now)
     stream = FleetStream(collector, "collector", lambda: "collector")
     board = LoadBoard()
-    feed = FleetFeed(["unused:1"], board, PrefillMix(), FleetFeedMetrics(CollectorRegistry()))
+    feed = FleetFeed(["unused:1"], board, PrefillMix(),
+                     FleetFeedMetrics(CollectorRegistry(), "ext_proc"))
     baseline_feed = FleetFeed(["unused:1"], LoadBoard(), PrefillMix(),
-                              FleetFeedMetrics(CollectorRegistry()))
+                              FleetFeedMetrics(CollectorRegistry(), "ext_proc"))
     build = serialize = take = read = baseline = 0.0
     size = baseline_size = 0
     for _ in range(rounds):

@@ -39,7 +39,7 @@ async def measure(engines: int, rounds: int, work: Path) -> tuple[float, float]:
         addresses = json.loads(ready.read_text())["engines"]
         board = LoadBoard()
         registry = CollectorRegistry()
-        metrics = EngineScrapeMetrics(registry)
+        metrics = EngineScrapeMetrics(registry, "ext_proc")
         scraper = EngineLoadScraper(lambda: addresses, board, PrefillMix(), 0.1, metrics)
         async with ScrapeRounds.session() as http:
             await scraper.scrape_round(http)  # connections opened

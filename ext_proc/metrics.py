@@ -1,5 +1,5 @@
 """ext_proc's Prometheus metrics, in a registry owned by the service (no global state): the
-decisions' (kvgate.routing.handler), then the binding store's."""
+decisions' (kvgate.routing.handler, told the service's name), then the binding store's."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from kvgate.routing.handler import DecisionMetrics
 
+# What the core's parts name their metrics after here (`kvgate_ext_proc_*`) and label them with.
+SERVICE = "ext_proc"
+
 
 class ExtProcMetrics(DecisionMetrics):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        super().__init__(registry)
+        super().__init__(SERVICE, registry)
         self.etcd_errors = Counter(
             "kvgate_ext_proc_etcd_errors", "etcd calls that failed", registry=self.registry
         )

@@ -14,7 +14,7 @@ import structlog
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ext_proc.http_server import HttpProcessor
-from ext_proc.metrics import ExtProcMetrics
+from ext_proc.metrics import SERVICE, ExtProcMetrics
 from ext_proc.readiness import Readiness
 from ext_proc.server import ExternalProcessor
 from kvgate.admin_api.auth import READ_TOKEN_ENV, TOKEN_ENV, load_token
@@ -78,9 +78,9 @@ class ExtProcService:
         self._mirror: PrefixMirror | None = None
         self._report: ReportPublisher | None = None
         self._etcd_store: EtcdBindingStore | None = None
-        self.supervisor = Supervisor("ext_proc", self.metrics.registry)
-        self.etcd_errors = EtcdErrorLog("ext_proc", self.metrics.registry)
-        self.mirrors = MirrorMetrics("ext_proc", self.metrics.registry)
+        self.supervisor = Supervisor(SERVICE, self.metrics.registry)
+        self.etcd_errors = EtcdErrorLog(SERVICE, self.metrics.registry)
+        self.mirrors = MirrorMetrics(SERVICE, self.metrics.registry)
         self._throttled = Throttled(log)
         self._server: grpc.aio.Server | None = None
         self._http: HttpProcessor | None = None  # ext_proc.transport: http
@@ -141,7 +141,7 @@ class ExtProcService:
         handler = RequestHandler(
             pipeline, SessionSources(config.session), self.metrics, default_pool,
             bytes_per_token=None if policy is STATIC
-            else config.placement.load_gate.bytes_per_token,
+            else config.placement.load_gate.bytes_per_token, log=log,
         )
         await self._serve(handler)
         if self._options.metrics is not None:
@@ -201,13 +201,14 @@ class ExtProcService:
             events = bool(settings.kv_events_port or settings.kv_events_port_offset)
             policy.hbm = hbm = HbmBoard() if events else None
             self.feed = FleetFeed(addresses, board, policy.mix,
-                                  FleetFeedMetrics(self.metrics.registry, hbm), token,
+                                  FleetFeedMetrics(self.metrics.registry, SERVICE, hbm), token,
                                   stall_s=max(2.0, 10 * settings.refresh_s), hbm=hbm,
                                   tls=self._collector_tls)
             self.supervisor.spawn("fleet-feed", self.feed.run)
             return policy
         scraper = EngineLoadScraper(self.directory.active_addresses, board, policy.mix,
-                                    settings.refresh_s, EngineScrapeMetrics(self.metrics.registry))
+                                    settings.refresh_s,
+                                    EngineScrapeMetrics(self.metrics.registry, SERVICE))
         self.supervisor.spawn("engine-load", scraper.run)
         return policy
 

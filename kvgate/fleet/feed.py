@@ -8,9 +8,10 @@ for nothing, as a scraped one does.
 When the collector is unreachable, follows no leader, or dies, no figure arrives: those it
 delivered age out of the board and the gate falls back to static stickiness for every engine
 it covered (plus this replica's own ledger of what it sent). Decisions never wait for the feed;
-`kvgate_ext_proc_fleet_collector_reachable`, `kvgate_ext_proc_fleet_state_age_seconds` and the
-replica's line in `kvgate status` say how it stands. The feed tries each configured address in
-turn (only the leader streams), pausing between attempts.
+`kvgate_{service}_fleet_collector_reachable`, `kvgate_{service}_fleet_state_age_seconds`
+(ext_proc's: `kvgate_ext_proc_...`) and the replica's line in `kvgate status` say how it
+stands. The feed tries each configured address in turn (only the leader streams), pausing
+between attempts.
 """
 
 from __future__ import annotations
@@ -35,33 +36,36 @@ RETRY_S = (0.2, 0.5, 1.0, 2.0)  # pauses between failed attempts, the last one r
 
 
 class FleetFeedMetrics:
-    """The feed's health as Prometheus sees it (gauges read the feed when scraped)."""
+    """The feed's health as Prometheus sees it (gauges read the feed when scraped), named after
+    the service the feed serves (`kvgate_{service}_fleet_*`, `kvgate_{service}_hbm_*`)."""
 
-    def __init__(self, registry: CollectorRegistry, hbm: HbmBoard | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry, service: str,
+                 hbm: HbmBoard | None = None) -> None:
+        prefix = f"kvgate_{service}"
         self.reachable = Gauge(
-            "kvgate_ext_proc_fleet_collector_reachable", "1 while the fleet-state collector's "
+            f"{prefix}_fleet_collector_reachable", "1 while the fleet-state collector's "
             "figures arrive no older than max_load_age_s; 0: static stickiness for the engines "
             "it covers", registry=registry)
         self.age = Gauge(
-            "kvgate_ext_proc_fleet_state_age_seconds", "Age of the newest engine figure the "
+            f"{prefix}_fleet_state_age_seconds", "Age of the newest engine figure the "
             "collector delivered (+Inf: none yet)", registry=registry)
         self.frames = Counter(
-            "kvgate_ext_proc_fleet_state_rounds", "Collector rounds received",
+            f"{prefix}_fleet_state_rounds", "Collector rounds received",
             registry=registry)
         self.oldest = Histogram(
-            "kvgate_ext_proc_fleet_state_oldest_figure_seconds", "Age of the oldest figure of "
+            f"{prefix}_fleet_state_oldest_figure_seconds", "Age of the oldest figure of "
             "each round as it arrived", buckets=(0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0),
             registry=registry)
         self.replaced = Histogram(
-            "kvgate_ext_proc_fleet_state_replaced_age_seconds", "Age of each round's oldest "
+            f"{prefix}_fleet_state_replaced_age_seconds", "Age of each round's oldest "
             "figure when the next round replaced it: the oldest a decision could have read",
             buckets=(0.05, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.5, 1.0, 2.0, 5.0),
             registry=registry)
         if hbm is not None:
-            Gauge("kvgate_ext_proc_hbm_residency_sessions", "Sessions whose residency in their "
+            Gauge(f"{prefix}_hbm_residency_sessions", "Sessions whose residency in their "
                   "engines' HBM the collector reported (from the engines' KV events)",
                   registry=registry).set_function(lambda: hbm.sessions)
-            Gauge("kvgate_ext_proc_hbm_eviction_rates", "Engines whose HBM eviction rate (blocks "
+            Gauge(f"{prefix}_hbm_eviction_rates", "Engines whose HBM eviction rate (blocks "
                   "per second over the last minute, from their KV events) the collector "
                   "reported: the gate re-homes a session its engine evicted to a sibling that "
                   "evicts slower", registry=registry).set_function(lambda: hbm.engines_evicting)

@@ -49,9 +49,9 @@ class EngineFigures:
 
 class EngineScrapeMetrics:
     """Scrape counts and round times, named after the service that scrapes (`ext_proc`,
-    `control_plane`)."""
+    `control_plane`): `kvgate_{service}_engine_scrapes_total`, ..."""
 
-    def __init__(self, registry: CollectorRegistry, service: str = "ext_proc") -> None:
+    def __init__(self, registry: CollectorRegistry, service: str) -> None:
         self.scrapes = Counter(
             f"kvgate_{service}_engine_scrapes", "Scrapes of the engines' /metrics for the load "
             "gate, by result (ok, failed)", ["result"], registry=registry)

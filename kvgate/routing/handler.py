@@ -10,36 +10,37 @@ from collections.abc import Mapping
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
+from structlog.typing import FilteringBoundLogger
 
 from kvgate.contract.states import MoveReason
 from kvgate.routing.decision import Decision, DecisionError, Outcome
 from kvgate.routing.pipeline import Pipeline
 from kvgate.routing.sources import BodyFields, SessionSources, Source
 
-log = structlog.get_logger("kvgate.ext_proc")
-
 
 class DecisionMetrics:
-    """The decisions' Prometheus metrics (ext_proc's page: `kvgate_ext_proc_*`), in a registry
+    """The decisions' Prometheus metrics, named after the service that decides
+    (`kvgate_{service}_*`: ext_proc's are `kvgate_ext_proc_decisions_total`, ...), in a registry
     owned by the caller (no global state)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, service: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
+        prefix = f"kvgate_{service}"
         self.decisions = Counter(
-            "kvgate_ext_proc_decisions", "Routing decisions by outcome",
+            f"{prefix}_decisions", "Routing decisions by outcome",
             ["outcome"], registry=self.registry,
         )
         self.session_sources = Counter(
-            "kvgate_ext_proc_session_sources", "Where each request's session id came from",
+            f"{prefix}_session_sources", "Where each request's session id came from",
             ["source"], registry=self.registry,
         )
         self.latency = Histogram(
-            "kvgate_ext_proc_decision_seconds", "Time to decide one request",
+            f"{prefix}_decision_seconds", "Time to decide one request",
             buckets=(0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1),
             registry=self.registry,
         )
         self.rebinds = Counter(
-            "kvgate_ext_proc_rebinds", "Sessions this replica moved to another endpoint, by "
+            f"{prefix}_rebinds", "Sessions this replica moved to another endpoint, by "
             "reason (failed, drained: their endpoint left; load: the load gate found a DDR-pool "
             "sibling that answers sooner; manual is the control plane's)", ["reason"],
             registry=self.registry,
@@ -54,7 +55,8 @@ class DecisionMetrics:
 
 class RequestHandler:
     """Called by ext_proc's gRPC and HTTP transports: (pool, headers, body session fields) →
-    Decision. Plain input: each transport converts its wire message (protobuf, JSON)."""
+    Decision. Plain input: each transport converts its wire message (protobuf, JSON). The
+    service that runs it names its metrics (`metrics`) and passes its logger (`log`)."""
 
     def __init__(
         self,
@@ -63,8 +65,10 @@ class RequestHandler:
         metrics: DecisionMetrics,
         default_pool: str | None,
         *, bytes_per_token: float | None = None,
+        log: FilteringBoundLogger | None = None,
     ) -> None:
         self._pipeline = pipeline
+        self._log: FilteringBoundLogger = log or structlog.get_logger("kvgate.routing")
         self._sources = sources
         self._metrics = metrics
         self.default_pool = default_pool
@@ -96,10 +100,10 @@ class RequestHandler:
             self._outcome_counters[Outcome.ABANDONED].inc()
             raise
         except DecisionError as exc:
-            log.warning("decision_failed", pool=pool, error=str(exc))
+            self._log.warning("decision_failed", pool=pool, error=str(exc))
             decision = Decision(Outcome.ERROR)
         except Exception:
-            log.exception("decision_crashed", pool=pool)
+            self._log.exception("decision_crashed", pool=pool)
             decision = Decision(Outcome.ERROR)
         self._outcome_counters[decision.outcome].inc()
         if decision.reason is not None:

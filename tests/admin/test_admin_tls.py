@@ -140,12 +140,12 @@ async def test_a_replica_follows_the_collector_over_tls(tmp_path: Path) -> None:
     running = asyncio.create_task(collector.run())
     try:
         plain = FleetFeed([address], LoadBoard(), PrefillMix(),
-                          FleetFeedMetrics(CollectorRegistry()), stall_s=5.0)
+                          FleetFeedMetrics(CollectorRegistry(), "ext_proc"), stall_s=5.0)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await asyncio.wait_for(plain.follow(address), 30)
         assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
         feed = FleetFeed([address], LoadBoard(), PrefillMix(),
-                         FleetFeedMetrics(CollectorRegistry()), stall_s=5.0,
+                         FleetFeedMetrics(CollectorRegistry(), "ext_proc"), stall_s=5.0,
                          tls=channel_credentials(ca))
         following = asyncio.create_task(feed.follow(address))
         await eventually(lambda: feed.following == address, what="rounds over TLS")

@@ -69,7 +69,7 @@ async def whole_page_only(
 def scraper(addresses: list[str]) -> tuple[EngineLoadScraper, LoadBoard, CollectorRegistry]:
     board, registry = LoadBoard(), CollectorRegistry()
     return (EngineLoadScraper(lambda: addresses, board, PrefillMix(), 0.1,
-                              EngineScrapeMetrics(registry)), board, registry)
+                              EngineScrapeMetrics(registry, "ext_proc")), board, registry)
 
 
 @pytest.mark.asyncio

@@ -123,7 +123,7 @@ async def test_a_decision_envoy_stops_waiting_for_is_counted_abandoned() -> None
     """Envoy cancels the stream when its message timeout passes (or the client leaves): the
     decision in flight is cancelled with it and counted, so the outcomes add up to the streams."""
     pipeline = StalledPipeline()
-    metrics = DecisionMetrics()
+    metrics = DecisionMetrics("ext_proc")
     config = load_text("pools: [{name: p, endpoints: [10.0.0.1:1]}]\n")
     handler = RequestHandler(pipeline, SessionSources(config.session),  # type: ignore[arg-type]
                              metrics, "p")  # (a stand-in pipeline: only decide() is called)

@@ -132,7 +132,8 @@ def _round(*engines: tuple[str, int, int, float, float], columns: bool) -> pb.Fl
 def test_the_feed_ages_each_figure_by_what_the_collector_said(columns: bool) -> None:
     clock, registry = Clock(), CollectorRegistry()
     board, mix = LoadBoard(max_age_s=1.0), PrefillMix()
-    feed = FleetFeed(["127.0.0.1:1"], board, mix, FleetFeedMetrics(registry), clock=clock)
+    feed = FleetFeed(["127.0.0.1:1"], board, mix, FleetFeedMetrics(registry, "ext_proc"),
+                     clock=clock)
     assert not feed.reachable() and feed.age_s() is None
     assert registry.get_sample_value("kvgate_ext_proc_fleet_state_age_seconds") == float("inf")
     feed.apply(_round(("10.0.0.1:1", 4, 2, 0.5, 0.2), ("10.0.0.2:1", 1, 0, 0.0, 1.5),
@@ -156,8 +157,8 @@ def test_the_feed_ages_each_figure_by_what_the_collector_said(columns: bool) -> 
 
 def test_the_feed_reports_how_old_figures_got_before_the_next_round() -> None:
     clock, registry = Clock(), CollectorRegistry()
-    feed = FleetFeed(["127.0.0.1:1"], LoadBoard(), PrefillMix(), FleetFeedMetrics(registry),
-                     clock=clock)
+    feed = FleetFeed(["127.0.0.1:1"], LoadBoard(), PrefillMix(),
+                     FleetFeedMetrics(registry, "ext_proc"), clock=clock)
     name = "kvgate_ext_proc_fleet_state_replaced_age_seconds"
     feed.apply(_round(("a:1", 0, 0, 0.0, 0.03), ("b:1", 0, 0, 0.0, 0.08), columns=True))
     assert registry.get_sample_value(f"{name}_count") == 0  # nothing replaced yet
@@ -185,7 +186,7 @@ async def test_the_stream_feeds_a_replica_until_its_control_plane_stops_leading(
         address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
         await server.start()
         board, registry = LoadBoard(max_age_s=0.5), CollectorRegistry()
-        feed = FleetFeed([address], board, PrefillMix(), FleetFeedMetrics(registry))
+        feed = FleetFeed([address], board, PrefillMix(), FleetFeedMetrics(registry, "ext_proc"))
         tasks = [asyncio.create_task(collector.run()), asyncio.create_task(feed.run())]
         try:
             busy = ups[0].address
@@ -222,7 +223,7 @@ async def test_a_silent_stream_is_given_up_and_named() -> None:
     await server.start()
     try:
         feed = FleetFeed([address], LoadBoard(), PrefillMix(),
-                         FleetFeedMetrics(CollectorRegistry()), stall_s=0.3)
+                         FleetFeedMetrics(CollectorRegistry(), "ext_proc"), stall_s=0.3)
         assert await asyncio.wait_for(feed.follow(address), 20) is False
         assert feed.following is None and not feed.reachable()
         await eventually(lambda: collector.watchers == 0, what="the stream closed")

@@ -179,7 +179,7 @@ async def test_a_hung_engine_times_out_alone_and_counts_as_one_failed_scrape() -
     async with serving(hung), serving(fine), KeepAliveClient() as client:
         rounds = ScrapeRounds(lambda: [hung.address, fine.address],
                               lambda *args: read.append(args), 0.1, 0.3,
-                              EngineScrapeMetrics(registry), clock=time.monotonic)
+                              EngineScrapeMetrics(registry, "ext_proc"), clock=time.monotonic)
         started = time.monotonic()
         spent = await rounds.timed_round(client)
         assert 0.3 <= spent < 3

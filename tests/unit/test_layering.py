@@ -254,6 +254,15 @@ def test_every_package_has_a_tier(tree: Tree) -> None:
     assert not gone, f"TIERS names units with no module: {gone}"
 
 
+def test_readme_shows_every_tier() -> None:
+    """README's folder table follows TIERS: a row per tier, named alike."""
+    rows = {line.split("|")[1].strip() for line in
+            (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| ")}
+    missing = [name for name, _ in TIERS if name not in rows]
+    assert not missing, f"README's layer table has no row for {missing}"
+
+
 def test_imports_only_go_down_the_tiers(tree: Tree) -> None:
     wrong = against_tiers(tree)
     assert not wrong, "imports against the layering:\n" + "\n".join(wrong)
