@@ -51,6 +51,8 @@ class Stack:
     # With no pools configured: this many emulated engines sharing one DDR pool (`kvgate emulate`).
     emulated_engines: int = 0
     emulator_args: tuple[str, ...] = ()
+    # The first emulated engine's port, the others on the next ones (0: free ports).
+    engine_port: int = 0
     envoy_workers: int = 2
     # The embedded etcd's client and peer ports (default: free ones from the OS).
     etcd_ports: tuple[int, int] | None = None
@@ -131,7 +133,8 @@ class Stack:
             raise ChildFailed(f"port already in use: {'; '.join(held)} ({self.port_advice})")
 
     async def _start_fleet(self) -> None:
-        child, ready = emulator_child(self.emulated_engines, self.emulator_args, self.workdir)
+        child, ready = emulator_child(self.emulated_engines, self.emulator_args, self.workdir,
+                                      self.engine_port)
         await self._launch(child, f"{self.emulated_engines} emulated vLLM engines + DDR pool",
                            written(ready))
         fleet = json.loads(ready.read_text())
