@@ -90,4 +90,5 @@ def test_a_run_of_consecutive_free_ports_starts_where_asked_if_it_can() -> None:
         held.listen()
         moved = free_run(4, first=base)
         assert moved != base and base + 2 not in range(moved, moved + 4)
-    assert base not in range(other := free_run(2, first=base, exclude={base}), other + 2)
+    other = free_run(2, first=base, exclude={base})
+    assert base not in range(other, other + 2)
