@@ -113,9 +113,8 @@ class Stack:
         released again, as `kvgate up --ports auto` does): never to be handed out twice."""
         return config_ports(self.config)
 
-    async def _check_ports(self) -> None:
-        """Refuses ports another program holds, naming it where /proc tells; waits (at most
-        `time_wait_s`) for one that only a closed connection holds in TIME-WAIT."""
+    def listening(self) -> list[tuple[str, HostPort]]:
+        """The ports the stack's own servers listen on, each with what listens there."""
         wanted = [
             ("gateway listener", self.config.listener),
             ("Envoy admin", self.config.envoy_admin),
@@ -126,7 +125,12 @@ class Stack:
                 ("control-plane xds", self.config.control_plane.xds),
                 *(("ext_proc", a) for a in self.config.ext_proc.addresses),
             ]
-        busy = await wait_for_ports(wanted, self.time_wait_s, self.report)
+        return wanted
+
+    async def _check_ports(self) -> None:
+        """Refuses ports another program holds, naming it where /proc tells; waits (at most
+        `time_wait_s`) for one that only a closed connection holds in TIME-WAIT."""
+        busy = await wait_for_ports(self.listening(), self.time_wait_s, self.report)
         if busy:
             held = [f"{name} {addr}" + (f" (held {why})" if why else "")
                     for name, addr, why in busy]

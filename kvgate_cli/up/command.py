@@ -27,7 +27,7 @@ from kvgate.config.flags import report_warnings, with_engines
 from kvgate.config.load import check_file, load_text
 from kvgate.placement.cost import EngineCost
 from kvgate.runtime.children.child import ChildFailed
-from kvgate.runtime.children.ports import NoFreePorts
+from kvgate.runtime.children.ports import NoFreePorts, wait_for_ports
 from kvgate_cli.up import workdir as workdirs
 from kvgate_cli.up.engines import Unhealthy, unhealthy_engines
 from kvgate_cli.up.kv_events import engine_ports_for_events, with_event_streams
@@ -243,6 +243,11 @@ async def _run(stack: Stack, stop: asyncio.Event) -> int:
     await stack.stop()
     if gave_up is not None:
         _report_gave_up(stack, gave_up, supervisor.policy.describe())
+        # Everything of ours has stopped: whatever holds one of our ports now is another
+        # program's (on a shared host, the usual reason a child cannot come back).
+        for name, address, why in await wait_for_ports(stack.listening(), 0.0):
+            print(f"kvgate up: {name} {address} is held by another program"
+                  + (f": {why}" if why else "") + f" ({stack.port_advice})", file=sys.stderr)
         return 1
     _say("kvgate up: stopped")
     return 0

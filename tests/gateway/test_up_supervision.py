@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -132,3 +133,43 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def test_a_port_taken_while_its_child_was_down_is_named_when_kvgate_up_gives_up(
+        tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]],
+        prefix: str) -> None:
+    """On a shared host another program may take a port while its child restarts: the child
+    cannot come back, and kvgate up says who holds the port."""
+    ups = await upstreams(1)
+    config = gateway_config([ups[0].address], prefix=prefix)
+    path = write_config(tmp_path / "kvgate.yaml", to_dict(config))
+    up = await UpProcess.start("-c", str(path), "--workdir", str(tmp_path / "w"))
+    reading = asyncio.create_task(up.read())
+    admin = config.envoy_admin
+    thief = socket.socket()
+    try:
+        await eventually(lambda: "Ctrl-C stops everything" in up.output, 90,
+                         what=f"kvgate up ready:\n{up.output}")
+        os.kill(up.pids["envoy"], signal.SIGKILL)
+
+        def taken() -> bool:  # as soon as the dead Envoy's socket is gone, before a new one
+            try:
+                thief.bind((admin.host, admin.port))
+            except OSError:
+                return False
+            thief.listen()
+            return True
+
+        await eventually(taken, 5, every=0.005, what="Envoy's admin port taken")
+        assert await asyncio.wait_for(up.process.wait(), 90) == 1
+        await reading
+    finally:
+        thief.close()
+        if up.process.returncode is None:
+            up.process.kill()
+            await up.process.wait()
+    output = up.output
+    assert "kvgate up: envoy exited with code" in output and "cannot come back" in output
+    assert (f"kvgate up: Envoy admin {admin} is held by another program: listening, by pid "
+            f"{os.getpid()} (") in output, output
+    assert f"change it in {path}, or use --ports auto" in output
