@@ -20,7 +20,7 @@ from kvgate.config.load import with_default_routes
 from kvgate.config.model import Config, Endpoint, Etcd, HostPort, Pool
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.children.child import Child, ChildFailed
-from kvgate.runtime.children.envoy import envoy_child, envoy_ready
+from kvgate.runtime.children.envoy import envoy_child, envoy_ready, envoy_serving
 from kvgate.runtime.children.etcd import embedded_etcd, etcd_ready
 from kvgate.runtime.children.port_owner import TIME_WAIT_S
 from kvgate.runtime.children.ports import free_ports, wait_for_ports
@@ -235,7 +235,7 @@ class Stack:
         await self._launch(
             child,
             f"http://{self.config.listener}  admin http://{self.config.envoy_admin}",
-            lambda: envoy_ready(self.config.envoy_admin),
+            lambda: envoy_serving(self.config.envoy_admin, self.config.listener),
         )
         self.envoy = child
 

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
+import pytest
+
 from kvgate.config.dump import to_dict
 from tests.support.polling import eventually
 from tests.support.stack import gateway_config
@@ -135,17 +137,19 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.parametrize("port", ["Envoy admin", "gateway listener"])
 async def test_a_port_taken_while_its_child_was_down_is_named_when_kvgate_up_gives_up(
-        tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]],
-        prefix: str) -> None:
+        tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]], prefix: str,
+        port: str) -> None:
     """On a shared host another program may take a port while its child restarts: the child
-    cannot come back, and kvgate up says who holds the port."""
+    cannot come back (Envoy cannot start without its admin port; without its gateway listener
+    it would run, LIVE, serving nothing), and kvgate up says who holds the port."""
     ups = await upstreams(1)
     config = gateway_config([ups[0].address], prefix=prefix)
     path = write_config(tmp_path / "kvgate.yaml", to_dict(config))
     up = await UpProcess.start("-c", str(path), "--workdir", str(tmp_path / "w"))
     reading = asyncio.create_task(up.read())
-    admin = config.envoy_admin
+    address = config.envoy_admin if port == "Envoy admin" else config.listener
     thief = socket.socket()
     try:
         await eventually(lambda: "Ctrl-C stops everything" in up.output, 90,
@@ -154,14 +158,14 @@ async def test_a_port_taken_while_its_child_was_down_is_named_when_kvgate_up_giv
 
         def taken() -> bool:  # as soon as the dead Envoy's socket is gone, before a new one
             try:
-                thief.bind((admin.host, admin.port))
+                thief.bind((address.host, address.port))
             except OSError:
                 return False
             thief.listen()
             return True
 
-        await eventually(taken, 5, every=0.005, what="Envoy's admin port taken")
-        assert await asyncio.wait_for(up.process.wait(), 90) == 1
+        await eventually(taken, 5, every=0.005, what=f"Envoy's {port} port taken")
+        assert await asyncio.wait_for(up.process.wait(), 120) == 1
         await reading
     finally:
         thief.close()
@@ -169,7 +173,10 @@ async def test_a_port_taken_while_its_child_was_down_is_named_when_kvgate_up_giv
             up.process.kill()
             await up.process.wait()
     output = up.output
-    assert "kvgate up: envoy exited with code" in output and "cannot come back" in output
-    assert (f"kvgate up: Envoy admin {admin} is held by another program: listening, by pid "
+    assert "kvgate up: envoy is back" not in output, output
+    gave_up = ("exited with code" if port == "Envoy admin"
+               else f"cannot listen on the gateway address {address}")
+    assert f"kvgate up: envoy {gave_up}" in output and "cannot come back" in output, output
+    assert (f"kvgate up: {port} {address} is held by another program: listening, by pid "
             f"{os.getpid()} (") in output, output
     assert f"change it in {path}, or use --ports auto" in output
