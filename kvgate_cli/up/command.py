@@ -80,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workdir", help="where logs, rendered configs and embedded etcd data go "
-        "(default: a new temporary directory); removed at exit if this run made it",
+        "(default: a new temporary directory); removed at exit if this run made it, kept "
+        "with its logs when a start or a child failed",
     )
     parser.add_argument(
         "--keep-workdir", action="store_true",
