@@ -11,12 +11,14 @@ from pathlib import Path
 from kvgate.runtime.children.child import Child
 
 
-def emulator_child(instances: int, args: Sequence[str], workdir: Path) -> tuple[Child, Path]:
-    """The child (not started; its log in `workdir`) and the ready file it will write."""
+def emulator_child(instances: int, args: Sequence[str], workdir: Path,
+                   port: int = 0) -> tuple[Child, Path]:
+    """The child (not started; its log in `workdir`) and the ready file it will write; its
+    engines on `port` and the next ones, or on free ports (0)."""
     ready = workdir / "fleet.json"
     ready.unlink(missing_ok=True)
     child = Child("engines", [
-        sys.executable, "-m", "emulator", "--instances", str(instances), "--port", "0",
+        sys.executable, "-m", "emulator", "--instances", str(instances), "--port", str(port),
         "--ready-file", str(ready), *args], workdir / "engines.log")
     return child, ready
 

@@ -20,7 +20,7 @@ from kvgate.config.load import with_default_routes
 from kvgate.config.model import Config, Endpoint, Etcd, HostPort, Pool
 from kvgate.contract.modes import RoutingMode
 from kvgate.runtime.children.child import Child, ChildFailed
-from kvgate.runtime.children.envoy import envoy_child, envoy_ready
+from kvgate.runtime.children.envoy import envoy_child, envoy_ready, envoy_serving
 from kvgate.runtime.children.etcd import embedded_etcd, etcd_ready
 from kvgate.runtime.children.port_owner import TIME_WAIT_S
 from kvgate.runtime.children.ports import free_ports, wait_for_ports
@@ -51,6 +51,8 @@ class Stack:
     # With no pools configured: this many emulated engines sharing one DDR pool (`kvgate emulate`).
     emulated_engines: int = 0
     emulator_args: tuple[str, ...] = ()
+    # The first emulated engine's port, the others on the next ones (0: free ports).
+    engine_port: int = 0
     envoy_workers: int = 2
     # The embedded etcd's client and peer ports (default: free ones from the OS).
     etcd_ports: tuple[int, int] | None = None
@@ -111,9 +113,8 @@ class Stack:
         released again, as `kvgate up --ports auto` does): never to be handed out twice."""
         return config_ports(self.config)
 
-    async def _check_ports(self) -> None:
-        """Refuses ports another program holds, naming it where /proc tells; waits (at most
-        `time_wait_s`) for one that only a closed connection holds in TIME-WAIT."""
+    def listening(self) -> list[tuple[str, HostPort]]:
+        """The ports the stack's own servers listen on, each with what listens there."""
         wanted = [
             ("gateway listener", self.config.listener),
             ("Envoy admin", self.config.envoy_admin),
@@ -124,14 +125,20 @@ class Stack:
                 ("control-plane xds", self.config.control_plane.xds),
                 *(("ext_proc", a) for a in self.config.ext_proc.addresses),
             ]
-        busy = await wait_for_ports(wanted, self.time_wait_s, self.report)
+        return wanted
+
+    async def _check_ports(self) -> None:
+        """Refuses ports another program holds, naming it where /proc tells; waits (at most
+        `time_wait_s`) for one that only a closed connection holds in TIME-WAIT."""
+        busy = await wait_for_ports(self.listening(), self.time_wait_s, self.report)
         if busy:
             held = [f"{name} {addr}" + (f" (held {why})" if why else "")
                     for name, addr, why in busy]
             raise ChildFailed(f"port already in use: {'; '.join(held)} ({self.port_advice})")
 
     async def _start_fleet(self) -> None:
-        child, ready = emulator_child(self.emulated_engines, self.emulator_args, self.workdir)
+        child, ready = emulator_child(self.emulated_engines, self.emulator_args, self.workdir,
+                                      self.engine_port)
         await self._launch(child, f"{self.emulated_engines} emulated vLLM engines + DDR pool",
                            written(ready))
         fleet = json.loads(ready.read_text())
@@ -228,7 +235,7 @@ class Stack:
         await self._launch(
             child,
             f"http://{self.config.listener}  admin http://{self.config.envoy_admin}",
-            lambda: envoy_ready(self.config.envoy_admin),
+            lambda: envoy_serving(self.config.envoy_admin, self.config.listener),
         )
         self.envoy = child
 

@@ -45,6 +45,7 @@ def validate(f: Fields, config: Config, *, require_pools: bool) -> None:
     _check_ports(f, config)
     _check_exposure(f, config)
     _check_collector(f, config)
+    _check_kv_event_streams(f, config)
 
 
 def _check_ports(f: Fields, config: Config) -> None:
@@ -130,3 +131,24 @@ def _check_collector(f: Fields, config: Config) -> None:
         f.warn(path, f"empty, so ext_proc replicas ask control_plane.admin ({admin}) for the "
                "engines' load: a wildcard address there reaches each replica's own host, not "
                "the control plane; name the control planes' admin addresses here")
+
+
+def _check_kv_event_streams(f: Fields, config: Config) -> None:
+    """`load_gate.kv_events_port` puts every engine's publisher at that port on its host: two
+    engines on one host would be read from one stream, each credited with the other's blocks.
+    A warning, since the gate still works without events: the collector follows none of those
+    streams (kvgate.fleet.collector.one_stream_each)."""
+    gate = config.placement.load_gate
+    path = ("placement", "load_gate", "kv_events_port")
+    if not gate.kv_events_port or f.failed(path):
+        return
+    by_host: dict[str, list[str]] = {}
+    for pool in config.pools:
+        for endpoint in pool.endpoints:
+            by_host.setdefault(endpoint.address.host, []).append(endpoint.key)
+    for host, engines in by_host.items():
+        if len(set(engines)) > 1:
+            f.warn(path, f"engines {', '.join(sorted(set(engines)))} share host {host}: all "
+                   f"would be read from one stream, tcp://{host}:{gate.kv_events_port}, so the "
+                   "collector reads none of them; give each its own with kv_events_port_offset "
+                   "(its port plus the offset)")

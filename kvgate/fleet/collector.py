@@ -8,20 +8,26 @@ each engine is scraped once per interval whatever the number of replicas. With
 
 Figures stay in this process's memory, stamped with its own monotonic clock; they leave as
 ages (`Fleet.ages`), so no two hosts' clocks are ever compared. Nothing goes through etcd.
-While it does not collect (a follower, or the gate's source is `scrape`) it holds nothing.
+While it does not collect it holds no figures; a follower still reads the engines' event
+streams, so that what it knows of their HBM is current when it leads, however often leadership
+comes and goes (a stream read afresh knows nothing of the conversations already under way).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+
+import structlog
 
 from kvgate.fleet.kv_events import EventsAt, EventSubscriptions, events_endpoint, replay_endpoint
 from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, Pages, ScrapeRounds
 from kvgate.placement.evictions import EvictionRate
+
+log = structlog.get_logger("kvgate.fleet")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,20 @@ class CollectorSettings:
     @property
     def kv_events(self) -> bool:
         return bool(self.kv_events_port or self.kv_events_port_offset)
+
+
+def one_stream_each(endpoints: Mapping[str, EventsAt]) -> dict[str, EventsAt]:
+    """The engines whose event stream no other engine's shares. Several engines read from one
+    stream (`kv_events_port` on a host that runs several) would each be credited with the
+    others' blocks: none of them is followed, and it is said once per set."""
+    sharing: dict[str, list[str]] = {}
+    for engine, (stream, _) in endpoints.items():
+        sharing.setdefault(stream, []).append(engine)
+    shared = {stream: engines for stream, engines in sharing.items() if len(engines) > 1}
+    for stream, engines in shared.items():
+        log.warning("kv_events_stream_shared", stream=stream, engines=engines,
+                    hint="several engines on one host need kv_events_port_offset")
+    return {e: at for e, at in endpoints.items() if at[0] not in shared}
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +127,11 @@ class FleetCollector:
                 settings = self._settings()
                 if not (settings.configured and settings.leading):
                     self._stop_collecting()
+                    # A follower keeps reading the engines' event streams: what it knows of
+                    # their HBM is current the moment it leads (again). Dropped, a stream read
+                    # afresh anchors no conversation already under way (kvgate.fleet.residency).
+                    self._follow_events(settings if settings.configured else None,
+                                        set(self._engines()) if settings.configured else set())
                     self._wake()  # watchers learn at once that figures stopped
                     await asyncio.sleep(settings.refresh_s)
                     continue
@@ -136,18 +161,23 @@ class FleetCollector:
         """One engine's figures as read at `at` (the scrape's callback)."""
         self._read[address] = (figures, at)
 
-    def _gather_residency(self, settings: CollectorSettings, active: set[str]) -> None:
-        """Follows the active engines' event streams; what changed since the last round."""
-        wanted = ((settings.kv_events_port, settings.kv_events_port_offset,
-                   settings.kv_events_replay_offset),
-                  frozenset(active) if settings.kv_events else frozenset())
+    def _follow_events(self, settings: CollectorSettings | None, active: set[str]) -> list[str]:
+        """Follows the active engines' event streams (None: none); the engines whose residency
+        is gone since (dropped, or subscribed again from nothing)."""
+        wanted = ((0, 0, 0), frozenset()) if settings is None or not settings.kv_events else (
+            (settings.kv_events_port, settings.kv_events_port_offset,
+             settings.kv_events_replay_offset), frozenset(active))
         if wanted != self._followed:  # the endpoints are made again only when these change
             self._followed = wanted
             (port, offset, replay), engines = wanted
-            self._endpoints = {a: (events_endpoint(a, port, offset),
-                                   replay_endpoint(a, port, offset, replay))
-                               for a in sorted(engines)}
-        lost = self.events.follow(self._endpoints)
+            self._endpoints = one_stream_each({
+                a: (events_endpoint(a, port, offset), replay_endpoint(a, port, offset, replay))
+                for a in sorted(engines)})
+        return self.events.follow(self._endpoints)
+
+    def _gather_residency(self, settings: CollectorSettings, active: set[str]) -> None:
+        """Follows the active engines' event streams; what changed since the last round."""
+        lost = self._follow_events(settings, active)
         changed: list[Residency] = []
         now = self._clock()
         evicting = self._evicting
@@ -186,12 +216,11 @@ class FleetCollector:
             await self.events.close()
 
     def _stop_collecting(self) -> None:
+        """Stops streaming figures; the event streams are the caller's to keep or drop."""
         if self.collecting or self._read:
             self.collecting = False
             self._read.clear()
             self.rounds = 0
-            self.events.follow({})
-            self._evicting.clear()
             self.residency_changed, self.residency_lost = [], []
 
     def _wake(self) -> None:

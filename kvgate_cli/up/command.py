@@ -13,7 +13,7 @@ import asyncio
 import os
 import signal
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import yaml
 
@@ -27,8 +27,10 @@ from kvgate.config.flags import report_warnings, with_engines
 from kvgate.config.load import check_file, load_text
 from kvgate.placement.cost import EngineCost
 from kvgate.runtime.children.child import ChildFailed
+from kvgate.runtime.children.ports import NoFreePorts, wait_for_ports
 from kvgate_cli.up import workdir as workdirs
 from kvgate_cli.up.engines import Unhealthy, unhealthy_engines
+from kvgate_cli.up.kv_events import engine_ports_for_events, with_event_streams
 from kvgate_cli.up.ports import PortsError, parse_ports, with_ports
 from kvgate_cli.up.supervise import ChildSupervisor, GaveUp
 from stack.engine_speed import for_emulated_fleet
@@ -78,7 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--workdir", help="where logs, rendered configs and embedded etcd data go "
-        "(default: a new temporary directory); removed at exit if this run made it",
+        "(default: a new temporary directory); removed at exit if this run made it, kept "
+        "with its logs when a start or a child failed",
     )
     parser.add_argument(
         "--keep-workdir", action="store_true",
@@ -119,29 +122,48 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         print("kvgate up: nothing was started", file=sys.stderr)
         return 1
-    if not config.pools:
-        try:
-            scale = time_scale(args.time_scale)
-        except argparse.ArgumentTypeError as exc:
-            print(f"kvgate up: --time-scale: {exc}; nothing was started", file=sys.stderr)
-            return 1
-        if config.placement.engine_cost == EngineCost():  # not priced in the YAML
-            # The load gate prices the emulated engines as they run: their figures, in wall time.
-            config = replace(config, placement=for_emulated_fleet(
-                config.placement, EmulatorOptions(), scale))
-    if not config.pools and args.emulated < 1:
-        print("kvgate up: no engines: configure pools, pass --engines, or --emulated N",
-              file=sys.stderr)
+    fleet = _emulated_fleet(config, args) if not config.pools else Fleet(config)
+    if isinstance(fleet, str):
+        print(f"kvgate up: {fleet}", file=sys.stderr)
         return 1
-    if not config.pools and not 1 <= args.emulator_processes <= args.emulated:
-        print(f"kvgate up: --emulator-processes must be between 1 and --emulated "
-              f"({args.emulated}), got {args.emulator_processes}", file=sys.stderr)
-        return 1
+    return asyncio.run(_up(fleet, args))
+
+
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The config to run, and, for an emulated fleet, where its engines go."""
+
+    config: Config
+    engine_port: int = 0  # the first engine's (0: free ports)
+    events: str | None = None  # how its KV events are wired, to say at start
+
+
+def _emulated_fleet(config: Config, args: argparse.Namespace) -> Fleet | str:
+    """The config for an emulated fleet (its engines priced, its KV event streams wired), or
+    what is wrong with the flags."""
+    if args.emulated < 1:
+        return "no engines: configure pools, pass --engines, or --emulated N"
+    try:
+        scale = time_scale(args.time_scale)
+    except argparse.ArgumentTypeError as exc:
+        return f"--time-scale: {exc}; nothing was started"
+    if not 1 <= args.emulator_processes <= args.emulated:
+        return (f"--emulator-processes must be between 1 and --emulated ({args.emulated}), "
+                f"got {args.emulator_processes}")
     if not 0 <= args.kv_events_port <= 65535 - max(0, args.emulated - 1):
-        print(f"kvgate up: --kv-events-port out of range for {args.emulated} engines: "
-              f"{args.kv_events_port}", file=sys.stderr)
-        return 1
-    return asyncio.run(_up(config, args))
+        return f"--kv-events-port out of range for {args.emulated} engines: {args.kv_events_port}"
+    if config.placement.engine_cost == EngineCost():  # not priced in the YAML
+        # The load gate prices the emulated engines as they run: their figures, in wall time.
+        config = replace(config, placement=for_emulated_fleet(
+            config.placement, EmulatorOptions(), scale))
+    if not args.kv_events_port:
+        return Fleet(config)
+    try:
+        engine_port = engine_ports_for_events(config, args.kv_events_port, args.emulated)
+    except NoFreePorts as exc:
+        return f"--kv-events-port: {exc}; nothing was started"
+    config, events = with_event_streams(config, args.kv_events_port, engine_port)
+    return Fleet(config, engine_port, events)
 
 
 def emulator_args(args: argparse.Namespace) -> tuple[str, ...]:
@@ -162,7 +184,8 @@ def _say(line: str) -> None:
     print(line, flush=True)
 
 
-async def _up(config: Config, args: argparse.Namespace) -> int:
+async def _up(fleet: Fleet, args: argparse.Namespace) -> int:
+    config = fleet.config
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # SIGHUP: the terminal closed
@@ -174,7 +197,10 @@ async def _up(config: Config, args: argparse.Namespace) -> int:
         config, workdir.path, report=_say,
         emulated_engines=0 if config.pools else args.emulated,
         emulator_args=emulator_args(args), port_advice=port_advice(args),
+        engine_port=fleet.engine_port,
     )
+    if fleet.events:
+        _say(fleet.events)
     code = 1
     try:
         code = await _run(stack, stop)
@@ -218,6 +244,11 @@ async def _run(stack: Stack, stop: asyncio.Event) -> int:
     await stack.stop()
     if gave_up is not None:
         _report_gave_up(stack, gave_up, supervisor.policy.describe())
+        # Everything of ours has stopped: whatever holds one of our ports now is another
+        # program's (on a shared host, the usual reason a child cannot come back).
+        for name, address, why in await wait_for_ports(stack.listening(), 0.0):
+            print(f"kvgate up: {name} {address} is held by another program"
+                  + (f": {why}" if why else "") + f" ({stack.port_advice})", file=sys.stderr)
         return 1
     _say("kvgate up: stopped")
     return 0

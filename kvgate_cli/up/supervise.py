@@ -71,23 +71,32 @@ class ChildSupervisor:
         child = component.child
         assert child is not None
         budget = self.budgets.setdefault(component.name, RestartBudget(self.policy))
+        failed: str | None = None  # why the last restart did not come back
         while True:
             code = await child.wait_exit(None) if child.process is not None else None
+            how, failed = failed or how_it_ended(code), None
             pause = budget.next_pause()
             if pause is None:
-                return GaveUp(component, how_it_ended(code), budget.total, child.tail())
-            self._say(f"kvgate up: {component.name} {how_it_ended(code)}; restarting in "
-                      f"{pause:g} s (restart {budget.total}; it is given up after "
-                      f"{self.policy.describe()})")
+                return GaveUp(component, how, budget.total, child.tail())
+            self._say(f"kvgate up: {component.name} {how}; restarting in {pause:g} s (restart "
+                      f"{budget.total}; it is given up after {self.policy.describe()})")
             await asyncio.sleep(pause)
             started = asyncio.get_running_loop().time()
             try:
                 await self._stack.restart(component)
             except ChildFailed as exc:
-                first = str(exc).splitlines()[0]
-                self._say(f"kvgate up: {component.name} did not come back: {first}")
-                await child.stop(grace=2.0)  # hung rather than dead: make it dead
+                failed = _without_name(str(exc).splitlines()[0], component.name)
+                self._say(f"kvgate up: {component.name} did not come back: {failed}")
+                await child.stop(grace=2.0)  # hung, or of no use: make it dead
                 continue
             took = asyncio.get_running_loop().time() - started
             self._say(f"kvgate up: {component.name} is back (pid {child.pid}, ready in "
                       f"{took:.1f} s)")
+
+
+def _without_name(reason: str, name: str) -> str:
+    """"envoy exited with code 1" -> "exited with code 1" (the name is said before it)."""
+    for prefix in (f"{name}: ", f"{name} "):
+        if reason.startswith(prefix):
+            return reason[len(prefix):]
+    return reason

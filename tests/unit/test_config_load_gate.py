@@ -128,3 +128,19 @@ def test_bad_values_name_the_field(text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as caught:
         load_text(POOLS + text + "\n")
     assert expected in str(caught.value)
+
+
+def test_several_engines_on_one_host_at_one_kv_events_port_are_warned_about() -> None:
+    gate = "placement: {load_gate: {source: collector, kv_events_port: 5557}}\n"
+    checked = check_text("pools: [{name: p, endpoints: [10.0.0.1:8000, 10.0.0.1:8001, "
+                         "10.0.0.2:8000]}]\n" + gate)
+    (warning,) = [str(w) for w in checked.warnings]
+    assert warning.startswith("line 2: placement.load_gate.kv_events_port: engines 10.0.0.1:8000, "
+                              "10.0.0.1:8001 share host 10.0.0.1: all would be read from one "
+                              "stream, tcp://10.0.0.1:5557, so the collector reads none")
+    assert "kv_events_port_offset" in warning
+    assert check_text("pools: [{name: p, endpoints: [10.0.0.1:8000, 10.0.0.2:8000]}]\n"
+                      + gate).warnings == ()
+    offset = "placement: {load_gate: {source: collector, kv_events_port_offset: 100}}\n"
+    assert check_text("pools: [{name: p, endpoints: [10.0.0.1:8000, 10.0.0.1:8001]}]\n"
+                      + offset).warnings == ()

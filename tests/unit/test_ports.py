@@ -76,3 +76,19 @@ def test_free_ports_never_hands_out_an_excluded_port() -> None:
     again = free_ports(64, exclude=promised)
     assert len(set(again)) == 64
     assert not promised & set(again)
+
+
+def test_a_run_of_consecutive_free_ports_starts_where_asked_if_it_can() -> None:
+    from kvgate.runtime.children.ports import RUN_RANGE, free_run
+
+    base = free_run(4)
+    assert RUN_RANGE[0] <= base <= RUN_RANGE[1] - 3
+    assert not any(port_in_use("127.0.0.1", p) for p in range(base, base + 4))
+    assert free_run(4, first=base) == base
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", base + 2))
+        held.listen()
+        moved = free_run(4, first=base)
+        assert moved != base and base + 2 not in range(moved, moved + 4)
+    other = free_run(2, first=base, exclude={base})
+    assert base not in range(other, other + 2)

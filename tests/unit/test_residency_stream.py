@@ -184,3 +184,59 @@ async def test_an_engines_eviction_rate_reaches_a_replica(
     assert board.eviction_rate("127.0.0.1:9000") is None
     board.clear()  # the stream lost: nothing known until the next one
     assert board.eviction_rate(ENGINE) is None
+
+
+async def test_residency_outlives_a_lost_and_regained_leadership() -> None:
+    """A follower keeps reading the streams: a conversation that went on while this replica
+    did not lead is known the moment it leads again. (Read afresh, the stream would anchor no
+    conversation already under way: its next blocks' parent was stored before.)"""
+    (port,) = free_ports(1)
+    publisher = Publisher(port)
+    settings = CollectorSettings(True, True, 0.02, 0.02, kv_events_port=port)
+    collector = FleetCollector(lambda: [ENGINE], lambda: settings,
+                               EngineScrapeMetrics(CollectorRegistry(), "control_plane"))
+    running = asyncio.create_task(collector.run())
+    key = normalize_session(b"alice")
+
+    async def heard() -> bool:  # a SUB socket hears nothing until its subscription lands
+        held = collector.events.engines.get(ENGINE)
+        if held is None:
+            return False
+        await publisher.send([{"type": "AllBlocksCleared"}])
+        await asyncio.sleep(0.01)
+        return held[0].messages > 0
+
+    def alice() -> int | None:
+        return dict(((e, s), t) for e, s, t in (
+            (r.endpoint, r.session, r.tokens) for r in collector.residency())).get((ENGINE, key))
+
+    try:
+        await eventually(heard, what="the leader's subscription hears the publisher")
+        await publisher.send([stored([1, 2, 3], None, "alice")])
+        await eventually(alice, until=lambda t: t == 3 * BS, what="alice's first turn")
+        settings = CollectorSettings(True, False, 0.02, 0.02, kv_events_port=port)
+        await eventually(lambda: not collector.collecting, what="it stops collecting")
+        await publisher.send([stored([4, 5], 3, "alice")])  # her next turn, while it follows
+        await eventually(alice, until=lambda t: t == 5 * BS, what="the follower hears it")
+        settings = CollectorSettings(True, True, 0.02, 0.02, kv_events_port=port)
+        await eventually(lambda: collector.collecting, what="it collects again")
+        await publisher.send([stored([6], 5, "alice")])
+        await eventually(alice, until=lambda t: t == 6 * BS, what="the leader knows her")
+        assert collector.residency_lost == []
+        # Unconfigured (the gate's source changed): the streams are dropped.
+        settings = CollectorSettings(False, True, 0.02, 0.02, kv_events_port=port)
+        await eventually(lambda: not collector.events.engines, what="streams dropped")
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
+        publisher.close()
+
+
+def test_engines_that_share_one_stream_are_not_followed() -> None:
+    from kvgate.fleet.collector import one_stream_each
+
+    endpoints = {a: (events_endpoint(a, 5557, 0), None)
+                 for a in ("10.0.0.1:8000", "10.0.0.1:8001", "10.0.0.2:8000")}
+    assert one_stream_each(endpoints) == {"10.0.0.2:8000": ("tcp://10.0.0.2:5557", None)}
+    offset = {a: (events_endpoint(a, 0, 100), None) for a in ("10.0.0.1:8000", "10.0.0.1:8001")}
+    assert one_stream_each(offset) == offset

@@ -91,7 +91,8 @@ class Child:
     async def wait_ready(
         self, probe: Callable[[], Awaitable[bool]], within: float, interval: float = 0.05
     ) -> None:
-        """Polls `probe` until it returns True; fails fast if the child exits meanwhile."""
+        """Polls `probe` until it returns True; fails fast if the child exits meanwhile, or if
+        the probe raises ChildFailed (it will never be ready)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
         while True:
@@ -101,7 +102,9 @@ class Child:
             try:
                 if await probe():
                     return
-            except Exception:  # a probe error is just "not ready yet"
+            except ChildFailed:  # the probe knows it never will be
+                raise
+            except Exception:  # any other probe error is just "not ready yet"
                 pass
             if loop.time() > deadline:
                 raise ChildFailed(f"{self.name} not ready after {within:g}s\n{self.tail()}")

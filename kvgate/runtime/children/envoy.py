@@ -46,3 +46,24 @@ async def envoy_ready(admin: HostPort) -> bool:
     async with aiohttp.ClientSession(timeout=timeout) as http:
         async with http.get(f"http://{admin}/ready") as response:
             return response.status == 200 and (await response.text()).strip() == "LIVE"
+
+
+async def envoy_serving(admin: HostPort, listener: HostPort) -> bool:
+    """Envoy is live and listens on the gateway's address. A listener Envoy cannot bind (another
+    program took the port) is rejected while Envoy itself stays LIVE: ChildFailed then, since
+    it would never serve."""
+    if not await envoy_ready(admin):
+        return False
+    timeout = aiohttp.ClientTimeout(total=1)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        async with http.get(f"http://{admin}/listeners", params={"format": "json"}) as reply:
+            statuses = (await reply.json()).get("listener_statuses", [])
+        if any(s.get("local_address", {}).get("socket_address", {}).get("port_value")
+               == listener.port for s in statuses):
+            return True
+        async with http.get(f"http://{admin}/stats", params={
+                "filter": r"^listener_manager\.listener_create_failure$"}) as reply:
+            failures = int((await reply.text()).rpartition(":")[2] or 0)
+    if failures:
+        raise ChildFailed(f"envoy cannot listen on the gateway address {listener}: see its log")
+    return False

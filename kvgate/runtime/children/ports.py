@@ -67,6 +67,27 @@ def free_ports(count: int, host: str = "127.0.0.1", within: PortRange | None = N
             sock.close()
 
 
+# Consecutive runs are sought below Linux's ephemeral range (32768-60999 by default), where
+# outgoing connections do not take ports.
+RUN_RANGE: PortRange = (20000, 32767)
+
+
+def free_run(count: int, host: str = "127.0.0.1", exclude: Collection[int] = (),
+             first: int | None = None, tries: int = 200) -> int:
+    """The first of `count` consecutive free ports, none in `exclude`: from `first` if those
+    are free, else from a random base in RUN_RANGE. Free when looked at: a child started soon
+    after takes them. NoFreePorts after `tries` bases."""
+    low, high = RUN_RANGE
+    bases = ([first] if first is not None else []) + [
+        random.randint(low, high - count + 1) for _ in range(tries)]
+    for base in bases:
+        run = range(base, base + count)
+        if 1024 <= base and run[-1] <= 65535 and not any(
+                p in exclude or port_in_use(host, p) for p in run):
+            return base
+    raise NoFreePorts(f"no {count} consecutive free ports on {host} after {tries} tries")
+
+
 class ReservedPorts:
     """`count` distinct free ports (from the OS, or from `within`), kept from everyone else until
     closed, for children started later, possibly several times over.
