@@ -69,3 +69,26 @@ async def test_an_unreachable_engine_is_503_json(tmp_path: Path, upstreams, pref
         assert isinstance(body, dict) and body["type"] == "server_error", body
         assert body["code"] in ("engine_unreachable", "no_healthy_engine"), body
         assert "engine" in caught.value.message
+
+
+async def test_bodies_past_the_connection_buffer_pass_whole_up_to_the_limit(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    """The default limit (32 MiB) is far above the listener's per-connection buffer (~4 MiB,
+    session.body_limit's): a 6 MB prompt, sized or chunked, reaches its engine whole."""
+    ups = await upstreams(1)
+    config = gateway_config([ups[0].address], prefix=prefix)
+    assert config.max_request_bytes == 32 << 20
+    body = b'{"prompt": "' + b"z" * 6_000_000 + b'"}'
+
+    async def chunks():
+        for start in range(0, len(body), 1 << 20):
+            yield body[start:start + (1 << 20)]
+
+    async with running_stack(config, tmp_path):
+        async with httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=60) as http:
+            for content in (body, chunks()):
+                reply = await http.post("/v1/completions", content=content,
+                                        headers={"content-type": "application/json"})
+                assert reply.status_code == 200, reply.text[:300]
+    assert ups[0].seen_body_sizes == [len(body), len(body)]
