@@ -219,7 +219,9 @@ def _router() -> hcm.HttpFilter:
     own use). Not the route's `request_headers_to_remove`: that edits the request before the
     first attempt, and a retry's ring_hash pick would then find no key to hash."""
     router = router_pb2.Router(upstream_http_filters=[
-        hcm.HttpFilter(name=HEADER_MUTATION_FILTER,
+        # Not named HEADER_MUTATION_FILTER: a route's per-filter config for that name (the pool
+        # header, over the HTTP transport) would apply here too, after the route removed it.
+        hcm.HttpFilter(name="kvgate.upstream.strip_session_key",
                        typed_config=protos.pack(_removing(SESSION_KEY_HEADER))),
         hcm.HttpFilter(name="envoy.filters.http.upstream_codec",
                        typed_config=protos.pack(upstream_codec_pb2.UpstreamCodec())),
