@@ -47,10 +47,19 @@ class EndpointLoad:
 
 
 @dataclass(frozen=True, slots=True)
+class Probes:
+    """What this control-plane replica's probes say of an engine now."""
+
+    failing: bool = False  # they call it dead (past health.unhealthy_threshold)
+    held: str = ""  # why it stays active though they do (the health guard); "" if not held
+
+
+@dataclass(frozen=True, slots=True)
 class EndpointStatus:
     record: EndpointRecord
     sessions: int
     load: EndpointLoad = field(default_factory=EndpointLoad)
+    probes: Probes = field(default_factory=Probes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,12 +87,14 @@ class Operations:
         prefix: str,
         loads: Callable[[str], EndpointLoad] = lambda address: EndpointLoad(),
         clock: Callable[[], float] = time.time,
+        probes: Callable[[str, str], Probes] = lambda pool, address: Probes(),
         on_moved: Callable[[MoveReason, int], None] = lambda reason, count: None,
     ) -> None:
         self._client = client
         self._prefix = prefix
         self._records = EndpointRecords(client, prefix)
         self._loads = loads
+        self._probes = probes  # (pool, address) → this replica's probes of it
         self._clock = clock
         self._on_moved = on_moved  # counts the sessions an operator moved
 
@@ -102,13 +113,14 @@ class Operations:
 
     async def list_endpoints(self, pool: str | None = None) -> EndpointList:
         """Every endpoint with its sessions (counts, never a listing: kvgate.control_plane
-        counts) and last scraped load."""
+        counts), last scraped load and what the probes say now."""
         records = await self._records.list(pool)
         counts = await session_counts(self._client, self._prefix, pool, self._clock)
         backlogs = await self._backlogs()
         return EndpointList([
             EndpointStatus(r, counts.by_endpoint[(r.pool, r.address)],
-                           replace(self._loads(r.address), backlog_s=backlogs.get(r.address)))
+                           replace(self._loads(r.address), backlog_s=backlogs.get(r.address)),
+                           self._probes(r.pool, r.address))
             for r in sorted(records, key=lambda r: (r.pool, r.address))
         ], counts.note)
 

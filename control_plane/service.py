@@ -120,7 +120,7 @@ class ControlPlaneService:
                                  config.placement.load_factor, on_moved=moved,
                                  fence=self.leader.fence)
         self.operations = Operations(self._etcd, config.etcd.prefix, loads=self.checker.load,
-                                     on_moved=moved)
+                                     on_moved=moved, probes=self.checker.probes)
         self.last_reload_error: str | None = None
         self.membership = MembershipWatch(config.etcd.prefix)
         # load_gate.source: collector: the leader scrapes each engine once for every ext_proc.

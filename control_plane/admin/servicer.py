@@ -236,7 +236,11 @@ def endpoint_status(status: EndpointStatus) -> pb.EndpointStatus:
         value = getattr(status.load, name)
         if value is not None:
             setattr(load, name, value)
-    return pb.EndpointStatus(endpoint=endpoint(status.record), sessions=status.sessions, load=load)
+    message = pb.EndpointStatus(endpoint=endpoint(status.record), sessions=status.sessions,
+                                load=load, held=status.probes.held)
+    if status.probes.failing:  # the health checks' word, whatever the guard made of it
+        message.endpoint.healthy = False
+    return message
 
 
 def session_binding(found: SessionBinding) -> pb.SessionBinding:

@@ -22,7 +22,7 @@ from control_plane.health.lag import LoopLag
 from control_plane.health.metrics import HealthMetrics
 from control_plane.health.scrape import LoadTracker
 from control_plane.health.tracker import HealthTracker
-from control_plane.operations import EndpointLoad
+from control_plane.operations import EndpointLoad, Probes
 from kvgate.config.model import Config, Endpoint, Pool
 from kvgate.endpoints import EndpointRecords, UnknownEndpoint
 from kvgate.etcd import EtcdClient, EtcdError
@@ -56,9 +56,14 @@ class HealthChecker:
         self.healthy: dict[tuple[str, str], bool] = {}
         # Engines whose probes say dead, since when (loop time): the guard serves them in order.
         self._failing: dict[tuple[str, str], float] = {}
-        self.held: set[tuple[str, str]] = set()
+        # Engines probes call dead that the guard keeps active, and why (what status shows).
+        self.held: dict[tuple[str, str], str] = {}
         self._settling: dict[str, asyncio.Lock] = {}
         self.loads: dict[str, LoadTracker] = {}
+
+    def probes(self, pool: str, address: str) -> Probes:
+        key = (pool, address)
+        return Probes(key in self._failing, self.held.get(key, ""))
 
     def load(self, address: str) -> EndpointLoad:
         tracker = self.loads.get(address)
@@ -89,7 +94,7 @@ class HealthChecker:
         # again from fresh probes.
         self._failing = {k: t for k, t in self._failing.items()
                          if k in wanted and not self.healthy.get(k, True)}
-        self.held &= set(self._failing)
+        self.held = {k: why for k, why in self.held.items() if k in self._failing}
         self._spawn()
 
     async def stop(self) -> None:
@@ -140,14 +145,16 @@ class HealthChecker:
             failed = {k for k in keys if not self.healthy.get(k, True)}
             limit = allowed_failures(len(keys), pool.health.max_failed_fraction)
             verdict = guard(failing, failed, limit)
+            why = (f"the health guard keeps it active: {len(verdict.failed)} of the pool's "
+                   f"{len(keys)} engines are failed already, health.max_failed_fraction "
+                   f"{pool.health.max_failed_fraction:g} allows {limit}")
             for key in verdict.held:
                 if key not in self.held:
                     self.metrics.held.labels(pool.name).inc()
                     log.warning("health_guard_holding", pool=pool.name, endpoint=key[1],
-                                failing=len(failing), limit=limit,
-                                reason="probes call it dead, but max_failed_fraction of the "
-                                "pool is failed already; it stays active")
-            self.held = (self.held - set(keys)) | set(verdict.held)
+                                failing=len(failing), limit=limit, reason=why)
+            self.held = {k: v for k, v in self.held.items() if k not in keys}
+            self.held |= {key: why for key in verdict.held}
             self.metrics.holding.labels(pool.name).set(len(verdict.held))
             for key in keys:
                 healthy = key not in verdict.failed

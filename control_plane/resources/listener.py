@@ -27,6 +27,7 @@ from envoy.type.matcher.v3 import string_pb2
 
 from control_plane.resources import protos
 from control_plane.resources.affinity import affinity_metadata
+from control_plane.resources.local_replies import body_limit_filter, local_reply_config
 from control_plane.resources.session_filters import body_session_filters, buffer_limit
 from kvgate.config.model import Config
 from kvgate.contract.envoy import (
@@ -66,8 +67,11 @@ def gateway_listener(
         stream_idle_timeout=protos.duration(600.0),
         request_timeout=protos.duration(0.0),
         max_request_headers_kb=protos.u32(96),
+        # Errors Envoy itself answers, as OpenAI-style JSON (local_replies.py).
+        local_reply_config=local_reply_config(config.max_request_bytes),
         http_filters=[
             _strip_destination(),
+            body_limit_filter(config.max_request_bytes),
             # Sessions in the body: read by Envoy itself, handed to ext_proc as metadata.
             *(body_session_filters(config.session) if mode.uses_ext_proc else []),
             *([_ext_proc(config)] if mode.uses_ext_proc else []),

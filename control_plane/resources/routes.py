@@ -139,8 +139,9 @@ def _not_found(mode: RoutingMode) -> rc.Route:
         match=rc.RouteMatch(prefix="/"),
         direct_response=rc.DirectResponseAction(
             status=404,
+            # The message of the JSON error the client gets (local_replies.py).
             body=base_pb2.DataSource(inline_string="no route: this gateway serves only its "
-                                                   "configured paths\n"),
+                                                   "configured paths"),
         ),
         typed_per_filter_config=(
             {EXT_PROC_FILTER: protos.pack(disabled)} if mode is RoutingMode.AFFINITY else {}

@@ -11,9 +11,10 @@ namespace is still forwarded, for ext_proc replicas of earlier versions.)
 Both filters wait for the whole body, so both are wrapped in a matcher that skips them — the
 request then goes on at once, unread — when reading the body could not help or could fail:
 - a configured session header is present (it wins anyway);
-- the body is larger than `session.body_limit`, or its length is not announced (chunked):
-  Envoy would answer 413 once a buffering filter holds more than the connection's buffer
-  limit, so such a request is routed as if it carried no session instead;
+- the body is larger than `session.body_limit` (a chunked body has its length stated by then:
+  the gateway's body-size limit, local_replies.py, holds it whole first): Envoy would answer
+  413 once a buffering filter holds more than the connection's buffer limit, so such a
+  request is routed as if it carried no session instead;
 - the content type is not JSON.
 Streaming responses are untouched: only request bodies are read.
 """

@@ -9,7 +9,7 @@ from typing import Any
 from kvgate.config.address import HostPort
 from kvgate.config.etcd_security import EtcdAuth, EtcdTls
 from kvgate.config.fields import Fields, Path
-from kvgate.config.schema import Custom, Section, Socket, key
+from kvgate.config.schema import Custom, Section, Size, Socket, key
 from kvgate.config.sections.control_plane import ControlPlane
 from kvgate.config.sections.etcd import Etcd
 from kvgate.config.sections.ext_proc import ExtProc
@@ -67,6 +67,11 @@ class Config:
         "that Envoy sets to the `ip:port` of the engine that served the request, whatever the "
         "engine; replaces any value the engine sent. Off by default: it tells clients internal "
         "addresses", default=None, default_doc="*(off)*")
+    max_request_bytes: int = key(
+        Size(64 * 1024, 2 * 1024**3), "the largest request body the gateway accepts, sized or "
+        "chunked: a larger one is answered 413 (an OpenAI-style JSON error) before ext_proc or "
+        "an engine sees it. Envoy holds each body whole before passing it on",
+        default=32 * 1024 * 1024)
 
     def pool(self, name: str) -> Pool:
         for pool in self.pools:

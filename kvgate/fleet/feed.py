@@ -62,9 +62,10 @@ class FleetFeedMetrics:
             buckets=(0.05, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.5, 1.0, 2.0, 5.0),
             registry=registry)
         if hbm is not None:
-            Gauge(f"{prefix}_hbm_residency_sessions", "Sessions whose residency in their "
-                  "engines' HBM the collector reported (from the engines' KV events)",
-                  registry=registry).set_function(lambda: hbm.sessions)
+            Gauge(f"{prefix}_hbm_residency_pairs", "Engine-session pairs whose residency "
+                  "in HBM the collector reported (from the engines' KV events): a session held "
+                  "by two engines counts twice", registry=registry).set_function(
+                      lambda: hbm.pairs)
             Gauge(f"{prefix}_hbm_eviction_rates", "Engines whose HBM eviction rate (blocks "
                   "per second over the last minute, from their KV events) the collector "
                   "reported: the gate re-homes a session its engine evicted to a sibling that "

@@ -21,7 +21,8 @@ class HbmBoard:
         self._evicting: dict[str, float] = {}
 
     @property
-    def sessions(self) -> int:
+    def pairs(self) -> int:
+        """(engine, session) pairs held: a session in two engines' HBM counts twice."""
         return sum(len(held) for held in self._tokens.values())
 
     def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:

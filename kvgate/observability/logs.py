@@ -11,7 +11,24 @@ import structlog
 
 
 def configure_logging(level: str = "info") -> None:
-    logging.basicConfig(stream=sys.stderr, level=level.upper(), format="%(message)s")
+    """structlog's events, and the standard library's records (gRPC's, aiohttp's, asyncio's),
+    as one JSON object per line: a traceback is the `exception` field, never raw lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_logger_name,
+            structlog.stdlib.ExtraAdder(),
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+    ))
+    logging.basicConfig(handlers=[handler], level=level.upper(), force=True)
+    logging.getLogger("grpc._cython.cygrpc").addFilter(GrpcUndecodable())
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -53,4 +70,37 @@ class Throttled:
             return False
         self._last[name] = now
         self._log.warning(event, suppressed=self._suppressed.pop(name, 0), **fields)
+        return True
+
+
+class GrpcUndecodable(logging.Filter):
+    """gRPC logs a traceback (`Invalid encoding on b'...'`) for every metadata value that is not
+    UTF-8 — a session header with such bytes, which Envoy copies into the ext_proc stream's
+    metadata — and then passes the value on as bytes, which ext_proc handles. One warning
+    without the traceback instead, at most every `interval` seconds, saying how many were not
+    logged since. The value itself is not logged (it may be a client's secret)."""
+
+    def __init__(self, interval: float = 10.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self._interval = interval
+        self._clock = clock
+        self._last = float("-inf")
+        self._suppressed = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Invalid encoding"):
+            return True
+        now = self._clock()
+        if now - self._last < self._interval:
+            self._suppressed += 1
+            return False
+        self._last = now
+        record.msg, record.args = "grpc_metadata_not_utf8", ()
+        record.detail = ("a gRPC metadata value (a session header?) is not UTF-8; passed on "
+                         "as bytes")
+        record.suppressed = self._suppressed
+        record.exc_info = record.exc_text = None
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        self._suppressed = 0
         return True

@@ -28,7 +28,8 @@ def endpoint_dict(e: pb.Endpoint) -> dict[str, Any]:
 def endpoint_status_dict(s: pb.EndpointStatus) -> dict[str, Any]:
     load = {n: _opt(s.load, n)
             for n in ("running", "waiting", "kv_cache_usage", "hit_rate", "backlog_s")}
-    return {**endpoint_dict(s.endpoint), "sessions": s.sessions, "load": load}
+    return {**endpoint_dict(s.endpoint), "sessions": s.sessions, "load": load,
+            "held": s.held or None}
 
 
 def binding_dict(b: pb.SessionBinding) -> dict[str, Any]:
@@ -127,6 +128,10 @@ def endpoints_table(found: Sequence[pb.EndpointStatus]) -> str:
         note = f"deadline {moment(e.drain_deadline)}" if e.HasField("drain_deadline") else ""
         if e.state == EndpointState.FAILED and e.admin != EndpointState.FAILED:
             note = "failing health checks"
+        elif s.held:
+            note = f"FAILING PROBES, still routed to: {s.held}"
+        elif not e.healthy and e.state != EndpointState.FAILED:
+            note = "failing probes"
         rows.append([
             e.pool, e.address, e.kv_pool, e.state, str(s.sessions),
             _number(_opt(s.load, "running")), _number(_opt(s.load, "waiting")),

@@ -108,7 +108,7 @@ async def test_the_collector_streams_what_each_engines_hbm_holds_of_a_session(
             await eventually(lambda: residency_of(admin, key), until=holds_it,
                              what="the collector reports the session's blocks in HBM")
 
-            async def replicas_know(gauge: str = "kvgate_ext_proc_hbm_residency_sessions"
+            async def replicas_know(gauge: str = "kvgate_ext_proc_hbm_residency_pairs"
                                     ) -> list[float]:
                 pages = [(await http.get(f"http://{a}/metrics")).text
                          for a in stack.ext_proc_metrics]

@@ -4,6 +4,7 @@ a dead fleet, and probes never fail more than health.max_failed_fraction of a po
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from kvgate.endpoints import EndpointRecords
 from kvgate.endpoints.membership import sync_membership
 from kvgate.etcd import EtcdClient
 from kvgate.runtime.tasks.supervisor import Supervisor
+from tests.admin.admin_helpers import run_cli
 from tests.support.polling import eventually
-from tests.support.stack import gateway_config, running_stack
+from tests.support.stack import FAST_HEALTH, gateway_config, running_stack
 from tests.support.upstreams import Upstream
 
 
@@ -109,3 +111,32 @@ async def test_probes_fail_at_most_max_failed_fraction_of_a_pool(
             assert loop.time() < deadline, states
             await asyncio.sleep(0.1)
         assert sorted(states.values()) == ["active", "active", "failed", "failed"], states
+
+
+async def test_status_shows_a_held_engine_failing_its_probes_and_why_it_is_routed_to(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    """`kvgate up --engines http://127.0.0.1:1`: one engine, nothing listening. The guard keeps
+    a pool of one active (max_failed_fraction 0.5 allows 0 failed); `kvgate endpoints list` and
+    `kvgate status` say its probes fail and why it still gets traffic."""
+    dead: Upstream = (await upstreams(1))[0]
+    await dead.stop()
+    config = gateway_config([dead.address], prefix=prefix, health=FAST_HEALTH)
+    async with running_stack(config, tmp_path / "stack") as stack:
+        admin = str(config.control_plane.admin)
+        log = stack.workdir / "control-plane.log"
+        await eventually(lambda: "health_guard_holding" in log.read_text(), within=30)
+
+        listed = await run_cli("endpoints", "list", "--json", admin=admin)
+        assert listed.code == 0, listed.err
+        (shown,) = json.loads(listed.out)
+        assert shown["state"] == "active" and shown["healthy"] is False, shown
+        assert "health guard" in shown["held"] and "max_failed_fraction 0.5 allows 0" in (
+            shown["held"]), shown
+        table = await run_cli("endpoints", "list", admin=admin)
+        assert "FAILING PROBES, still routed to: the health guard keeps it active" in table.out
+        status = await run_cli("status", admin=admin)
+        assert "FAILING PROBES" in status.out, status.out
+        (in_status,) = json.loads((await run_cli("status", "--json", admin=admin)).out)[
+            "endpoints"]
+        assert in_status["healthy"] is False and in_status["held"] == shown["held"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -14,7 +15,8 @@ from kvgate.etcd import EtcdClient
 from tests.support.fleet import EngineProcesses
 from tests.support.stack import gateway_config, running_stack
 
-NOT_SERVED = "no route: this gateway serves only its configured paths\n"
+NOT_SERVED = {"message": "no route: this gateway serves only its configured paths",
+              "type": "invalid_request_error", "code": "not_found"}
 PRIVATE = [
     ("GET", "/metrics"),
     ("GET", "/health"),
@@ -75,7 +77,8 @@ async def test_without_routes_only_the_inference_api_is_served(
             for method, path in PRIVATE:
                 status, engine, text = await raw_request(str(config.listener), method, path,
                                                          f"private-{path}")
-                assert (status, engine, text) == (404, "", NOT_SERVED), path  # Envoy answered
+                assert (status, engine) == (404, ""), path  # Envoy answered, in JSON
+                assert json.loads(text)["error"] == NOT_SERVED, text
             # An encoded slash is refused outright: an engine might decode it into a path.
             status, engine, _ = await raw_request(
                 str(config.listener), "GET", "/v1/responses/..%2f..%2fmetrics", "encoded")

@@ -5,6 +5,7 @@ body-keyed and id-less conversations stay where they were."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.session import carry_key
+from tests.support.polling import eventually
 from tests.support.stack import gateway_config, running_stack
 
 JSON = {"content-type": "application/json"}
@@ -134,3 +136,40 @@ async def test_an_ext_proc_outage_moves_no_body_or_implicit_session(
     assert len(set(placed.values())) >= 3  # and they were spread
     for session in body_ids:  # ext_proc placed each where Envoy's ring puts its carried key
         assert placed[session] == ring.pick(session_hash(carry_key(session.encode())))
+
+
+async def test_a_session_header_that_is_not_utf8_sticks_and_logs_json(
+    tmp_path: Path, upstreams, prefix: str
+) -> None:
+    """Envoy copies the header into the ext_proc stream's metadata, where gRPC cannot decode
+    it: one JSON warning, not a traceback per request, and the session keeps its engine."""
+    ups = await upstreams(3)
+    config = gateway_config([u.address for u in ups], prefix=prefix)
+    async with running_stack(config, tmp_path) as stack:
+        homes = set()
+        for _ in range(4):
+            status, upstream = await _raw_get(str(config.listener), b"x-session-id: \xff\xfe-7")
+            assert status == 200
+            homes.add(upstream)
+        assert len(homes) == 1, homes
+        log = stack.workdir / "ext_proc-0.log"
+        await eventually(lambda: "grpc_metadata_not_utf8" in log.read_text())
+        lines = log.read_text().splitlines()
+    assert "Traceback" not in "\n".join(lines)
+    assert all(isinstance(json.loads(line), dict) for line in lines)
+    warned = [json.loads(line) for line in lines if "grpc_metadata_not_utf8" in line]
+    assert len(warned) == 1 and warned[0]["level"] == "warning", warned  # once per 10 s
+
+
+async def _raw_get(address: str, header: bytes) -> tuple[int, str]:
+    """A request with a header no HTTP client library sends: (status, the engine)."""
+    host, _, port = address.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"GET /v1/models HTTP/1.1\r\nhost: gateway\r\n" + header +
+                 b"\r\nconnection: close\r\n\r\n")
+    await writer.drain()
+    reply = await reader.read()
+    writer.close()
+    await writer.wait_closed()
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["upstream"]

@@ -103,7 +103,7 @@ async def test_each_engines_own_stream_is_read_and_outlives_a_leadership_change(
 
             async def known_to_ext_proc() -> float:
                 page = (await http.get(metrics.group(1))).text
-                return float(re.findall(r"^kvgate_ext_proc_hbm_residency_sessions (\S+)$",
+                return float(re.findall(r"^kvgate_ext_proc_hbm_residency_pairs (\S+)$",
                                         page, re.M)[0])
 
             await eventually(known_to_ext_proc, until=lambda n: n >= len(SESSIONS),

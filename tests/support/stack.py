@@ -44,13 +44,15 @@ def gateway_config(
     session: dict[str, object] | None = None,
     transport: str = "grpc",
     placement: dict[str, object] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> Config:
     """A one-pool config on free ports. Every path goes to the pool, unless `default_routes`:
     then no `routes:` key, so the gateway serves only the inference API. `message_timeout`
     (Envoy's wait for ext_proc) is generous: past it Envoy falls back to its ring and a slow
     ext_proc would look like a moved session. `health` defaults to :data:`CALM_HEALTH`.
     `session`: extra `session:` keys (body_fields, implicit, body_limit). `transport`:
-    ext_proc.transport (grpc or http). `placement`: extra `placement:` keys (load_gate, ...)."""
+    ext_proc.transport (grpc or http). `placement`: extra `placement:` keys (load_gate, ...).
+    `extra`: more top-level keys (max_request_bytes, ...)."""
     ports = iter(free_ports(5 + ext_procs))
     data: dict[str, object] = {
         "listener": {"address": "127.0.0.1", "port": next(ports)},
@@ -73,6 +75,7 @@ def gateway_config(
         }],
         "routes": [{"match": {"prefix": "/"}, "pool": "coder"}],
     }
+    data.update(extra or {})
     if default_routes:
         del data["routes"]
     return load_text(yaml.safe_dump(data))

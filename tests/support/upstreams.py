@@ -29,7 +29,9 @@ class Upstream:
 
     async def start(self, port: int = 0) -> None:
         # 8 KiB session ids must reach the upstream: raise aiohttp's 8190-byte header limit.
-        app = web.Application(handler_args={"max_field_size": 65536, "max_line_size": 65536})
+        # ... and bodies as large as the gateway's default limit (aiohttp's own is 1 MiB).
+        app = web.Application(handler_args={"max_field_size": 65536, "max_line_size": 65536},
+                              client_max_size=64 << 20)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
         await self._runner.setup()

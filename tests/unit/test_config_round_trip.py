@@ -104,6 +104,7 @@ def configs(draw: Draw, pki: dict[str, str]) -> dict[str, Any]:
     routes = _routes(draw, names)
     top.add("routes", st.just(routes), always=len(names) > 1)
     top.add("upstream_header", HEADER)
+    top.add("max_request_bytes", size(64 * 1024, 2 * 1024**3))
     return top.data
 
 

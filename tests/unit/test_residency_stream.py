@@ -140,7 +140,7 @@ async def test_a_session_stored_reaches_a_replica_and_a_gap_forgets_the_engine(
     lost = stream.frame(collector)
     assert list(lost.residency_lost) == [ENGINE]
     board.apply(lost)
-    assert board.hbm_tokens(ENGINE, key, 10_000) is None and board.sessions == 0
+    assert board.hbm_tokens(ENGINE, key, 10_000) is None and board.pairs == 0
 
     # The engine leaves: its subscription is dropped and its residency with it.
     collector._gather_residency(settings, set())

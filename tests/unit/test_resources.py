@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from envoy.config.cluster.v3 import cluster_pb2
 from envoy.config.core.v3 import health_check_pb2
+from envoy.extensions.filters.http.buffer.v3 import buffer_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import (
@@ -41,6 +42,7 @@ def test_filter_chain_strips_then_reads_the_body_then_asks_ext_proc_then_routes(
     names = [f.name for f in manager.http_filters]
     assert names == [
         "envoy.filters.http.header_mutation",
+        "envoy.filters.http.buffer",  # max_request_bytes
         "envoy.filters.http.json_to_metadata",
         "kvgate.session_key",
         "envoy.filters.http.ext_proc",
@@ -51,7 +53,7 @@ def test_filter_chain_strips_then_reads_the_body_then_asks_ext_proc_then_routes(
     assert [m.remove for m in mutation.mutations.request_mutations] == [
         "x-gateway-destination-endpoint", "x-kvgate-pool", "x-kvgate-session-key"]
     processor = ext_proc_pb2.ExternalProcessor()
-    manager.http_filters[3].typed_config.Unpack(processor)
+    manager.http_filters[4].typed_config.Unpack(processor)
     assert list(processor.metadata_options.forwarding_namespaces.untyped) == ["kvgate.session"]
     assert processor.failure_mode_allow
     assert list(processor.metadata_options.receiving_namespaces.untyped) == ["envoy.lb"]
@@ -135,7 +137,7 @@ def test_one_session_goes_to_one_ext_proc_replica_over_grpc() -> None:
     transport, which has no initial metadata, keeps round robin."""
     config = load_file(EXAMPLE)
     processor = ext_proc_pb2.ExternalProcessor()
-    _manager().http_filters[3].typed_config.Unpack(processor)
+    _manager().http_filters[4].typed_config.Unpack(processor)
     sent = [(m.key, m.value) for m in processor.grpc_service.initial_metadata]
     session = config.session
     assert sent == [
@@ -153,3 +155,17 @@ def test_one_session_goes_to_one_ext_proc_replica_over_grpc() -> None:
     http = replace(config.ext_proc, transport="http")
     assert ext_proc_cluster(http, [key for key, _ in sent]).lb_policy == \
         cluster_pb2.Cluster.ROUND_ROBIN
+
+
+def test_local_replies_are_openai_json_and_the_body_limit_is_the_configs() -> None:
+    manager = _manager()
+    replies = manager.local_reply_config
+    formats = [replies.body_format, *(m.body_format_override for m in replies.mappers)]
+    for form in formats:
+        error = form.json_format.fields["error"].struct_value.fields
+        assert set(error) == {"message", "type", "code"} and error["message"].string_value
+    statuses = [m.status_code.value for m in replies.mappers if m.HasField("status_code")]
+    assert set(statuses) <= {503, 504}
+    limit = buffer_pb2.Buffer()
+    manager.http_filters[1].typed_config.Unpack(limit)
+    assert limit.max_request_bytes.value == load_file(EXAMPLE).max_request_bytes == 32 << 20

@@ -21,7 +21,7 @@ EXT_PROC = {f"kvgate_ext_proc_{name}" for name in (
     "bindings", "decision_seconds", "decisions", "degraded", "engine_scrape_round_seconds",
     "engine_scrapes", "etcd_errors", "fleet_collector_reachable", "fleet_state_age_seconds",
     "fleet_state_oldest_figure_seconds", "fleet_state_replaced_age_seconds",
-    "fleet_state_rounds", "hbm_eviction_rates", "hbm_residency_sessions", "pending_writes",
+    "fleet_state_rounds", "hbm_eviction_rates", "hbm_residency_pairs", "pending_writes",
     "rebinds", "session_sources", "unbound",
 )}
 

@@ -121,14 +121,16 @@ class Load(_message.Message):
     def __init__(self, running: _Optional[float] = ..., waiting: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., hit_rate: _Optional[float] = ..., backlog_s: _Optional[float] = ...) -> None: ...
 
 class EndpointStatus(_message.Message):
-    __slots__ = ("endpoint", "sessions", "load")
+    __slots__ = ("endpoint", "sessions", "load", "held")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     LOAD_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
     endpoint: Endpoint
     sessions: int
     load: Load
-    def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., sessions: _Optional[int] = ..., load: _Optional[_Union[Load, _Mapping]] = ...) -> None: ...
+    held: str
+    def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ..., sessions: _Optional[int] = ..., load: _Optional[_Union[Load, _Mapping]] = ..., held: _Optional[str] = ...) -> None: ...
 
 class ListEndpointsRequest(_message.Message):
     __slots__ = ("pool",)

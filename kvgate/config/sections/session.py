@@ -69,7 +69,8 @@ class Session:
                          default=True)
     body_limit: int = key(
         Size(1024, 64 * 1024 * 1024), "bodies up to this size (as their `Content-Length` says) "
-        "are read for the two keys above; larger or unsized ones pass unread",
+        "are read for the two keys above; larger ones pass unread (a chunked body is sized by "
+        "then: `max_request_bytes` holds it whole first)",
         default=4 * 1024 * 1024)
     max_bindings: int = key(
         Integer(0, 1_000_000_000), "per pool: past it a new session is routed on Envoy's ring "
