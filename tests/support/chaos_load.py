@@ -2,8 +2,10 @@
 where the etcd faults split sessions (issue 41, item 3: 2 of 1,397 sessions at load average ~5),
 so the chaos tier makes one itself instead of hoping CI's machine is busy.
 
-``STRESS_BURNERS`` sets how many (default 2: both cores of the reference machine), as it does for
-the stress script; 0 runs without.
+``STRESS_BURNERS`` sets how many, as it does for the stress script (0 runs without). By default
+two (both cores of the reference machine), or none when the machine is saturated already (its
+load average at least twice its cores, as when several suites share it): more would only starve
+the run of the traffic it needs to be a test.
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 DEFAULT_BURNERS = 2
+SATURATED_PER_CORE = 2.0  # load average per core above which the machine is busy enough
 
 
 def burners_wanted() -> int:
-    """``STRESS_BURNERS``, checked: a bad value is an error naming it."""
-    given = os.environ.get("STRESS_BURNERS", str(DEFAULT_BURNERS))
+    """``STRESS_BURNERS``, checked (a bad value is an error naming it), or the default above."""
+    given = os.environ.get("STRESS_BURNERS")
+    if given is None:
+        cores = os.cpu_count() or 1
+        return 0 if os.getloadavg()[0] >= SATURATED_PER_CORE * cores else DEFAULT_BURNERS
     if not given.isdigit():
         raise ValueError(f"STRESS_BURNERS must be a non-negative integer, got {given!r}")
     return int(given)
