@@ -198,6 +198,10 @@ class StepScheduler:
                 i = step - self._dropped
                 self._seqs[i] -= 1
                 self._tokens[i] -= step not in plan.skipped
+        # Steps left with nobody in them at the end are not run (an idle engine runs none).
+        while self._seqs and self._seqs[-1] == 0 and self._unbegun(
+                len(self._seqs) - 1 + self._dropped, now):
+            del self._tokens[-1], self._seqs[-1], self._extra[-1]
 
     def _unbegun(self, step: int, now: float) -> bool:
         """Step ``step`` (absolute) is planned and has not begun at ``now`` (the lists start at
