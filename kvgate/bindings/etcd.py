@@ -239,7 +239,10 @@ class EtcdBindingStore:
         self._recovered_at = time.monotonic()  # apart from etcd, degraded or not
         if not self._degraded:
             log.info("binding_write_queued", binding=op.binding.key, reason=str(outcome))
-        return self._queue(op) if unless_written is None else unless_written
+        # A try that timed out or lost its member may have landed (pending.py).
+        landed = isinstance(first, EtcdUnavailable) or isinstance(outcome, EtcdUnavailable)
+        tried = op.binding.encode() if landed else None
+        return self._queue(op, tried) if unless_written is None else unless_written
 
     async def _attempt(self, op: PendingWrite, limit_s: float) -> Binding | EtcdError:
         try:
@@ -255,8 +258,8 @@ class EtcdBindingStore:
         elif self._on_etcd_error is not None:
             self._on_etcd_error()
 
-    def _queue(self, op: PendingWrite) -> Binding:
-        self._pending.add(op)  # raises Unbound when full
+    def _queue(self, op: PendingWrite, tried: bytes | None = None) -> Binding:
+        self._pending.add(op, tried)  # raises Unbound when full
         local = replace(op.binding, revision=0)
         self._index.put(local)
         self._flush_wanted.set()
@@ -381,6 +384,13 @@ class EtcdBindingStore:
                 stored = replace(op.binding, revision=current.mod_revision)
             else:
                 stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
+                if (stored.endpoint != op.binding.endpoint
+                        and self._pending.landed_try(op, current.value)):
+                    # Its own try landed late: the queued binding, answered from since, stands.
+                    self._pending.replace_landed(op, current.mod_revision)
+                    log.info("binding_late_write_replaced", binding=op.binding.key,
+                             landed=stored.endpoint, kept=op.binding.endpoint)
+                    continue
             self._pending.written(op, current.mod_revision)
             if op.binding.key not in self._pending:
                 self._bindings.put(stored, current.lease)
