@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Callable
 from typing import TypeVar
 
-from emulator.options import EmulatorOptions
+from emulator.options import DEFAULT_MAX_MODEL_LEN, EmulatorOptions
 from emulator.pool_faults import pool_window
 from emulator.pool_profiles import DEFAULT_PROFILE, PROFILES
 from emulator.timing import FCFS
@@ -115,6 +115,8 @@ def emulator_flags(options: EmulatorOptions) -> tuple[str, ...]:
         value = getattr(options, name)
         if value is not None:
             flags += [f"--{name.replace('_', '-')}", str(value)]
+    if options.max_model_len != DEFAULT_MAX_MODEL_LEN:  # sized to a workload (benchkit.inputs)
+        flags += ["--max-model-len", str(options.max_model_len)]
     if options.scheduler != FCFS:  # runs of the default model keep their command lines
         flags += ["--scheduler", options.scheduler,
                   "--max-num-batched-tokens", str(options.max_num_batched_tokens)]

@@ -28,7 +28,14 @@ def engines_and_workload(
         check(engines)
         if args.out is not None:
             check_out_dir(args.out)
-        return engines, workload_from_args(args, engines.instances)
+        workload = workload_from_args(args, engines.instances)
+        # The emulated engines refuse a prompt past their context as vLLM does; the bench
+        # models a fleet serving its whole workload, so their context covers its longest
+        # request, twice over (a resent answer, as long as the engine made it, stands in for a
+        # segment of the workload's own length: workload.text.TextMaker.prompt).
+        longest = max((r.prompt_tokens + r.max_tokens for r in workload.requests), default=0)
+        engines.max_model_len = max(engines.max_model_len, 2 * longest)
+        return engines, workload
     except ValueError as exc:
         raise InputError(str(exc)) from None
     except OSError as exc:

@@ -110,8 +110,8 @@ ENGINE_FLAGS: tuple[FlagRow, ...] = (
      "(vLLM-CPU's for its OpenAI server)"),
     ("--time-scale", time_scale, "wall seconds per emulated second; 1/60 runs an hour in a "
      "minute; 0 = never wait"),
-    ("--max-model-len", int, "context length /tokenize reports, as vLLM's max_model_len; "
-     "prompts are not cut"),
+    ("--max-model-len", int, "vLLM's max_model_len: a longer prompt (less max_tokens) gets "
+     "vLLM's 400; /tokenize reports it"),
 )
 POOL_FLAGS: tuple[FlagRow, ...] = (
     ("--ddr-tokens", int, "DDR pool capacity, tokens (default --pool-hbm-multiple x the "

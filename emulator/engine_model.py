@@ -8,8 +8,8 @@ model called directly).
 A request goes: ``probe`` (HBM hit) -> caller looks ``probe.pool_hashes`` up in the pool (past
 ``probe.hbm_blocks``) -> ``admit`` (pins blocks, schedules, counts) -> caller hands the prompt's
 blocks ``admission.to_pool`` to the pool at the first token and ``admission.answer`` at the end
-(the pool's connector profile decides what it writes) -> ``finish`` when the response is over or
-abandoned (unpins now, if the schedule has not yet).
+(the pool's connector profile decides what it writes) -> ``finish`` when the response is over
+(unpins now, if the schedule has not yet), or ``abort`` when its client went away before its end.
 
 As in vLLM v1, the full blocks of generated tokens are cached too (``output_hashes``: the chain
 continued over the prompt's partial block and the answer), so a client that sends the answer back
@@ -301,6 +301,16 @@ class EngineModel:
         A discrete-event caller need not call it; blocks are unpinned at ``slot.finish``."""
         self._inflight -= 1
         self._unpin(admission.ticket)
+
+    def abort(self, admission: Admission, now: float) -> None:
+        """The client went away at ``now``, before the answer's end: as vLLM aborts such a
+        request (``AsyncLLM.abort``: the scheduler frees its blocks and its place), it stops
+        counting as running or waiting, what it had not used of its slot and of the engine's
+        steps goes to later arrivals, and its blocks are unpinned now. Call it instead of
+        :meth:`finish`."""
+        if self.config.queueing:
+            self.scheduler.release(admission.slot, now)
+        self.finish(admission)
 
     def token_interval(self, slot: Slot, tokens: int) -> float:
         """Time between two streamed tokens: the decode time per token, or, under the step

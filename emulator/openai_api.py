@@ -58,18 +58,18 @@ class CompletionRequest:
     model: str
     prompt_text: str | None  # rendered prompt, or None when token ids were given
     prompt_ids: list[int] | None
-    max_tokens: int
+    max_tokens: int | None  # None: not given (the engine decides: emulator.context_length)
     stream: bool
     include_usage: bool
 
 
-def _max_tokens(body: Mapping[str, Any]) -> int:
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
     value = body.get("max_completion_tokens")
     param = "max_completion_tokens"
     if value is None:
         value, param = body.get("max_tokens"), "max_tokens"
     if value is None:
-        return DEFAULT_MAX_TOKENS
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_MAX_TOKENS:
         raise ApiError(f"'{param}' must be an integer between 1 and {MAX_MAX_TOKENS}", param=param)
     return value

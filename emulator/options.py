@@ -12,7 +12,9 @@ from emulator.transfer import TransferParams
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-32B-Instruct"
 DEFAULT_HBM_TOKENS = 550_000
-DEFAULT_MAX_MODEL_LEN = 32_768  # Qwen2.5-32B-Instruct's context as vLLM serves it by default
+# Qwen2.5-32B-Instruct's context as vLLM serves it by default: its config's
+# max_position_embeddings (131,072 with the YaRN rope scaling Qwen documents for long inputs).
+DEFAULT_MAX_MODEL_LEN = 32_768
 DDR_POOL_FLEET_MULTIPLE = 8  # default pool = 8 x the fleet's HBM (DESIGN.md: 5-10x)
 
 
@@ -53,7 +55,7 @@ class EmulatorOptions:
     no_ddr_pool: bool = False
     pool_port: int = 0
     engine_id: str = "{host}:{port}"  # x-engine-id template: {host}, {port}, {index}
-    max_model_len: int = DEFAULT_MAX_MODEL_LEN  # what /tokenize reports (prompts are not cut)
+    max_model_len: int = DEFAULT_MAX_MODEL_LEN  # longer prompts refused (context_length)
     processes: int = 1  # processes serving the instances (emulator.processes)
     first_index: int = 0  # index of this process's first instance in the whole fleet
     kv_events_port: int = 0  # first instance's KV event PUB port, the others follow; 0 = off

@@ -17,27 +17,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
-import xxhash
 from aiohttp import web
 
 from emulator.clock import EmulatedClock
-from emulator.engine_model import Admission, EngineModel
-from emulator.kv_events import KvEventLog, session_id
+from emulator.completions import Completions, json_error
+from emulator.engine_model import EngineModel
+from emulator.kv_events import KvEventLog
 from emulator.listen import bind_socket
 from emulator.metrics import CONTENT_TYPE, make_registry, page, stats_body
-from emulator.openai_api import (
-    ApiError,
-    ChunkWriter,
-    CompletionRequest,
-    Kind,
-    error_body,
-    filler,
-    full_response,
-    models_body,
-    new_id,
-    parse_request,
-    usage,
-)
+from emulator.openai_api import ApiError, Kind, models_body
 from emulator.options import DEFAULT_MAX_MODEL_LEN
 from emulator.pool_service import PoolClient
 from emulator.tokenize import Tokenizer
@@ -46,10 +34,6 @@ from emulator.tokenize_api import detokenize, tokenize
 FAULT_MODES = ("none", "unhealthy", "error503", "refuse")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 log = structlog.get_logger("emulator.server")
-
-
-def _json_error(message: str, status: int, param: str | None = None) -> web.Response:
-    return web.json_response(error_body(message, status, param), status=status)
 
 
 class EngineServer:
@@ -90,6 +74,9 @@ class EngineServer:
         self._last_headers: dict[str, str] = {}
         self._last_path = ""
         self._created = int(time.time())
+        self.completions = Completions(
+            model, clock, pool, self.tokenizer, index=index, seed=seed,
+            max_model_len=max_model_len, kv_events=kv_events, engine_id=lambda: self.engine_id)
 
     @property
     def address(self) -> str:
@@ -127,8 +114,11 @@ class EngineServer:
         self.engine_id = self._template.format(host=self.host, port=self.port, index=self.index)
         # In-flight emulated requests may sleep for minutes: stopping cancels them after 1 s
         # instead of aiohttp's default 60 s grace.
+        # handler_cancellation: a request whose client goes away is cancelled and aborted, as
+        # vLLM's server does (emulator.completions).
         self._runner = web.AppRunner(
-            self.make_app(), handle_signals=False, access_log=None, shutdown_timeout=1.0
+            self.make_app(), handle_signals=False, access_log=None, shutdown_timeout=1.0,
+            handler_cancellation=True,
         )
         await self._runner.setup()
         await self._listen(sock)
@@ -184,15 +174,15 @@ class EngineServer:
         try:
             body = json.loads(await request.read())
         except ValueError:
-            return _json_error("body is not valid JSON", 400)
+            return json_error("body is not valid JSON", 400)
         mode = body.get("mode") if isinstance(body, dict) else None
         for_s = body.get("for_s") if isinstance(body, dict) else None
         if mode not in FAULT_MODES:
-            return _json_error(f"'mode' must be one of {', '.join(FAULT_MODES)}", 400, "mode")
+            return json_error(f"'mode' must be one of {', '.join(FAULT_MODES)}", 400, "mode")
         if for_s is not None and (
             isinstance(for_s, bool) or not isinstance(for_s, int | float) or for_s < 0
         ):
-            return _json_error("'for_s' must be a non-negative number", 400, "for_s")
+            return json_error("'for_s' must be a non-negative number", 400, "for_s")
         await self.set_fault(mode, for_s)
         # Connection: close so the caller's pooled connection is not reused into a refusal.
         return web.json_response({"mode": mode, "for_s": for_s}, headers={"Connection": "close"})
@@ -219,12 +209,12 @@ class EngineServer:
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
-            return _json_error(exc.reason, exc.status)
+            return json_error(exc.reason, exc.status)
         except (ConnectionResetError, asyncio.CancelledError):
             raise
         except Exception as exc:
             log.exception("handler_failed", engine_id=self.engine_id, path=request.path)
-            return _json_error(f"internal error: {type(exc).__name__}", 500)
+            return json_error(f"internal error: {type(exc).__name__}", 500)
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response(models_body(self.model.config.model, self._created))
@@ -242,11 +232,11 @@ class EngineServer:
         try:
             body: Any = json.loads(await request.read())
         except ValueError:
-            return _json_error("request body is not valid JSON", 400)
+            return json_error("request body is not valid JSON", 400)
         try:
             return web.json_response(answer(body))
         except ApiError as exc:
-            return _json_error(exc.message, exc.status, exc.param)
+            return json_error(exc.message, exc.status, exc.param)
 
     async def _health(self, request: web.Request) -> web.Response:
         if self.fault == "unhealthy":
@@ -279,121 +269,5 @@ class EngineServer:
 
     async def _complete(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         if self.fault == "error503":
-            return _json_error("engine unavailable (injected fault)", 503)
-        try:
-            body: Any = json.loads(await request.read())
-        except ValueError:
-            return _json_error("request body is not valid JSON", 400)
-        try:
-            req = parse_request(body, kind, self.model.config.model)
-        except ApiError as exc:
-            return _json_error(exc.message, exc.status, exc.param)
-        if req.prompt_ids is not None:
-            tokens = req.prompt_ids
-            key = hash(tuple(tokens))
-        else:
-            assert req.prompt_text is not None
-            tokens = self.tokenizer.encode(req.prompt_text)
-            key = xxhash.xxh3_64_intdigest(req.prompt_text.encode())
-        if not tokens:
-            return _json_error("the prompt is empty", 400, "prompt")
-        pieces = filler(self.seed, key, req.max_tokens)
-        session = session_id(body, request.headers) if self.kv_events is not None else None
-        admission = await self._admit(tokens, req.max_tokens, pieces, session)
-        try:
-            if req.stream:
-                return await self._stream(request, req, admission, pieces)
-            await self._prefilled(admission)
-            await self.clock.sleep_until(admission.slot.finish)
-            body_out = full_response(req, new_id(kind), "".join(pieces), self._usage(admission))
-            return web.json_response(body_out)
-        finally:
-            await self._finished(admission)
-
-    async def _admit(self, tokens: list[int], max_tokens: int, pieces: list[str],
-                     session: str | None = None) -> Admission:
-        arrived = self.clock.now()
-        probe = self.model.probe(arrived, tokens)
-        ddr: int | None = None
-        if self.pool is not None:
-            try:
-                # Returns once the blocks found are in this instance's HBM (the pool's links).
-                ddr = await self.pool.load(probe.pool_hashes, self.index, probe.hbm_blocks)
-            except Exception as exc:  # an unreachable pool is a miss, as with a real connector
-                log.warning("pool_lookup_failed", engine_id=self.engine_id, error=str(exc))
-                ddr = 0
-        output = self.tokenizer.encode("".join(pieces))
-        answer = self.model.output_hashes(tokens, probe, output)
-        if self.kv_events is not None:  # the blocks it caches now carry these tokens
-            self.kv_events.expect(tokens, output, len(probe.hashes), session)
-        # The transfer was timed by the pool; TTFT counts from the arrival.
-        return self.model.admit(self.clock.now(), probe, max_tokens, ddr, answer,
-                                arrival=arrived if self.pool is not None else None)
-
-    async def _prefilled(self, admission: Admission) -> None:
-        """Wait for the first token, then offer the prompt's blocks to the pool (its connector
-        profile decides what it writes)."""
-        await self.clock.sleep_until(admission.slot.first_token)
-        if self.pool is not None and admission.to_pool:
-            try:
-                await self.pool.store(admission.to_pool, admission.hbm_blocks,
-                                      admission.ddr_blocks)
-            except Exception as exc:
-                log.warning("pool_insert_failed", engine_id=self.engine_id, error=str(exc))
-
-    async def _finished(self, admission: Admission) -> None:
-        """The request is over: the pool hears of it (decode blocks, end-of-request refresh)."""
-        self.model.finish(admission)
-        if self.pool is not None:
-            try:
-                await self.pool.finish(admission.to_pool, admission.answer, admission.hbm_blocks,
-                                       admission.ddr_blocks)
-            except Exception as exc:
-                log.warning("pool_finish_failed", engine_id=self.engine_id, error=str(exc))
-
-    @staticmethod
-    def _usage(admission: Admission) -> dict[str, Any]:
-        return usage(admission.prompt_tokens, admission.output_tokens, admission.cached_tokens)
-
-    async def _stream(
-        self,
-        request: web.Request,
-        req: CompletionRequest,
-        admission: Admission,
-        pieces: list[str],
-    ) -> web.StreamResponse:
-        resp = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await resp.prepare(request)
-        writer = ChunkWriter(req, new_id(req.kind))
-        slot = admission.slot
-        step = self.model.token_interval(slot, len(pieces))
-        n = len(pieces)
-        try:
-            await self._prefilled(admission)
-            await resp.write(writer.role() + writer.token(pieces[0], n == 1))
-            i = 1
-            while i < n:
-                due = slot.first_token + i * step
-                now = self.clock.now()
-                if due > now and self.clock.time_scale > 0:
-                    await self.clock.sleep_until(due)
-                    now = max(now, due)
-                # Emit every token that is due in one write; with time scale 0, all of them.
-                end = i + 1
-                if self.clock.time_scale <= 0:
-                    end = n
-                else:
-                    while end < n and slot.first_token + end * step <= now:
-                        end += 1
-                await resp.write(b"".join(
-                    writer.token(pieces[k], k == n - 1) for k in range(i, end)
-                ))  # fmt: skip
-                i = end
-            tail = writer.usage(self._usage(admission)) if req.include_usage else b""
-            await resp.write(tail + writer.done())
-            await resp.write_eof()
-        except ConnectionResetError:
-            log.info("client_gone", engine_id=self.engine_id)
-        return resp
+            return json_error("engine unavailable (injected fault)", 503)
+        return await self.completions.complete(request, kind)

@@ -60,8 +60,18 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import NamedTuple
 
-from emulator.timing import Slot, TimingParams
+from emulator.timing import Slot, TimingParams, discard
+
+
+class _Plan(NamedTuple):
+    """What one request took of the planned steps (absolute step indices), so an abort can
+    give it back."""
+
+    prefill: tuple[tuple[int, int, float], ...]  # (step, tokens, DDR load seconds)
+    decode: range  # the steps its decode ran in, one token each...
+    skipped: frozenset[int]  # ... but these, whose budget was spent (it ran, took no token)
 
 
 class StepScheduler:
@@ -87,6 +97,10 @@ class StepScheduler:
         self._extra: list[float] = []  # synchronous DDR loads inside it
         self._not_started: list[float] = []  # prefill starts still in the future (min-heap)
         self._not_finished: list[float] = []  # finish times still in the future (min-heap)
+        self._dropped = 0  # steps deleted from the lists' front: absolute index = index + this
+        # Each unfinished request's steps (by its slot), for an abort (:meth:`release`).
+        self._plans: dict[Slot, list[_Plan]] = {}
+        self._plan_ends: list[tuple[float, Slot]] = []  # (finish, slot), a min-heap
 
     def duration(self, i: int) -> float:
         """How long step ``i`` (an absolute index) takes."""
@@ -116,33 +130,85 @@ class StepScheduler:
         i, start = self._first_joinable(t)
         remaining = max(1, prefill_tokens)
         prefill_start: float | None = None
+        chunks: list[tuple[int, int, float]] = []
         while remaining:  # prefill chunks, in what earlier requests left
             self._ensure(i)
             if prefill_start is not None or self._takes(i):
                 take = min(remaining, self.budget - self._tokens[i])
                 self._tokens[i] += take
                 remaining -= take
+                loaded = 0.0
                 if prefill_start is None:
                     prefill_start = start
                     self._extra[i] += load_s
+                    loaded = load_s
                 self._seqs[i] += 1
+                chunks.append((i + self._dropped, take, loaded))
             start += self.duration(i)
             i += 1
         assert prefill_start is not None  # the loop ran until the prefill was placed
         first_token = finish = start
         decodes = max(0, output_tokens - 1)
+        decode_from = i
+        skipped: list[int] = []
         while decodes:  # one token a step; a step whose budget is spent skips it
             self._ensure(i)
             self._seqs[i] += 1
             if self._tokens[i] < self.budget:
                 self._tokens[i] += 1
                 decodes -= 1
+            else:
+                skipped.append(i + self._dropped)
             start += self.duration(i)
             i += 1
             finish = start
         heapq.heappush(self._not_started, prefill_start)
         heapq.heappush(self._not_finished, finish)
-        return Slot(now, prefill_start, prefill_start, first_token, finish)
+        slot = Slot(now, prefill_start, prefill_start, first_token, finish)
+        self._plans.setdefault(slot, []).append(_Plan(
+            tuple(chunks), range(decode_from + self._dropped, i + self._dropped),
+            frozenset(skipped)))
+        heapq.heappush(self._plan_ends, (finish, slot))
+        return slot
+
+    def release(self, slot: Slot, now: float) -> None:
+        """The request given ``slot`` was aborted at ``now`` (its client went away; vLLM aborts
+        such a request and frees what it holds): it stops counting as running or waiting, and
+        its tokens and its place leave every step not yet begun, so a later arrival finds them
+        free. Requests scheduled before the abort keep their times (closed form: a step that
+        loses tokens is shorter for whoever joins it next)."""
+        plans = self._plans.get(slot)
+        if not plans or slot.finish <= now:
+            return  # over already (or never planned here): nothing left to free
+        plan = plans.pop()
+        if not plans:
+            del self._plans[slot]
+        self._advance(now)
+        if slot.prefill_start > now:
+            discard(self._not_started, slot.prefill_start)
+        discard(self._not_finished, slot.finish)
+        for step, take, loaded in plan.prefill:
+            if self._unbegun(step, now):
+                i = step - self._dropped
+                self._tokens[i] -= take
+                self._seqs[i] -= 1
+                self._extra[i] -= loaded
+        for step in plan.decode:
+            if self._unbegun(step, now):
+                i = step - self._dropped
+                self._seqs[i] -= 1
+                self._tokens[i] -= step not in plan.skipped
+        # Steps left with nobody in them at the end are not run (an idle engine runs none).
+        while self._seqs and self._seqs[-1] == 0 and self._unbegun(
+                len(self._seqs) - 1 + self._dropped, now):
+            del self._tokens[-1], self._seqs[-1], self._extra[-1]
+
+    def _unbegun(self, step: int, now: float) -> bool:
+        """Step ``step`` (absolute) is planned and has not begun at ``now`` (the lists start at
+        the step in flight, or the next to begin)."""
+        i = step - self._dropped
+        return (self._head < i < len(self._tokens)
+                or (i == self._head < len(self._tokens) and self._base > now))
 
     def occupancy(self, now: float) -> tuple[int, int]:
         """``(running, waiting)`` at ``now``: requests past their first chunk, and those not yet
@@ -176,9 +242,19 @@ class StepScheduler:
             self._head += 1
         if self._head > 1024 and self._head * 2 > len(self._tokens):
             del self._tokens[: self._head], self._seqs[: self._head], self._extra[: self._head]
+            self._dropped += self._head
             self._head = 0
+        ends = self._plan_ends
+        while ends and ends[0][0] <= t:  # finished: no abort can give anything back now
+            slot = heapq.heappop(ends)[1]
+            plans = self._plans.get(slot)
+            if plans:
+                plans.pop(0)
+                if not plans:
+                    del self._plans[slot]
 
     def _clear(self, t: float) -> None:
+        self._dropped += len(self._tokens)
         self._tokens.clear()
         self._seqs.clear()
         self._extra.clear()

@@ -11,6 +11,7 @@ simulator and the live server share this code.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -90,6 +91,9 @@ class Scheduler:
         self._prefill_free_at = float("-inf")
         self._not_started: list[float] = []  # slot start times still in the future (min-heap)
         self._not_finished: list[float] = []  # finish times still in the future (min-heap)
+        # First tokens (prefill ends) still in the future, in order: the prefill stage is
+        # serial, so each new one is the latest, and the last is ``_prefill_free_at``.
+        self._prefill_ends: list[float] = []
 
     def prefill_start(self, now: float) -> float:
         """When a request arriving at ``now`` would start its prefill (nothing is reserved)."""
@@ -109,11 +113,37 @@ class Scheduler:
         prefill_start = max(start, self._prefill_free_at)
         first_token = prefill_start + prefill_s
         self._prefill_free_at = first_token
+        self._prefill_ends.append(first_token)
         finish = first_token + decode_s
         heapq.heappush(self._slot_free, finish)
         heapq.heappush(self._not_started, start)
         heapq.heappush(self._not_finished, finish)
         return Slot(now, start, prefill_start, first_token, finish)
+
+    def release(self, slot: Slot, now: float) -> None:
+        """The request given ``slot`` was aborted at ``now`` (its client went away; vLLM aborts
+        such a request and frees what it holds): it stops counting as running or waiting, its
+        slot is free from ``now``, and the prefill time it had not used yet goes back to the
+        prefill stage. Requests scheduled before the abort keep their times (the schedule is
+        closed form); those arriving after it get what it freed."""
+        if slot.finish <= now:
+            return  # over already: nothing left to free
+        discard(self._not_finished, slot.finish)
+        if slot.start > now:
+            discard(self._not_started, slot.start)
+        # Absent when a later request, all slots busy then, was given this one at its finish.
+        discard(self._slot_free, slot.finish)
+        if slot.first_token <= now:
+            return  # its prefill is over: the stage has nothing to give back
+        ends = self._prefill_ends
+        last = bool(ends) and ends[-1] == slot.first_token
+        if slot.first_token in ends:
+            ends.remove(slot.first_token)
+        if last:  # the latest reservation: the stage is free when the one before it ends
+            self._prefill_free_at = max(now, ends[-1]) if ends else now
+        else:  # requests after it keep their turns; later arrivals get its unused time
+            unused = slot.first_token - max(now, slot.prefill_start)
+            self._prefill_free_at = max(now, self._prefill_free_at - unused)
 
     def occupancy(self, now: float) -> tuple[int, int]:
         """``(running, waiting)`` at ``now``: requests holding a slot, and those queued for one.
@@ -129,3 +159,16 @@ class Scheduler:
             heapq.heappop(self._not_started)
         while self._not_finished and self._not_finished[0] <= now:
             heapq.heappop(self._not_finished)
+        ends = self._prefill_ends
+        if ends and ends[0] <= now:
+            del ends[: bisect_right(ends, now)]
+
+
+def discard(heap: list[float], value: float) -> None:
+    """Remove one ``value`` from a min-heap, if it holds one (O(n): heaps of in-flight
+    requests, an abort at a time)."""
+    try:
+        heap.remove(value)
+    except ValueError:
+        return
+    heapq.heapify(heap)

@@ -46,11 +46,12 @@ SLOW_WRITES_TO_DEGRADE = 3  # hot-path writes past the deadline in a row: etcd c
 FLUSH_PARALLEL = 8  # batched flush transactions in flight at once
 
 
-# After a degraded spell, new sessions stay on Envoy's ring this long: a peer that lost etcd too
-# placed its new sessions there and may still be flushing them (it retries every half
-# second), and a session it placed can reach this replica meanwhile (Envoy's ext_proc ring changes
-# as replicas come back). Placed by load instead, it would move once when the peer's write lands
-# (tests/chaos/test_etcd_faults.py, docs/faults.md).
+# After this replica was apart from etcd, new sessions stay on Envoy's ring this long: a peer
+# that lost etcd too placed its new sessions there and may still be flushing them (it retries
+# every half second), and a session it placed can reach this replica meanwhile (Envoy's ext_proc
+# ring changes as replicas come back); placed by load, it would move once when the peer's write
+# lands (docs/faults.md). Apart: a degraded spell, its copy of the bindings listed again after
+# its watch was lost (it stepped aside with no write failing), or a hot-path write not landed.
 RING_AFTER_RECOVERY_S = 3.0
 
 
@@ -81,7 +82,7 @@ class EtcdBindingStore:
             client, EpochLeases(client, prefix, epoch, math.ceil(idle_ttl + 2 * epoch)),
             self._index, self._session_etcd_key, self._failures)
         self._degraded = False
-        self._recovered_at = -math.inf  # monotonic: when the last degraded spell ended
+        self._recovered_at = -math.inf  # monotonic: when it was last apart from etcd (above)
         self._slow_writes = 0
         self._flush_interval = flush_interval
         # Hot-path writes must finish well inside Envoy's ext_proc message timeout; a slower
@@ -235,7 +236,13 @@ class EtcdBindingStore:
             self._set_degraded(outcome)
         elif not isinstance(first, EtcdDeadline):  # one slow write counts once
             self._slow_write(outcome)
-        return self._queue(op) if unless_written is None else unless_written
+        self._recovered_at = time.monotonic()  # apart from etcd, degraded or not
+        if not self._degraded:
+            log.info("binding_write_queued", binding=op.binding.key, reason=str(outcome))
+        # A try that timed out or lost its member may have landed (pending.py).
+        landed = isinstance(first, EtcdUnavailable) or isinstance(outcome, EtcdUnavailable)
+        tried = op.binding.encode() if landed else None
+        return self._queue(op, tried) if unless_written is None else unless_written
 
     async def _attempt(self, op: PendingWrite, limit_s: float) -> Binding | EtcdError:
         try:
@@ -251,8 +258,8 @@ class EtcdBindingStore:
         elif self._on_etcd_error is not None:
             self._on_etcd_error()
 
-    def _queue(self, op: PendingWrite) -> Binding:
-        self._pending.add(op)  # raises Unbound when full
+    def _queue(self, op: PendingWrite, tried: bytes | None = None) -> Binding:
+        self._pending.add(op, tried)  # raises Unbound when full
         local = replace(op.binding, revision=0)
         self._index.put(local)
         self._flush_wanted.set()
@@ -301,13 +308,18 @@ class EtcdBindingStore:
         self._bindings.listed(kvs)
 
     async def end_listing(self, revision: int) -> int:
-        return await self._bindings.end_listing(revision)
+        kept = await self._bindings.end_listing(revision)
+        if self._mirror.relists:  # listed again after its watch was lost: apart until now
+            self._recovered_at = time.monotonic()
+        return kept
 
     def reset(self, kvs: list[KeyValue]) -> None:
         self._bindings.reset([kv for kv in kvs
                               if self._bindings.key_of(kv.key) not in self._pending])
         for op in self._pending:
             self._index.put(replace(op.binding, revision=0))
+        if self._mirror.relists:
+            self._recovered_at = time.monotonic()
 
     def apply(self, event: WatchEvent) -> None:
         if self._pending and self._bindings.key_of(event.kv.key) in self._pending:
@@ -372,6 +384,13 @@ class EtcdBindingStore:
                 stored = replace(op.binding, revision=current.mod_revision)
             else:
                 stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
+                if (stored.endpoint != op.binding.endpoint
+                        and self._pending.landed_try(op, current.value)):
+                    # Its own try landed late: the queued binding, answered from since, stands.
+                    self._pending.replace_landed(op, current.mod_revision)
+                    log.info("binding_late_write_replaced", binding=op.binding.key,
+                             landed=stored.endpoint, kept=op.binding.endpoint)
+                    continue
             self._pending.written(op, current.mod_revision)
             if op.binding.key not in self._pending:
                 self._bindings.put(stored, current.lease)
