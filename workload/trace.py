@@ -1,24 +1,37 @@
 """Mooncake-format trace replay: ``{"timestamp" ms, "input_length", "output_length",
-"hash_ids"}`` per line. Block id b becomes a 512-token segment keyed by b, so two prompts share
-exactly the blocks the trace says they share; the last block is cut to ``input_length``.
+"hash_ids"}`` per line. Block id b becomes a segment of ``block_tokens`` tokens (512, Mooncake's;
+Alibaba's Qwen/Bailian traces use 16) keyed by b, so two prompts share exactly the blocks the
+trace says they share; the last block is cut to ``input_length``. A record whose number of ids
+does not fit ``input_length`` at that block size is refused (`BLOCK_COUNT_SLACK`).
 
 Sessions: a record's ``session_id`` or ``conversation_id`` when it has one; otherwise inferred
 from the blocks (`workload.conversations`): a request continues the conversation whose latest
-prompt it extends furthest beyond the prefix every request shares. Files may be gzip-compressed
-(``.gz``).
+prompt it extends furthest beyond its family's template, if that conversation's latest request
+could have finished by then (`earliest_finish`). Files may be gzip-compressed (``.gz``).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from workload.conversations import ConversationIndex, shared_prefix_blocks
+from emulator.timing import TimingParams
+from workload.conversations import ConversationIndex, family_templates, shared_prefix_blocks
 from workload.model import Request, Segment, Workload
 
 TRACE_BLOCK_TOKENS = 512
+# How far a record's number of ids may be from ceil(input_length / block_tokens). The Mooncake
+# conversation trace is exact on all 12,031 records; one id either way leaves room for a tool
+# that drops a partial last block or counts one more token, and still refuses every prompt over
+# 32 tokens read at the wrong one of 16 and 512 (ids off by 2 or more; Mooncake's shortest
+# prompt has 891 tokens).
+BLOCK_COUNT_SLACK = 1
+# The emulator's engine (emulator/timing.py, DESIGN.md's Qwen2.5-32B-class device), for the
+# earliest a request can finish.
+_TIMING = TimingParams()
 SESSION_FIELDS = ("session_id", "conversation_id")
 
 
@@ -51,13 +64,34 @@ def _record(record: object, line: int) -> _Record:
     return _Record(arrival, line, ids, n, out, None if session is None else str(session))
 
 
-def _request(record: _Record, session: str) -> Request:
+def _check_blocks(record: _Record, block_tokens: int) -> None:
+    need = -(-record.input_length // block_tokens)
+    if abs(len(record.ids) - need) <= BLOCK_COUNT_SLACK:
+        return
+    per_id = record.input_length / len(record.ids)
+    guess = 1 << max(0, round(math.log2(per_id)))  # block sizes are powers of two
+    raise ValueError(
+        f"line {record.line}: {len(record.ids):,} hash_ids for {record.input_length:,} input "
+        f"tokens do not fit {block_tokens}-token blocks (those make {need:,}); the ids look "
+        f"like {guess}-token blocks: --trace-block-tokens {guess}")
+
+
+def earliest_finish(arrival: float, output_tokens: int) -> float:
+    """The earliest a request can have finished: the emulator's time with every prompt token
+    cached and no queue (emulator/timing.py: c0 + (output - 1) x decode_s_per_token, 20 ms +
+    35 ms a token). The next turn of its conversation cannot come before, since it resends
+    the answer. Trace timestamps are taken as exact."""
+    return (arrival + _TIMING.prefill_seconds(0, 0)
+            + _TIMING.decode_seconds(output_tokens))
+
+
+def _request(record: _Record, session: str, block_tokens: int) -> Request:
     chain: list[Segment] = []
     left = record.input_length
     for b in record.ids:
         if left <= 0:
             break
-        take = min(TRACE_BLOCK_TOKENS, left)
+        take = min(block_tokens, left)
         chain.append(Segment(b, take))
         left -= take
     if left > 0:  # longer than its blocks say: the rest is unique to this request
@@ -71,23 +105,33 @@ def _open(path: Path) -> IO[str]:
     return path.open(encoding="utf-8")
 
 
-def mooncake_trace(path: Path, limit: int | None = None) -> Workload:
-    """Replay ``path`` (at most ``limit`` requests), sorted by arrival.
+def _read(path: Path, limit: int | None, block_tokens: int) -> list[_Record]:
+    records: list[_Record] = []
+    with _open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"line {line_no}: not JSON ({exc.msg})") from None
+            records.append(_record(record, line_no))
+            _check_blocks(records[-1], block_tokens)
+            if limit is not None and len(records) >= limit:
+                break
+    return records
+
+
+def mooncake_trace(path: Path, limit: int | None = None,
+                   block_tokens: int = TRACE_BLOCK_TOKENS) -> Workload:
+    """Replay ``path`` (at most ``limit`` requests), sorted by arrival; its ``hash_ids`` are
+    blocks of ``block_tokens`` tokens.
 
     Raises ValueError naming the file and line for anything that is not a trace record."""
-    records: list[_Record] = []
+    if block_tokens < 1:
+        raise ValueError(f"trace {path}: block tokens must be >= 1, got {block_tokens}")
     try:
-        with _open(path) as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"line {line_no}: not JSON ({exc.msg})") from None
-                records.append(_record(record, line_no))
-                if limit is not None and len(records) >= limit:
-                    break
+        records = _read(path, limit, block_tokens)
     except (OSError, EOFError) as exc:
         raise ValueError(f"trace {path}: {getattr(exc, 'strerror', None) or exc}") from None
     except (UnicodeDecodeError, ValueError) as exc:
@@ -95,17 +139,21 @@ def mooncake_trace(path: Path, limit: int | None = None) -> Workload:
     if not records:
         raise ValueError(f"trace {path}: no requests")
     records.sort(key=lambda r: (r.arrival, r.line))
-    shared = shared_prefix_blocks([r.ids for r in records])
-    index = ConversationIndex(shared)
+    index = ConversationIndex(family_templates([r.ids for r in records]))
     requests = []
     for r in records:
-        # Named after its first block beyond the shared prefix, as a person would point at it.
-        hint = f"mooncake-{r.ids[min(shared, len(r.ids) - 1)]}"
-        requests.append(_request(r, index.assign(r.ids, r.session, hint)))
+        # Named after its first block beyond its family's template, as a person would point.
+        hint = f"mooncake-{r.ids[min(index.template(r.ids), len(r.ids) - 1)]}"
+        session = index.assign(r.ids, r.session, hint, r.arrival,
+                               earliest_finish(r.arrival, r.output_length))
+        requests.append(_request(r, session, block_tokens))
     explicit = sum(1 for r in records if r.session is not None)
     describe = {"name": "mooncake-trace", "trace": path.name, "requests": len(requests),
-                "block_tokens": TRACE_BLOCK_TOKENS, "shared_prefix_blocks": shared,
-                "sessions": index.conversations,
+                "block_tokens": block_tokens,
+                "shared_prefix_blocks": shared_prefix_blocks([r.ids for r in records]),
+                "families": len({r.ids[0] for r in records}),
+                "sessions": index.conversations, "continuations": index.continuations,
+                "too_early": index.too_early,
                 "sessions_from": ("record ids" if explicit == len(records) else
                                   "inferred" if explicit == 0 else "record ids + inferred")}
     return Workload("mooncake-trace", requests, describe)
