@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 
 def shared_prefix_blocks(prompts: Sequence[Sequence[int]]) -> int:
@@ -48,8 +49,7 @@ def shared_prefix_blocks(prompts: Sequence[Sequence[int]]) -> int:
 
 def _one_line(prompts: Sequence[Sequence[int]]) -> bool:
     """Whether each prompt (in arrival order) starts with the previous one's full blocks."""
-    return all(len(b) >= len(a) - 1 and b[:len(a) - 1] == a[:-1]
-               for a, b in zip(prompts, prompts[1:], strict=False))
+    return all(b[:len(a) - 1] == a[:-1] for a, b in pairwise(prompts))
 
 
 def family_templates(prompts: Sequence[Sequence[int]]) -> dict[int, int]:
