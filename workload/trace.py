@@ -68,12 +68,14 @@ def _check_blocks(record: _Record, block_tokens: int) -> None:
     need = -(-record.input_length // block_tokens)
     if abs(len(record.ids) - need) <= BLOCK_COUNT_SLACK:
         return
-    per_id = record.input_length / len(record.ids)
-    guess = 1 << max(0, round(math.log2(per_id)))  # block sizes are powers of two
+    # Block sizes are powers of two; of those that fit exactly, the nearest to 512.
+    fits = [1 << k for k in range(21) if -(-record.input_length // (1 << k)) == len(record.ids)]
+    size = min(fits, key=lambda b: abs(math.log2(b / TRACE_BLOCK_TOKENS)), default=0)
+    hint = (f"the ids look like {size}-token blocks: --trace-block-tokens {size}" if size
+            else f"about {record.input_length / len(record.ids):,.0f} tokens an id")
     raise ValueError(
         f"line {record.line}: {len(record.ids):,} hash_ids for {record.input_length:,} input "
-        f"tokens do not fit {block_tokens}-token blocks (those make {need:,}); the ids look "
-        f"like {guess}-token blocks: --trace-block-tokens {guess}")
+        f"tokens do not fit {block_tokens}-token blocks (those make {need:,}); {hint}")
 
 
 def earliest_finish(arrival: float, output_tokens: int) -> float:

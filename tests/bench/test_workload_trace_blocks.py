@@ -65,6 +65,11 @@ def test_ids_that_do_not_fit_the_block_size_are_refused(tmp_path: Path) -> None:
     path.write_text(json.dumps({"timestamp": 0, "input_length": 1100, "output_length": 1,
                                 "hash_ids": [0, 1]}) + "\n")
     assert mooncake_trace(path).requests[0].prompt_tokens == 1100
+    # No power of two fits: the line says how many tokens an id covers.
+    path.write_text(json.dumps({"timestamp": 0, "input_length": 5000, "output_length": 1,
+                                "hash_ids": list(range(200))}) + "\n")
+    with pytest.raises(ValueError, match=r"\(those make 10\); about 25 tokens an id$"):
+        mooncake_trace(path)
 
 
 @pytest.mark.parametrize("command", [["simulate"], ["plan", "--engines", "4"],
