@@ -16,8 +16,8 @@ order, resends the previous one's full blocks) is one conversation's turns, not 
 several share: it has no template.
 
 Timing. A turn is sent after the previous turn's answer, so a request cannot continue a
-conversation whose latest request could not have finished by the time it arrives; the caller
-gives each request's earliest possible finish (see `workload.trace`).
+conversation whose latest request could not have been answered by the time it arrives; the
+caller gives that time (`busy_until`, see `workload.trace`).
 
 An explicit id in a record (`session_id` or `conversation_id`) is used as given; such requests
 still count as their conversation's latest prompt, so records without an id can continue them.
@@ -79,21 +79,35 @@ class ConversationIndex:
         self._templates = templates
         self._root = _Node()
         self._latest: dict[str, _Node] = {}  # conversation -> where its latest prompt ends
-        self._done_by: dict[str, float] = {}  # conversation -> its latest request's finish
+        self._answered: dict[str, float] = {}  # conversation -> earliest its latest is answered
         self._order = 0
         self._names: set[str] = set()
         self.continuations = 0  # requests inferred to continue a conversation
-        self.too_early = 0  # requests that extend a conversation still busy: not continuations
+        self.too_early = 0  # requests extending a conversation not yet answered: not its turn
 
     def template(self, ids: Sequence[int]) -> int:
         """Template depth of the family of a prompt with block ids ``ids``."""
         return self._templates.get(ids[0], 0) if ids else 0
 
+    def held(self, ids: Sequence[int]) -> int:
+        """How many leading blocks of ``ids`` an earlier prompt had as full blocks."""
+        node, depth = self._root, 0
+        for block in ids:
+            child = node.children.get(block)
+            if child is None:
+                break
+            node, depth = child, depth + 1
+        return depth
+
+    def busy_until(self, conversation: str, answered: float) -> None:
+        """Its latest request cannot have been answered before ``answered``."""
+        self._answered[conversation] = answered
+
     def assign(self, ids: Sequence[int], explicit: str | None = None, name_hint: str = "",
-               arrival: float = 0.0, done_by: float = 0.0) -> str:
-        """The conversation of a prompt with block ids ``ids`` arriving at ``arrival``, whose
-        answer cannot be finished before ``done_by``; ``explicit``: the record's own id. A new
-        conversation is named ``name_hint`` (made unique with a suffix)."""
+               arrival: float = 0.0) -> str:
+        """The conversation of a prompt with block ids ``ids`` arriving at ``arrival``;
+        ``explicit``: the record's own id. A new conversation is named ``name_hint`` (made
+        unique with a suffix). Until `busy_until` says otherwise it counts as answered at once."""
         conversation = explicit
         if conversation is None:
             conversation = self._continued(ids, arrival)
@@ -102,7 +116,7 @@ class ConversationIndex:
             conversation = self._new_name(name_hint or "conversation")
         self._names.add(conversation)
         self._record(conversation, ids)
-        self._done_by[conversation] = done_by
+        self._answered[conversation] = arrival
         return conversation
 
     def _continued(self, ids: Sequence[int], arrival: float) -> str | None:
@@ -119,7 +133,7 @@ class ConversationIndex:
         busy = False
         for node in reversed(extended):  # the longest latest prompt first
             for name in sorted(node.ends, key=node.ends.__getitem__, reverse=True):
-                if arrival >= self._done_by[name]:  # then the most recent that had finished
+                if arrival >= self._answered[name]:  # then the most recent answered
                     self.too_early += busy
                     return name
                 busy = True

@@ -7,7 +7,7 @@ does not fit ``input_length`` at that block size is refused (`BLOCK_COUNT_SLACK`
 Sessions: a record's ``session_id`` or ``conversation_id`` when it has one; otherwise inferred
 from the blocks (`workload.conversations`): a request continues the conversation whose latest
 prompt it extends furthest beyond its family's template, if that conversation's latest request
-could have finished by then (`earliest_finish`). Files may be gzip-compressed (``.gz``).
+could have been answered by then (`earliest_answer`). Files may be gzip-compressed (``.gz``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ TRACE_BLOCK_TOKENS = 512
 # prompt has 891 tokens).
 BLOCK_COUNT_SLACK = 1
 # The emulator's engine (emulator/timing.py, DESIGN.md's Qwen2.5-32B-class device), for the
-# earliest a request can finish.
+# earliest a request can be answered.
 _TIMING = TimingParams()
 SESSION_FIELDS = ("session_id", "conversation_id")
 
@@ -78,13 +78,15 @@ def _check_blocks(record: _Record, block_tokens: int) -> None:
         f"tokens do not fit {block_tokens}-token blocks (those make {need:,}); {hint}")
 
 
-def earliest_finish(arrival: float, output_tokens: int) -> float:
-    """The earliest a request can have finished: the emulator's time with every prompt token
-    cached and no queue (emulator/timing.py: c0 + (output - 1) x decode_s_per_token, 20 ms +
-    35 ms a token). The next turn of its conversation cannot come before, since it resends
-    the answer. Trace timestamps are taken as exact."""
-    return (arrival + _TIMING.prefill_seconds(0, 0)
-            + _TIMING.decode_seconds(output_tokens))
+def earliest_answer(arrival: float, uncached_tokens: int) -> float:
+    """The earliest a request's first token can come: the emulator's prefill of the tokens no
+    cache can have held, with no queue (emulator/timing.py TimingParams.prefill_seconds: c0 +
+    tokens / prefill rate, 20 ms + 1 s per 5,000 tokens). The next turn of its conversation
+    resends the answer, so it cannot come sooner. Its decode is left out: at the emulator's
+    35 ms a token it would refuse 26 of the 3,931 continuations the blocks show in the Mooncake
+    trace (answers there came at 25-31 ms a token); the prefill refuses none. Trace timestamps
+    are taken as exact."""
+    return arrival + _TIMING.prefill_seconds(max(0, uncached_tokens), 0)
 
 
 def _request(record: _Record, session: str, block_tokens: int) -> Request:
@@ -143,11 +145,18 @@ def mooncake_trace(path: Path, limit: int | None = None,
     records.sort(key=lambda r: (r.arrival, r.line))
     index = ConversationIndex(family_templates([r.ids for r in records]))
     requests = []
+    answer: dict[str, int] = {}  # conversation -> its latest answer's tokens
     for r in records:
         # Named after its first block beyond its family's template, as a person would point.
         hint = f"mooncake-{r.ids[min(index.template(r.ids), len(r.ids) - 1)]}"
-        session = index.assign(r.ids, r.session, hint, r.arrival,
-                               earliest_finish(r.arrival, r.output_length))
+        held = index.held(r.ids)
+        session = index.assign(r.ids, r.session, hint, r.arrival)
+        # What no cache can hold: past the blocks an earlier prompt had, the next block (its
+        # start may be an earlier prompt's partial block) and the previous answer (an engine
+        # keeps the KV it generates).
+        uncached = r.input_length - block_tokens * (held + 1) - answer.get(session, 0)
+        index.busy_until(session, earliest_answer(r.arrival, uncached))
+        answer[session] = r.output_length
         requests.append(_request(r, session, block_tokens))
     explicit = sum(1 for r in records if r.session is not None)
     describe = {"name": "mooncake-trace", "trace": path.name, "requests": len(requests),

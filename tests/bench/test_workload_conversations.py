@@ -12,7 +12,7 @@ import pytest
 
 from kvgate_cli.main import main
 from workload.conversations import ConversationIndex, family_templates, shared_prefix_blocks
-from workload.trace import earliest_finish, mooncake_trace
+from workload.trace import earliest_answer, mooncake_trace
 
 SHARED = 40  # blocks every request starts with: a system prompt plus tool schemas
 
@@ -129,7 +129,7 @@ def _multi_template_trace(path: Path, per_family: int = 10,
                           seed: int = 3) -> tuple[list[str], list[bool]]:
     """Conversations of three template families starting on shared ticks; every other one
     starts holding only its template and a partial block. Each later turn comes a tick or more
-    after the previous answer could have finished. Returns, per line, the truth and whether
+    after the previous prompt could have been answered. Returns, per line, the truth and whether
     the request holds nothing beyond its template (then no trace can tell its next turn from
     another conversation's first)."""
     rng = random.Random(seed)
@@ -143,12 +143,12 @@ def _multi_template_trace(path: Path, per_family: int = 10,
                 own = (0 if c % 2 == 0 else rng.randint(1, 3)) if turn == 0 else rng.randint(1, 3)
                 ids = full + list(range(next_id, next_id + own + 1))  # the last is partial
                 next_id += own + 1
-                out = rng.randint(20, 300)
+                tokens = 512 * (len(ids) - 1) + 100
                 rows.append((t, f"{first}-{c}", len(ids) - 1 == blocks,
-                             {"timestamp": t, "input_length": 512 * (len(ids) - 1) + 100,
-                              "output_length": out, "hash_ids": ids}))
+                             {"timestamp": t, "input_length": tokens,
+                              "output_length": rng.randint(20, 300), "hash_ids": ids}))
                 full, next_id = [*ids[:-1], next_id], next_id + 1  # the partial block filled up
-                ready_ms = 1000 * earliest_finish(0, out)
+                ready_ms = 1000 * earliest_answer(0, tokens)
                 t += TICK_MS * (int(ready_ms // TICK_MS) + rng.randint(1, 3))
     rows.sort(key=lambda r: r[0])
     path.write_text("".join(json.dumps(r[3]) + "\n" for r in rows))
@@ -191,30 +191,38 @@ def test_each_template_family_is_read_apart(tmp_path: Path) -> None:
     assert whole.conversations < len(set(expected))
 
 
-def test_a_turn_sent_before_the_previous_answer_could_finish_does_not_continue_it() -> None:
+def test_a_turn_sent_before_the_previous_prompt_could_be_answered_does_not_continue_it() -> None:
     index = ConversationIndex({0: 1})
-    assert index.assign([0, 5, 6], name_hint="a", arrival=0.0, done_by=10.0) == "a"
-    # Extends a's prompt, but a's answer cannot be done before 10 s.
-    assert index.assign([0, 5, 7, 8], name_hint="b", arrival=3.0, done_by=4.0) == "b"
+    assert index.assign([0, 5, 6], name_hint="a", arrival=0.0) == "a"
+    index.busy_until("a", 10.0)
+    # Extends a's prompt, but a cannot be answered before 10 s.
+    assert index.assign([0, 5, 7, 8], name_hint="b", arrival=3.0) == "b"
+    index.busy_until("b", 4.0)
     assert index.too_early == 1 and index.continuations == 0
-    # Extends b's latest prompt (the longest), then a's: b is done, so b.
-    assert index.assign([0, 5, 7, 9, 4], name_hint="x", arrival=4.0, done_by=30.0) == "b"
-    # Extends b's latest prompt, busy until 30 s, and a's, done: the closest that had finished.
-    assert index.assign([0, 5, 7, 9, 11, 12], name_hint="x", arrival=20.0, done_by=21.0) == "a"
+    # Extends b's latest prompt (the longest), then a's: b is answered, so b.
+    assert index.assign([0, 5, 7, 9, 4], name_hint="x", arrival=4.0) == "b"
+    index.busy_until("b", 30.0)
+    # Extends b's latest prompt, busy until 30 s, and a's, answered: the closest answered.
+    assert index.assign([0, 5, 7, 9, 11, 12], name_hint="x", arrival=20.0) == "a"
     assert (index.too_early, index.continuations, index.conversations) == (2, 2, 2)
+    assert index.held([0, 5, 7, 9, 11, 99]) == 5 and index.held([1, 5]) == 0
 
 
-def test_earliest_finish_is_the_emulators_decode_and_the_trace_applies_it(
+def test_earliest_answer_is_the_emulators_prefill_and_the_trace_applies_it(
         tmp_path: Path) -> None:
-    # emulator/timing.py defaults: c0 = 20 ms, 35 ms a token after the first.
-    assert earliest_finish(10.0, 1001) == pytest.approx(10.0 + 0.02 + 1000 * 0.035)
+    # emulator/timing.py defaults: c0 = 20 ms, 5,000 prompt tokens a second.
+    assert earliest_answer(10.0, 50_000) == pytest.approx(10.0 + 0.02 + 10.0)
+    assert earliest_answer(1.0, -5) == pytest.approx(1.02)
     path = tmp_path / "t.jsonl"
-    for gap_ms, sessions in ((20_000, 2), (40_000, 1)):
+    first = list(range(196))  # 100,000 tokens: all but one block uncached, 19.92 s at least
+    for gap_ms, sessions in ((10_000, 2), (25_000, 1)):
         path.write_text("".join(json.dumps(r) + "\n" for r in [
-            {"timestamp": 0, "input_length": 1100, "output_length": 1001, "hash_ids": [0, 1, 2]},
-            {"timestamp": gap_ms, "input_length": 2500, "output_length": 5,
-             "hash_ids": [0, 1, 3, 4, 5]}]))
-        assert mooncake_trace(path).describe["sessions"] == sessions
+            {"timestamp": 0, "input_length": 100_000, "output_length": 5, "hash_ids": first},
+            {"timestamp": gap_ms, "input_length": 512 * 196 + 100, "output_length": 5,
+             "hash_ids": [*first[:-1], 300, 301]}]))
+        workload = mooncake_trace(path)
+        assert (workload.describe["sessions"], workload.describe["too_early"]) == (
+            sessions, sessions - 1)
 
 
 def test_a_family_that_is_one_line_is_one_conversation_not_a_template() -> None:
