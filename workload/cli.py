@@ -10,7 +10,7 @@ from kvgate.runtime.tasks.collector import collector_paused
 from workload.agentic import AgenticCodingOptions, agentic_coding
 from workload.bank import BankCodingOptions, bank_coding
 from workload.model import Workload
-from workload.trace import mooncake_trace
+from workload.trace import TRACE_BLOCK_TOKENS, mooncake_trace
 
 SESSIONS_PER_ENGINE = 200  # default bank-coding load: see docs/benchmarks.md
 AGENT_SESSIONS_PER_ENGINE = 30  # default agentic-coding load: see docs/benchmarks.md
@@ -67,6 +67,9 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--trace", type=Path, metavar="FILE",
                        help="replay a Mooncake-format trace instead of bank-coding")
     group.add_argument("--trace-limit", type=int, metavar="N", help="only the first N requests")
+    group.add_argument("--trace-block-tokens", type=int, metavar="N", default=TRACE_BLOCK_TOKENS,
+                       help="tokens per block of the trace's hash_ids (%(default)s, Mooncake's; "
+                       "Alibaba's Qwen/Bailian traces use 16)")
     group.add_argument("--sessions", type=int,
                        help=f"bank-coding sessions (default {SESSIONS_PER_ENGINE} per engine)")
     group.add_argument("--seed", type=int, default=0, help="workload seed (%(default)s)")
@@ -109,11 +112,13 @@ def workload_from_args(args: argparse.Namespace, engines: int) -> Workload:
     """The workload the flags describe; ValueError says which flag or trace line is wrong."""
     if args.trace_limit is not None and args.trace_limit < 1:
         raise ValueError("--trace-limit must be >= 1")
+    if args.trace_block_tokens < 1:
+        raise ValueError("--trace-block-tokens must be >= 1")
     if args.warmup is not None and args.warmup < 0:
         raise ValueError("--warmup must be >= 0")
     with collector_paused(freeze=True):  # millions of small objects, kept for the whole run
         if args.trace is not None:
-            workload = mooncake_trace(args.trace, args.trace_limit)
+            workload = mooncake_trace(args.trace, args.trace_limit, args.trace_block_tokens)
         else:
             workload = synthetic(args, engines)
     span = workload.duration

@@ -46,8 +46,9 @@ class WorkloadProfile:
     # How the sessions were known: "workload" (it says), "inferred" (a trace's blocks, see
     # workload.conversations), "record ids", or "record ids + inferred".
     sessions_from: str
-    # Leading tokens every request has in common. A trace only says which 512-token blocks are
-    # equal, so there the true shared prefix lies in [shared_prefix_tokens, + resolution).
+    # Leading tokens every request has in common. A trace only says which blocks are equal
+    # (512 tokens, or --trace-block-tokens), so there the true shared prefix lies in
+    # [shared_prefix_tokens, + resolution).
     shared_prefix_tokens: int
     shared_prefix_resolution: int
     prompt_tokens: Spread

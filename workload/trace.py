@@ -1,24 +1,37 @@
 """Mooncake-format trace replay: ``{"timestamp" ms, "input_length", "output_length",
-"hash_ids"}`` per line. Block id b becomes a 512-token segment keyed by b, so two prompts share
-exactly the blocks the trace says they share; the last block is cut to ``input_length``.
+"hash_ids"}`` per line. Block id b becomes a segment of ``block_tokens`` tokens (512, Mooncake's;
+Alibaba's Qwen/Bailian traces use 16) keyed by b, so two prompts share exactly the blocks the
+trace says they share; the last block is cut to ``input_length``. A record whose number of ids
+does not fit ``input_length`` at that block size is refused (`BLOCK_COUNT_SLACK`).
 
 Sessions: a record's ``session_id`` or ``conversation_id`` when it has one; otherwise inferred
 from the blocks (`workload.conversations`): a request continues the conversation whose latest
-prompt it extends furthest beyond the prefix every request shares. Files may be gzip-compressed
-(``.gz``).
+prompt it extends furthest beyond its family's template, if that conversation's latest request
+could have been answered by then (`earliest_answer`). Files may be gzip-compressed (``.gz``).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
+import math
 from pathlib import Path
 from typing import IO, NamedTuple
 
-from workload.conversations import ConversationIndex, shared_prefix_blocks
+from emulator.timing import TimingParams
+from workload.conversations import ConversationIndex, family_templates, shared_prefix_blocks
 from workload.model import Request, Segment, Workload
 
 TRACE_BLOCK_TOKENS = 512
+# How far a record's number of ids may be from ceil(input_length / block_tokens). The Mooncake
+# conversation trace is exact on all 12,031 records; one id either way leaves room for a tool
+# that drops a partial last block or counts one more token, and still refuses every prompt over
+# 32 tokens read at the wrong one of 16 and 512 (ids off by 2 or more; Mooncake's shortest
+# prompt has 891 tokens).
+BLOCK_COUNT_SLACK = 1
+# The emulator's engine (emulator/timing.py, DESIGN.md's Qwen2.5-32B-class device), for the
+# earliest a request can be answered.
+_TIMING = TimingParams()
 SESSION_FIELDS = ("session_id", "conversation_id")
 
 
@@ -51,13 +64,38 @@ def _record(record: object, line: int) -> _Record:
     return _Record(arrival, line, ids, n, out, None if session is None else str(session))
 
 
-def _request(record: _Record, session: str) -> Request:
+def _check_blocks(record: _Record, block_tokens: int) -> None:
+    need = -(-record.input_length // block_tokens)
+    if abs(len(record.ids) - need) <= BLOCK_COUNT_SLACK:
+        return
+    # Block sizes are powers of two; of those that fit exactly, the nearest to 512.
+    fits = [1 << k for k in range(21) if -(-record.input_length // (1 << k)) == len(record.ids)]
+    size = min(fits, key=lambda b: abs(math.log2(b / TRACE_BLOCK_TOKENS)), default=0)
+    hint = (f"the ids look like {size}-token blocks: --trace-block-tokens {size}" if size
+            else f"about {record.input_length / len(record.ids):,.0f} tokens an id")
+    raise ValueError(
+        f"line {record.line}: {len(record.ids):,} hash_ids for {record.input_length:,} input "
+        f"tokens do not fit {block_tokens}-token blocks (those make {need:,}); {hint}")
+
+
+def earliest_answer(arrival: float, uncached_tokens: int) -> float:
+    """The earliest a request's first token can come: the emulator's prefill of the tokens no
+    cache can have held, with no queue (emulator/timing.py TimingParams.prefill_seconds: c0 +
+    tokens / prefill rate, 20 ms + 1 s per 5,000 tokens). The next turn of its conversation
+    resends the answer, so it cannot come sooner. Its decode is left out: at the emulator's
+    35 ms a token it would refuse 26 of the 3,931 continuations the blocks show in the Mooncake
+    trace (answers there came at 25-31 ms a token); the prefill refuses none. Trace timestamps
+    are taken as exact."""
+    return arrival + _TIMING.prefill_seconds(max(0, uncached_tokens), 0)
+
+
+def _request(record: _Record, session: str, block_tokens: int) -> Request:
     chain: list[Segment] = []
     left = record.input_length
     for b in record.ids:
         if left <= 0:
             break
-        take = min(TRACE_BLOCK_TOKENS, left)
+        take = min(block_tokens, left)
         chain.append(Segment(b, take))
         left -= take
     if left > 0:  # longer than its blocks say: the rest is unique to this request
@@ -71,23 +109,33 @@ def _open(path: Path) -> IO[str]:
     return path.open(encoding="utf-8")
 
 
-def mooncake_trace(path: Path, limit: int | None = None) -> Workload:
-    """Replay ``path`` (at most ``limit`` requests), sorted by arrival.
+def _read(path: Path, limit: int | None, block_tokens: int) -> list[_Record]:
+    records: list[_Record] = []
+    with _open(path) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"line {line_no}: not JSON ({exc.msg})") from None
+            records.append(_record(record, line_no))
+            _check_blocks(records[-1], block_tokens)
+            if limit is not None and len(records) >= limit:
+                break
+    return records
+
+
+def mooncake_trace(path: Path, limit: int | None = None,
+                   block_tokens: int = TRACE_BLOCK_TOKENS) -> Workload:
+    """Replay ``path`` (at most ``limit`` requests), sorted by arrival; its ``hash_ids`` are
+    blocks of ``block_tokens`` tokens.
 
     Raises ValueError naming the file and line for anything that is not a trace record."""
-    records: list[_Record] = []
+    if block_tokens < 1:
+        raise ValueError(f"trace {path}: block tokens must be >= 1, got {block_tokens}")
     try:
-        with _open(path) as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"line {line_no}: not JSON ({exc.msg})") from None
-                records.append(_record(record, line_no))
-                if limit is not None and len(records) >= limit:
-                    break
+        records = _read(path, limit, block_tokens)
     except (OSError, EOFError) as exc:
         raise ValueError(f"trace {path}: {getattr(exc, 'strerror', None) or exc}") from None
     except (UnicodeDecodeError, ValueError) as exc:
@@ -95,17 +143,28 @@ def mooncake_trace(path: Path, limit: int | None = None) -> Workload:
     if not records:
         raise ValueError(f"trace {path}: no requests")
     records.sort(key=lambda r: (r.arrival, r.line))
-    shared = shared_prefix_blocks([r.ids for r in records])
-    index = ConversationIndex(shared)
+    index = ConversationIndex(family_templates([r.ids for r in records]))
     requests = []
+    answer: dict[str, int] = {}  # conversation -> its latest answer's tokens
     for r in records:
-        # Named after its first block beyond the shared prefix, as a person would point at it.
-        hint = f"mooncake-{r.ids[min(shared, len(r.ids) - 1)]}"
-        requests.append(_request(r, index.assign(r.ids, r.session, hint)))
+        # Named after its first block beyond its family's template, as a person would point.
+        hint = f"mooncake-{r.ids[min(index.template(r.ids), len(r.ids) - 1)]}"
+        held = index.held(r.ids)
+        session = index.assign(r.ids, r.session, hint, r.arrival)
+        # What no cache can hold: past the blocks an earlier prompt had, the next block (its
+        # start may be an earlier prompt's partial block) and the previous answer (an engine
+        # keeps the KV it generates).
+        uncached = r.input_length - block_tokens * (held + 1) - answer.get(session, 0)
+        index.busy_until(session, earliest_answer(r.arrival, uncached))
+        answer[session] = r.output_length
+        requests.append(_request(r, session, block_tokens))
     explicit = sum(1 for r in records if r.session is not None)
     describe = {"name": "mooncake-trace", "trace": path.name, "requests": len(requests),
-                "block_tokens": TRACE_BLOCK_TOKENS, "shared_prefix_blocks": shared,
-                "sessions": index.conversations,
+                "block_tokens": block_tokens,
+                "shared_prefix_blocks": shared_prefix_blocks([r.ids for r in records]),
+                "families": len({r.ids[0] for r in records}),
+                "sessions": index.conversations, "continuations": index.continuations,
+                "too_early": index.too_early,
                 "sessions_from": ("record ids" if explicit == len(records) else
                                   "inferred" if explicit == 0 else "record ids + inferred")}
     return Workload("mooncake-trace", requests, describe)
