@@ -10,7 +10,7 @@ import asyncio
 import itertools
 import json
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
@@ -185,6 +185,19 @@ def _turns(session: str, in_order: list[Served], bindings: dict[str, dict[str, A
                       if s.session == session and s.engine is not None)
     key = normalize_session(session.encode())
     return f"{session}: {turns}; binding {None if key is None else bindings.get(key)}"
+
+
+def mid_conversation(served: list[Served], engine: str, turns: int, ahead: int) -> list[str]:
+    """The sessions whose last answered turn `engine` answered and that have at least `ahead`
+    of their `turns` (Traffic.turns) still to be decided, besides the one under way: `served`
+    lists a turn once it has ended, and the session's next turn starts at once."""
+    asked = Counter(s.session for s in served)
+    last: dict[str, str] = {}
+    for s in served:  # a session's turns end in the order they were asked
+        if s.engine is not None:
+            last[s.session] = s.engine
+    return [session for session, answered in last.items()
+            if answered == engine and turns - asked[session] - 1 >= ahead]
 
 
 def runs(answered: list[str]) -> list[str]:
