@@ -15,9 +15,9 @@ from bench.compare import CompareOptions, compare, ports_needed
 from benchkit.modes import ALL_MODES
 from emulator.options import EmulatorOptions
 from kvgate.contract.modes import RoutingMode
+from kvgate.runtime.children.ports import free_port
 from kvgate_cli.main import main
 from simulator.run import SimConfig, simulate_async
-from tests.support.ports import free_port
 
 SCALE = 1 / 40
 
@@ -28,6 +28,9 @@ def _range_from_the_os(size: int) -> tuple[int, int]:
     return low, low + size - 1
 
 
+# Nine modes, each a stack started and a 6 s timeline replayed: ~60 s on a quiet machine, past the
+# default 120 s once on one loaded three times over.
+@pytest.mark.timeout(360)
 async def test_compare_and_simulate_agree_per_mode(tmp_path: Path) -> None:
     workload = small_bank(sessions=40, duration_s=240)
     engine = EmulatorOptions(instances=3, block_size=16, hbm_tokens=20_000, time_scale=SCALE)
