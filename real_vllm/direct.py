@@ -5,7 +5,7 @@ alike.
 Why: on this two-core machine the gateway (Envoy, ext_proc, etcd, a control plane) and the
 client share the engines' cores, and the calibration runs of 2026-12-05 found ~20 ms a request
 under a workload that moved with wherever the gateway and the client ran, not with vLLM's front
-end (docs/benchmarks.md, "vLLM's front end on a core of its own"). Without the gateway, what is
+end (docs/journal/real-vllm-calibration.md, "vLLM's front end on a core of its own"). Without the gateway, what is
 left between the client's TTFT and the engine's is the client's own work, so a gap that remains
 is the emulator's timing model, and one that closes was the gateway's CPU.
 

@@ -2,7 +2,7 @@
 counts, read from every engine's /metrics before and after) as means, so a calibration can split
 a request's time to first token into the engine's queueing, its prefill, and what is spent
 outside the engine (the API server, the gateway): what no timing model charges today
-(docs/benchmarks.md, "The quiet-core run")."""
+(docs/journal/real-vllm-calibration.md, "The quiet-core run")."""
 
 from __future__ import annotations
 
