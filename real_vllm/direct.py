@@ -5,9 +5,9 @@ alike.
 Why: on this two-core machine the gateway (Envoy, ext_proc, etcd, a control plane) and the
 client share the engines' cores, and the calibration runs of 2026-12-05 found ~20 ms a request
 under a workload that moved with wherever the gateway and the client ran, not with vLLM's front
-end (docs/journal/real-vllm-calibration.md, "vLLM's front end on a core of its own"). Without the gateway, what is
-left between the client's TTFT and the engine's is the client's own work, so a gap that remains
-is the emulator's timing model, and one that closes was the gateway's CPU.
+end (docs/journal/real-vllm-calibration.md, "vLLM's front end on a core of its own"). Without
+the gateway, what is left between the client's TTFT and the engine's is the client's own work,
+so a gap that remains is the emulator's timing model, and one that closes was the gateway's CPU.
 
 The routing is the client's, the same on both halves: round robin takes the engines in turn;
 affinity places a session's first request on the engine holding the fewest sessions (the
