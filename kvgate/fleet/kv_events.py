@@ -106,7 +106,8 @@ class EventSubscription:
         self.residency = residency
         self.messages = 0
         self.gaps = 0
-        self.replayed = 0  # messages recovered from the replay socket
+        self.replayed = 0  # messages recovered from the replay socket after a gap
+        self.caught_up = 0  # ... and from before the first message heard (:meth:`_catch_up`)
         self.lost = False  # the residency was forgotten since the collector last looked
         self._context = context
         self._socket = context.socket(zmq.SUB)
@@ -114,6 +115,7 @@ class EventSubscription:
         self._socket.connect(endpoint)
         self._socket.subscribe(topic)
         self._seq: int | None = None
+        self._caught_up = False  # the replay socket was asked for what came before joining
 
     async def run(self) -> None:
         try:
@@ -133,13 +135,34 @@ class EventSubscription:
             log.warning("kv_events_unreadable", engine=self.engine, reason=str(exc))
             self._forget()
             return
-        if self._seq is not None and seq != self._seq + 1:
+        if self._seq is None and not self._caught_up:
+            self._caught_up = True
+            await self._catch_up(seq)
+        elif self._seq is not None and seq != self._seq + 1:
             self.gaps += 1
             # A sequence that went back is a restarted publisher: nothing to replay.
             if not (seq > self._seq and await self._recover(self._seq + 1, seq)):
                 self._forget()
         self._seq = seq
         self._apply(events)
+
+    async def _catch_up(self, first: int) -> None:
+        """A stream joined at message `first`: what the replay socket still buffers before it,
+        as if followed from there. Without it, a conversation already under way is never known
+        here: its next blocks' parent was stored before (kvgate.fleet.residency). So a collector
+        started afresh (a control plane restarted, a new leader) knows the engine's recent past."""
+        if self.replay is None or first == 0:
+            return
+        try:
+            buffered = await asyncio.wait_for(
+                replay(self._context, self.replay, 0, first), REPLAY_WITHIN_S)
+        except (TimeoutError, ValueError, msgpack.UnpackException, zmq.ZMQError) as exc:
+            log.warning("kv_events_catch_up_failed", engine=self.engine, reason=repr(exc))
+            return
+        run = _leading_to(buffered, first)
+        for _, events in run:
+            self._apply(events)
+        self.caught_up += len(run)
 
     async def _recover(self, start: int, end: int) -> bool:
         """Applies the missed messages [start, end) from the replay socket; False when it is
@@ -169,6 +192,18 @@ class EventSubscription:
         self.residency.lost()
         self.lost = True
         self._seq = None
+
+
+def _leading_to(messages: list[tuple[int, list[Any]]],
+                end: int) -> list[tuple[int, list[Any]]]:
+    """The unbroken run of `messages` (in order) whose last one is just before `end`: what can
+    be applied before message `end` without a gap."""
+    run: list[tuple[int, list[Any]]] = []
+    for seq, events in reversed(messages):
+        if seq != end - 1 - len(run):
+            break
+        run.append((seq, events))
+    return run[::-1]
 
 
 def _session_key(raw: str) -> str | None:

@@ -30,7 +30,7 @@ from kvgate.runtime.children.child import ChildFailed
 from kvgate.runtime.children.ports import NoFreePorts, wait_for_ports
 from kvgate_cli.up import workdir as workdirs
 from kvgate_cli.up.engines import Unhealthy, unhealthy_engines
-from kvgate_cli.up.kv_events import engine_ports_for_events, with_event_streams
+from kvgate_cli.up.kv_events import event_ports, with_event_streams
 from kvgate_cli.up.ports import PortsError, parse_ports, with_ports
 from kvgate_cli.up.supervise import ChildSupervisor, GaveUp
 from stack.engine_speed import for_emulated_fleet
@@ -136,6 +136,7 @@ class Fleet:
     config: Config
     engine_port: int = 0  # the first engine's (0: free ports)
     events: str | None = None  # how its KV events are wired, to say at start
+    emulator_args: tuple[str, ...] = ()  # beyond those the flags give
 
 
 def _emulated_fleet(config: Config, args: argparse.Namespace) -> Fleet | str:
@@ -159,11 +160,12 @@ def _emulated_fleet(config: Config, args: argparse.Namespace) -> Fleet | str:
     if not args.kv_events_port:
         return Fleet(config)
     try:
-        engine_port = engine_ports_for_events(config, args.kv_events_port, args.emulated)
+        ports = event_ports(config, args.kv_events_port, args.emulated)
     except NoFreePorts as exc:
         return f"--kv-events-port: {exc}; nothing was started"
-    config, events = with_event_streams(config, args.kv_events_port, engine_port)
-    return Fleet(config, engine_port, events)
+    config, events = with_event_streams(config, args.kv_events_port, ports)
+    return Fleet(config, ports.engine_port, events,
+                 ("--kv-events-replay-port", str(ports.replay_port)))
 
 
 def emulator_args(args: argparse.Namespace) -> tuple[str, ...]:
@@ -196,7 +198,7 @@ async def _up(fleet: Fleet, args: argparse.Namespace) -> int:
     stack = Stack(
         config, workdir.path, report=_say,
         emulated_engines=0 if config.pools else args.emulated,
-        emulator_args=emulator_args(args), port_advice=port_advice(args),
+        emulator_args=emulator_args(args) + fleet.emulator_args, port_advice=port_advice(args),
         engine_port=fleet.engine_port,
     )
     if fleet.events:

@@ -1,7 +1,9 @@
 """`kvgate up --kv-events-port P` with the collector: each emulated engine's own KV event
 stream is read (engine i publishes on P + i), so a session's residency is reported on the
 engine that served it and nowhere else; and it is still reported after the control plane lost
-and regained its leadership (the embedded etcd killed under it and restarted by kvgate up)."""
+and regained its leadership (the embedded etcd killed under it and restarted by kvgate up), and
+after the control plane itself was killed and started again (it catches up from each engine's
+replay socket)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ def leaderships(log: Path) -> list[bool]:
             if '"leadership"' in line]
 
 
-async def test_each_engines_own_stream_is_read_and_outlives_a_leadership_change(
+async def test_each_engines_own_stream_is_read_through_leadership_changes_and_restarts(
         tmp_path: Path) -> None:
     events = free_run(3)
     path = write_config(tmp_path / "kvgate.yaml", {"placement": {"load_gate": {
@@ -96,8 +98,20 @@ async def test_each_engines_own_stream_is_read_and_outlives_a_leadership_change(
                     (seen.get((served[s], keys[s])) or 0) > (before[(served[s], keys[s])] or 0)
                     for s in SESSIONS)
 
+            before = await eventually(lambda: residency(admin.group(1)), until=grown,
+                                      what="every conversation's next turn known after the "
+                                      "change")
+
+            # The control plane dies: started again, it catches up on each engine's recent
+            # past from its replay socket, and knows every conversation under way.
+            up_again = up.back.get("control-plane", 0)
+            os.kill(up.pids["control-plane"], signal.SIGKILL)
+            await eventually(lambda: came_back(up, "control-plane", up_again), 30,
+                             what="control plane back")
+            for session in SESSIONS:
+                await turn(session, 80)
             await eventually(lambda: residency(admin.group(1)), until=grown,
-                             what="every conversation's next turn known after the change")
+                             what="every conversation's next turn known after a restart")
             metrics = re.search(r"metrics (http://127\.0\.0\.1:\d+/metrics)", output)
             assert metrics, output
 

@@ -98,8 +98,23 @@ async def _first_and_last(rig: Rig, replay: bool) -> EventSubscription:
 async def test_a_gap_is_filled_from_the_replay_socket(rig: Rig) -> None:
     assert ALICE is not None
     sub = await _first_and_last(rig, replay=True)
-    assert (sub.gaps, sub.replayed, sub.messages, sub.lost) == (1, 2, 4, False)
+    assert (sub.gaps, sub.replayed, sub.lost) == (1, 2, False)
+    assert sub.messages - sub.caught_up == 4
     assert sub.residency.hbm_tokens(ALICE) == 5 * BS  # the whole chain, as if nothing was lost
+
+
+async def test_a_stream_joined_late_catches_up_from_the_replay_socket(rig: Rig) -> None:
+    """A subscription that hears alice's last message only (a collector started afresh): the
+    replay socket's buffer gives what came before, so her chain is known from its start."""
+    assert ALICE is not None
+    last = rig.messages[-1]
+    late = rig.subscription(replay=True)
+    await late.take(_frames(last))
+    assert (late.caught_up, late.gaps, late.lost) == (last.seq, 0, False)
+    assert late.residency.hbm_tokens(ALICE) == 5 * BS
+    alone = rig.subscription(replay=False)
+    await alone.take(_frames(last))
+    assert alone.residency.hbm_tokens(ALICE) is None  # its parent was stored before it joined
 
 
 async def test_without_a_replay_socket_a_gap_forgets_the_engine(rig: Rig) -> None:
