@@ -21,8 +21,10 @@ whole conversation):
   prompt's start) and the first and last 384 bytes of that user message. Conversations sharing
   a system prompt differ in their first user message; the turns of one conversation do not.
 - completions (`prompt`, or a string `input`): the prompt's first 8 KiB (raw JSON).
-It is prefixed with kvgate.session.IMPLICIT_PREFIX (an id hashed in its own space), and also
-written to metadata `kvgate.session` as before, which ext_proc replicas of earlier versions read.
+It is prefixed with kvgate.session.IMPLICIT_PREFIX (an id hashed in its own space). An ASCII
+one is also written to metadata `kvgate.session` as before, which ext_proc replicas of earlier
+versions read (cut at a byte count, other text may end inside a UTF-8 character: forwarded as
+metadata, such a string failed the whole ext_proc message, so the request went unplaced).
 No hash library exists in Envoy's Lua; ext_proc's SHA-1 of the excerpt costs ~1 µs.
 
 The script walks the JSON with `string.find` jumps (C speed), never character by character,
@@ -267,8 +269,13 @@ function envoy_on_request(handle)
     if key == nil and IMPLICIT then
       local implicit = implicit_key(s)
       if implicit == nil then return end
-      -- (Envoy objects do not survive the wait for the body: ask for them again after it.)
-      handle:streamInfo():dynamicMetadata():set(NS, KEY, implicit)
+      -- For ext_proc replicas of earlier versions, which read it there; only if ASCII: cut at a
+      -- byte count it may end inside a UTF-8 character, and a metadata string that is not
+      -- UTF-8 fails the whole ext_proc message. (Envoy objects do not survive the wait for the
+      -- body: ask for them again after it.)
+      if not find(implicit, "[\128-\255]") then
+        handle:streamInfo():dynamicMetadata():set(NS, KEY, implicit)
+      end
       key = PREFIX .. implicit
     end
     if key == nil then return end

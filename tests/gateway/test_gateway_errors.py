@@ -3,6 +3,7 @@ status that fits: its exception carries the message and the status."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import httpx
@@ -53,22 +54,45 @@ async def test_a_body_over_the_limit_is_413_json(tmp_path: Path, upstreams, pref
     assert 100_000 not in [size for u in ups for size in u.seen_body_sizes]
 
 
-async def test_an_unreachable_engine_is_503_json(tmp_path: Path, upstreams, prefix: str
-                                                 ) -> None:
-    ups = await upstreams(1)
-    await ups[0].stop()  # nothing listens there any more: every connection is refused
-    config = gateway_config([ups[0].address], prefix=prefix)
-    async with running_stack(config, tmp_path):
-        async with openai.AsyncOpenAI(base_url=f"http://{config.listener}/v1",
-                                      api_key="unused", max_retries=0) as client:
-            with pytest.raises(openai.APIStatusError) as caught:
-                await client.chat.completions.create(
-                    model="m", messages=[{"role": "user", "content": "hello"}])
-        assert caught.value.status_code == 503
-        body = caught.value.body
-        assert isinstance(body, dict) and body["type"] == "server_error", body
-        assert body["code"] in ("engine_unreachable", "no_healthy_engine"), body
-        assert "engine" in caught.value.message
+async def _resetting_engine() -> asyncio.Server:
+    """An engine that accepts each connection and drops it before answering."""
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(1)
+        writer.transport.abort()  # a reset, not an answer
+
+    return await asyncio.start_server(drop, "127.0.0.1", 0)
+
+
+@pytest.mark.parametrize("fault", ["refused", "reset"])
+async def test_an_engine_that_does_not_answer_is_503_json(
+    tmp_path: Path, upstreams, prefix: str, fault: str
+) -> None:
+    if fault == "refused":
+        ups = await upstreams(1)
+        await ups[0].stop()  # nothing listens there any more: every connection is refused
+        address, server = ups[0].address, None
+    else:
+        server = await _resetting_engine()
+        address = f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    config = gateway_config([address], prefix=prefix)
+    try:
+        async with running_stack(config, tmp_path):
+            async with openai.AsyncOpenAI(base_url=f"http://{config.listener}/v1",
+                                          api_key="unused", max_retries=0) as client:
+                with pytest.raises(openai.APIStatusError) as caught:
+                    await client.chat.completions.create(
+                        model="m", messages=[{"role": "user", "content": "hello"}])
+    finally:
+        if server is not None:
+            server.close()
+            await server.wait_closed()
+    assert caught.value.status_code == 503
+    body = caught.value.body
+    assert isinstance(body, dict) and body["type"] == "server_error", body
+    assert body["code"] in ("engine_unreachable", "no_healthy_engine"), body
+    assert "engine" in caught.value.message
+    assert ("reset" in caught.value.message or "termination" in caught.value.message) if (
+        fault == "reset") else "connection" in caught.value.message
 
 
 async def test_bodies_past_the_connection_buffer_pass_whole_up_to_the_limit(

@@ -68,6 +68,20 @@ async def test_body_ids_with_any_bytes_keep_one_engine_and_are_counted(
                 reply = await http.post("/v1/chat/completions", content=_with_id(too_long, turn),
                                         headers=JSON)
                 assert reply.status_code == 200, reply.text
+            # An id-less completions prompt in UTF-8 Chinese: its implicit key (the prompt's first
+            # 8 KiB, cut inside a character) is ~24 KiB once carried, in the header and the gRPC
+            # stream's metadata; as metadata text it failed ext_proc's whole message.
+            prompt = "请解释这段代码为什么在生产环境中失败。" * 600
+            wide = set()
+            for turn in range(3):
+                content = json.dumps({"prompt": prompt + str(turn)}, ensure_ascii=False)
+                reply = await http.post("/v1/completions", content=content.encode(),
+                                        headers=JSON)
+                wide.add(reply.json()["upstream"])
+            assert len(wide) == 1, wide
+            # Only Envoy's Lua filter sets the key: a client's copy is stripped first.
+            forged = await http.get("/v1/models", headers={"x-kvgate-session-key": "100%25"})
+            assert forged.status_code == 200
             # The same id in a header and in the body is the same session.
             in_body = await http.post("/v1/chat/completions", content=_with_id(b'"100%"', 9),
                                       headers=JSON)
@@ -78,9 +92,10 @@ async def test_body_ids_with_any_bytes_keep_one_engine_and_are_counted(
     asked = 5 * len(ODD_IDS) + 1
     assert after_sources["body"] - sources["body"] == asked  # every one reached ext_proc
     assert after_sources["uncarried"] - sources["uncarried"] == 2
-    assert after_decisions["new"] - decisions["new"] == len(ODD_IDS)
-    assert after_decisions["sticky"] - decisions["sticky"] == asked - len(ODD_IDS) + 1
-    assert after_decisions["sessionless"] - decisions["sessionless"] == 2
+    assert after_sources["implicit"] - sources["implicit"] == 3
+    assert after_decisions["new"] - decisions["new"] == len(ODD_IDS) + 1
+    assert after_decisions["sticky"] - decisions["sticky"] == asked - len(ODD_IDS) + 1 + 2
+    assert after_decisions["sessionless"] - decisions["sessionless"] == 2 + 1  # (+ the forged)
     assert after_decisions["error"] == decisions["error"]
     # The key is Envoy's own: it never reaches an engine.
     assert not any("x-kvgate-session-key" in seen for u in ups for seen in u.seen_headers)
