@@ -244,6 +244,8 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
             "password": str(directory / "password")}
 
 
+# ~18 s of CPU for 150 configs: past the default 120 s once on a machine loaded nine times over.
+@pytest.mark.timeout(360)
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_every_valid_config_survives_dump_and_parse(
