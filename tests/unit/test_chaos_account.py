@@ -1,6 +1,6 @@
 """The fault harness's own measures: a streamed answer that stops in the middle is counted cut,
 not failed; recovery is timed from the fault's end to the first sample from which the gateway
-stayed on bindings; a soak's slope is per hour."""
+stayed on bindings; a soak's slope is per hour; the sessions an engine is in the middle of."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import cast
 
 from stack.local import Stack
-from tests.support.chaos import Traffic, account
+from tests.support.chaos import Served, Traffic, account, mid_conversation
 from tests.support.polling import eventually
 from tests.support.recovery import OnBindings
 from tests.support.soak import slope_per_hour, slope_percent_per_hour
@@ -69,3 +69,17 @@ def test_a_soak_slope_is_per_hour_and_a_share_of_the_mean() -> None:
     mean = sum(v for _, v in rising) / len(rising)
     assert abs(slope_percent_per_hour(rising) - 1000.0 / mean) < 1e-9
     assert slope_per_hour([(0.0, 5.0)]) == 0.0 and slope_percent_per_hour([]) == 0.0
+
+
+def test_an_engine_is_in_the_middle_of_sessions_it_answered_last_with_turns_to_come() -> None:
+    def turn(session: str, engine: str | None) -> Served:
+        return Served(session, 0.0, 0.0, engine)
+
+    served = [turn("a", "e1"), turn("b", "e2"), turn("c", "e1"), turn("a", "e1"),
+              turn("d", "e1"), turn("d", "e1"), turn("d", "e1"), turn("b", "e1"),
+              turn("f", "e2"), turn("f", None)]  # f's second turn failed: e2 answered it last
+    # Five turns each: a and b have three to come, one of them under way; c four; d two.
+    assert mid_conversation(served, "e1", 5, 2) == ["a", "b", "c"]
+    assert mid_conversation(served, "e1", 5, 3) == ["c"]
+    assert mid_conversation(served, "e2", 5, 2) == ["f"]
+    assert mid_conversation([], "e1", 5, 0) == []
