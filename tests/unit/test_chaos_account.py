@@ -1,6 +1,7 @@
 """The fault harness's own measures: a streamed answer that stops in the middle is counted cut,
 not failed; recovery is timed from the fault's end to the first sample from which the gateway
-stayed on bindings; a soak's slope is per hour; the sessions an engine is in the middle of."""
+stayed on bindings, and a run watches until the latest sample is back; a soak's slope is per
+hour; the sessions an engine is in the middle of."""
 
 from __future__ import annotations
 
@@ -61,6 +62,18 @@ def test_recovery_counts_from_the_fault_end_to_the_run_that_stayed_on_bindings()
     assert _watch([(0.0, False), (1.0, True)]).recovered_after(0.5) == 0.5
     assert _watch([(0.0, True), (1.0, False)]).recovered_after(0.5) is None
     assert _watch([(0.0, True)]).recovered_after(0.5) is None  # nothing sampled after the end
+
+
+async def test_a_run_waits_for_the_latest_sample_to_be_back_not_any() -> None:
+    loop = asyncio.get_running_loop()
+    back_then_off = _watch([(0.0, True), (1.0, False), (2.0, True), (3.0, False)])
+    started = loop.time()
+    await back_then_off.back(1.5, 0.2)  # back at 2.0, off again at 3.0: it waits it out
+    assert loop.time() - started >= 0.2
+    assert back_then_off.recovered_after(1.5) is None
+    started = loop.time()
+    await _watch([(0.0, False), (2.0, True)]).back(1.5, 30.0)
+    assert loop.time() - started < 1.0  # the latest sample is back: no wait
 
 
 def test_a_soak_slope_is_per_hour_and_a_share_of_the_mean() -> None:
