@@ -27,7 +27,8 @@ class OnBindings:
     stack: Stack
     samples: list[tuple[float, bool]] = field(default_factory=list)  # (loop time, on bindings)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
-    _back: asyncio.Event = field(default_factory=asyncio.Event)  # on bindings after `_since`
+    # The latest sample, taken after `_since`, found the gateway on bindings.
+    _back: asyncio.Event = field(default_factory=asyncio.Event)
     _since: float = float("inf")
 
     async def run(self) -> None:
@@ -38,6 +39,8 @@ class OnBindings:
                 self.samples.append((at, ok))
                 if ok and at >= self._since:
                     self._back.set()
+                else:
+                    self._back.clear()
                 try:
                     await asyncio.wait_for(self._stop.wait(), EVERY_S)  # the schedule
                 except TimeoutError:
@@ -90,11 +93,14 @@ class OnBindings:
                 f"{ended - start:.1f} s in")
 
     async def back(self, ended: float, within: float) -> None:
-        """Returns once a sample taken after `ended` finds the gateway on bindings, or after
-        `within` seconds if none does (the run then reports it not back)."""
+        """Returns once the latest sample, taken after `ended`, finds the gateway on bindings,
+        or after `within` seconds if none does (the run then reports it not back). The latest,
+        not any: a replica back after the fault may step aside again a moment later, and
+        recovery counts from when it stayed back (`recovered_after`)."""
         self._since = ended
-        if any(ok and at >= ended for at, ok in self.samples):
+        if self.samples and self.samples[-1][1] and self.samples[-1][0] >= ended:
             return
+        self._back.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._back.wait(), within)
 

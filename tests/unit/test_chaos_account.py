@@ -1,6 +1,7 @@
 """The fault harness's own measures: a streamed answer that stops in the middle is counted cut,
 not failed; recovery is timed from the fault's end to the first sample from which the gateway
-stayed on bindings; a soak's slope is per hour."""
+stayed on bindings, and a run watches until the latest sample is back; a soak's slope is per
+hour; the sessions an engine is in the middle of."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from types import SimpleNamespace
 from typing import cast
 
 from stack.local import Stack
-from tests.support.chaos import Traffic, account
+from tests.support.chaos import Served, Traffic, account, mid_conversation
 from tests.support.polling import eventually
 from tests.support.recovery import OnBindings
 from tests.support.soak import slope_per_hour, slope_percent_per_hour
@@ -63,9 +64,35 @@ def test_recovery_counts_from_the_fault_end_to_the_run_that_stayed_on_bindings()
     assert _watch([(0.0, True)]).recovered_after(0.5) is None  # nothing sampled after the end
 
 
+async def test_a_run_waits_for_the_latest_sample_to_be_back_not_any() -> None:
+    loop = asyncio.get_running_loop()
+    back_then_off = _watch([(0.0, True), (1.0, False), (2.0, True), (3.0, False)])
+    started = loop.time()
+    await back_then_off.back(1.5, 0.2)  # back at 2.0, off again at 3.0: it waits it out
+    assert loop.time() - started >= 0.2
+    assert back_then_off.recovered_after(1.5) is None
+    started = loop.time()
+    await _watch([(0.0, False), (2.0, True)]).back(1.5, 30.0)
+    assert loop.time() - started < 1.0  # the latest sample is back: no wait
+
+
 def test_a_soak_slope_is_per_hour_and_a_share_of_the_mean() -> None:
     rising = [(t, 100.0 + t / 360) for t in (0.0, 600.0, 1200.0, 1800.0)]  # +10 an hour
     assert abs(slope_per_hour(rising) - 10.0) < 1e-9
     mean = sum(v for _, v in rising) / len(rising)
     assert abs(slope_percent_per_hour(rising) - 1000.0 / mean) < 1e-9
     assert slope_per_hour([(0.0, 5.0)]) == 0.0 and slope_percent_per_hour([]) == 0.0
+
+
+def test_an_engine_is_in_the_middle_of_sessions_it_answered_last_with_turns_to_come() -> None:
+    def turn(session: str, engine: str | None) -> Served:
+        return Served(session, 0.0, 0.0, engine)
+
+    served = [turn("a", "e1"), turn("b", "e2"), turn("c", "e1"), turn("a", "e1"),
+              turn("d", "e1"), turn("d", "e1"), turn("d", "e1"), turn("b", "e1"),
+              turn("f", "e2"), turn("f", None)]  # f's second turn failed: e2 answered it last
+    # Five turns each: a and b have three to come, one of them under way; c four; d two.
+    assert mid_conversation(served, "e1", 5, 2) == ["a", "b", "c"]
+    assert mid_conversation(served, "e1", 5, 3) == ["c"]
+    assert mid_conversation(served, "e2", 5, 2) == ["f"]
+    assert mid_conversation([], "e1", 5, 0) == []
