@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvgate.placement.terms import DEFAULT_TERMS
+
 
 @dataclass(frozen=True, slots=True)
 class GateConfig:
@@ -18,6 +20,7 @@ class GateConfig:
     candidates: int = 8  # endpoints scored per decision (ring order); 1: static ring placement
     # Move only if the move is no slower even when the pool no longer holds the context.
     miss_safe: bool = True
+    terms: tuple[str, ...] = DEFAULT_TERMS  # the score's terms (kvgate.placement.terms)
 
     def problems(self) -> list[str]:
         checks = (

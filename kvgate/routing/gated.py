@@ -1,5 +1,7 @@
-"""The load gate: filter → score → pick, with estimated TTFT (`kvgate.routing.terms`) as the
-score, and the booking that keeps its load board and memory of sessions current.
+"""The load gate: filter → score → pick, with estimated TTFT (`kvgate.placement.terms`: the
+named terms `placement.load_gate.terms` lists, each reading the engine's signals) as the score,
+and the booking that keeps its load board and memory of sessions current. With a logger at
+debug level, each placement and move is logged with its seconds per term.
 
 - A new session is scored over its first `candidates` endpoints under the load bound in ring
   order (its KV pool's ring first), and goes to the least estimated TTFT; ties keep ring order,
@@ -25,16 +27,21 @@ score, and the booking that keeps its load board and memory of sessions current.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
+
+from structlog.typing import FilteringBoundLogger
 
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import LoadBound, candidates
+from kvgate.placement.signals import EngineSignals
+from kvgate.placement.terms import Candidate, Estimate, Term, make_terms
 from kvgate.routing.booking import Ledger
 from kvgate.routing.policy import (
     BookingHook,
@@ -46,7 +53,6 @@ from kvgate.routing.policy import (
     PromptSize,
 )
 from kvgate.routing.recent import PrefillMix, RecentSessions
-from kvgate.routing.terms import Candidate, Estimate, Term, default_terms
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,18 +72,22 @@ class GatedPolicy:
         clock: Callable[[], float] = time.monotonic, recent: RecentSessions | None = None,
         mix: PrefillMix | None = None, terms: Sequence[Term] | None = None,
         residency: PoolResidency | None = None, hbm: HbmResidency | None = None,
+        log: FilteringBoundLogger | None = None,
     ) -> None:
+        """`terms`: the score's terms (default: `config.terms`); `log`: where a decision's
+        seconds per term go, at debug level (None: nowhere)."""
         self.cost = cost
         self.config = config
         self.board = board
         self.clock = clock  # the load board's clock
         self.recent = recent if recent is not None else RecentSessions()
         self.mix = mix if mix is not None else PrefillMix()  # what booked requests cost
-        self.estimate = Estimate(default_terms(cost, config) if terms is None else terms)
+        self.estimate = Estimate(make_terms(config.terms, cost) if terms is None else terms)
         self._ledger = Ledger(cost, board, self.recent, self.mix)
         self.hooks: tuple[BookingHook, ...] = (self._ledger,)
         self.residency = residency
         self.hbm = hbm
+        self._log = log
 
     @property
     def hbm(self) -> HbmResidency | None:
@@ -95,12 +105,20 @@ class GatedPolicy:
     def forget(self, address: str) -> None:
         self.board.forget(address)
 
+    def engine(self, address: str, now: float, backlog_s: float | None = None
+               ) -> EngineSignals:
+        """`address`'s signals at `now` (`backlog_s`: the board's, if already read)."""
+        return EngineSignals(address, now, self.board, self.hbm, backlog_s)
+
     def score(self, address: str, now: float, size: PromptSize, *, hbm_tokens: int = 0,
               ddr_tokens: int = 0) -> float:
         """Estimated TTFT of a request of `size` sent to `address` at `now`."""
         return self.estimate.seconds(Candidate(
-            address, self.board.backlog_s(address, now), size.prompt_tokens, hbm_tokens,
-            ddr_tokens))
+            self.engine(address, now), size.prompt_tokens, hbm_tokens, ddr_tokens))
+
+    def _explaining(self) -> FilteringBoundLogger | None:
+        log = self._log
+        return log if log is not None and log.is_enabled_for(logging.DEBUG) else None
 
     def place(self, placing: Placing, known: Known, *, prefer_kv_pool: str | None,
               exclude: str | None) -> str | None:
@@ -118,8 +136,14 @@ class GatedPolicy:
             return (size.context_tokens if prefer_kv_pool is not None
                     and view.kv_pool_of(address) == prefer_kv_pool else 0)
 
-        return _least((address, self.score(address, now, size, ddr_tokens=ddr(address)))
-                      for address in islice(found, self.config.candidates))[0]
+        best, best_s = _least((address, self.score(address, now, size, ddr_tokens=ddr(address)))
+                              for address in islice(found, self.config.candidates))
+        log = self._explaining()
+        if log is not None and best is not None:
+            log.debug("gate_placed", session=known.session, endpoint=best,
+                      estimate_s=round(best_s, 6), terms=self.estimate.parts(Candidate(
+                          self.engine(best, now), size.prompt_tokens, ddr_tokens=ddr(best))))
+        return best
 
     def reconsider(self, placing: Placing, endpoint: str, state: EndpointState,
                    known: Known) -> Moved | None:
@@ -163,9 +187,9 @@ class GatedPolicy:
         siblings = _ddr_siblings(placing, current)
         if siblings is None:
             return None
-        backlog = self.board.backlog_s(current, now)
-        stay = self.estimate.seconds(Candidate(current, backlog, size.prompt_tokens,
-                                               hbm_tokens=held, ddr_tokens=context - held))
+        here = Candidate(self.engine(current, now), size.prompt_tokens, hbm_tokens=held,
+                         ddr_tokens=context - held)
+        stay = self.estimate.seconds(here)
         limit = stay + self.cost.transfer_s(held)
         best, best_rate = None, REHOME_RATE_RATIO * rate
         for address in islice(siblings, self.config.candidates):
@@ -173,6 +197,11 @@ class GatedPolicy:
             if (sibling_rate is not None and sibling_rate < best_rate
                     and self.score(address, now, size, ddr_tokens=context) <= limit):
                 best, best_rate = address, sibling_rate
+        log = self._explaining()
+        if log is not None and best is not None:
+            log.debug("gate_rehomed", session=known.session, endpoint=best, stay_terms=(
+                self.estimate.parts(here)), terms=self.estimate.parts(Candidate(
+                    self.engine(best, now), size.prompt_tokens, ddr_tokens=context)))
         return best
 
     def move(self, placing: Placing, current: str, backlog: float, known: Known) -> Move | None:
@@ -193,9 +222,10 @@ class GatedPolicy:
                   else self.hbm.hbm_tokens(current, known.session, size.context_tokens))
         if in_hbm is None:
             in_hbm = size.context_tokens
-        stay = self.estimate.seconds(Candidate(current, backlog, size.prompt_tokens,
-                                               hbm_tokens=in_hbm,
-                                               ddr_tokens=max(0, ddr - in_hbm)))
+        engine = self.engine(current, now, backlog)
+        here = Candidate(engine, size.prompt_tokens, hbm_tokens=in_hbm,
+                         ddr_tokens=max(0, ddr - in_hbm))
+        stay = self.estimate.seconds(here)
         best, best_s = _least(
             (address, self.score(address, now, size, ddr_tokens=ddr))
             for address in islice(siblings, config.candidates))
@@ -206,11 +236,17 @@ class GatedPolicy:
             return None
         if config.miss_safe and held is None and self.score(best, now, size) > (
                 stay if in_hbm >= size.context_tokens else self.estimate.seconds(
-                    Candidate(current, backlog, size.prompt_tokens, hbm_tokens=in_hbm))):
+                    Candidate(engine, size.prompt_tokens, hbm_tokens=in_hbm))):
             # The pool may have lost the context (evicted, down, restarted): then the sibling
             # prefills it all, and so does this engine for what has left its HBM. Only a move
             # that is no worse even so is taken.
             return None
+        log = self._explaining()
+        if log is not None:
+            log.debug("gate_moved", session=known.session, endpoint=best,
+                      stay_s=round(stay, 6), stay_terms=self.estimate.parts(here),
+                      estimate_s=round(best_s, 6), terms=self.estimate.parts(Candidate(
+                          self.engine(best, now), size.prompt_tokens, ddr_tokens=ddr)))
         return Move(best, stay, best_s)
 
 

@@ -14,6 +14,7 @@ from typing import NamedTuple, Protocol
 
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement.pick import place
+from kvgate.placement.signals import HbmResidency
 from kvgate.placement.view import PoolView
 from kvgate.routing.recent import Seen
 
@@ -44,29 +45,17 @@ class Known(NamedTuple):
 
 NOTHING_KNOWN = Known()
 
+__all__ = ["NOTHING_KNOWN", "STATIC", "BookingHook", "HbmResidency", "Known", "Moved", "Placing",
+           "Policy", "PoolResidency", "PromptSize", "StaticPolicy"]
+
 
 class PoolResidency(Protocol):
     """How much of a session's context its DDR pool still holds, where that can be known (the
-    simulator's own pool today; a pool's event stream in the fleet-state issue)."""
+    simulator's own pool today; a pool's event stream later)."""
 
     def pool_tokens(self, kv_pool: str, session: str, context_tokens: int) -> int | None:
         """Leading tokens of the session's context the pool would serve a sibling now, at most
         ``context_tokens``; None when not known (the gate then assumes it all, miss-safe)."""
-        ...
-
-
-class HbmResidency(Protocol):
-    """How much of a session's context an engine's HBM still holds, where that can be known
-    (the engine's KV cache events: kvgate.fleet.residency; the simulator's own engines)."""
-
-    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
-        """Leading tokens of the session's context `endpoint` would hit in its prefix cache now,
-        at most ``context_tokens``; None when not known (the gate then assumes it all there)."""
-        ...
-
-    def eviction_rate(self, endpoint: str) -> float | None:
-        """Blocks `endpoint`'s HBM evicted per second over about the last minute
-        (kvgate.placement.evictions); None when not known."""
         ...
 
 

@@ -14,6 +14,7 @@ from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.model import Binding
 from kvgate.config import load_text
 from kvgate.contract.states import MoveReason
+from kvgate.contract.vllm import EngineFigures
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient
 from kvgate.placement import EnvoyRing, session_hash
@@ -81,7 +82,8 @@ def _ring_first(session: bytes) -> str:
 
 
 def _busy(board: LoadBoard, address: str) -> None:
-    board.observe(address, ObservedLoad(at=NOW, backlog_s=60.0, waiting=30))
+    board.observe(address, ObservedLoad(at=NOW, backlog_s=60.0,
+                                         figures=EngineFigures.of(waiting=30)))
 
 
 async def test_the_gate_places_off_the_ring_while_etcd_is_reached() -> None:

@@ -187,4 +187,4 @@ def test_the_tools_reach_the_decision_through_the_core() -> None:
     # The simulator's kvgate modes are the pipeline itself.
     routing = {imported for module, _, _, imported in project_imports()
                if module == "simulator.routing"}
-    assert {"kvgate.routing.Pipeline", "kvgate.routing.GatedPolicy"} <= routing
+    assert {"kvgate.routing.Pipeline", "kvgate.routing.build_policy"} <= routing

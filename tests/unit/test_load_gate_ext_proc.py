@@ -11,6 +11,7 @@ from kvgate.bindings.model import Binding
 from kvgate.config import load_text
 from kvgate.contract import vllm
 from kvgate.contract.states import MoveReason
+from kvgate.contract.vllm import EngineFigures
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.gate import GateConfig
@@ -103,7 +104,8 @@ async def test_a_session_on_a_busy_engine_moves_to_its_ddr_sibling_with_reason_l
     clock.now += 5.0
     assert (await decider.decide("p", b"s1", 2000)).outcome is Outcome.STICKY
     # Its engine reports 20 s of queued prefill; the sibling is idle: it moves.
-    board.observe(home, ObservedLoad(at=clock.now, backlog_s=20.0, waiting=10))
+    board.observe(home, ObservedLoad(at=clock.now, backlog_s=20.0,
+                                            figures=EngineFigures.of(waiting=10)))
     moved = await decider.decide("p", b"s1", 2000)
     assert (moved.outcome, moved.endpoints[0], moved.reason) == (
         Outcome.REBIND, sibling, MoveReason.LOAD)

@@ -27,6 +27,7 @@ from kvgate.config.schema import (
 )
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.gate import GateConfig
+from kvgate.placement.terms import TERMS
 
 _GATE = GateConfig()  # its defaults are the YAML's
 LOAD_SOURCES = ("scrape", "collector")
@@ -56,6 +57,11 @@ class LoadGateConfig:
         Boolean(), "a move must also be no slower if the DDR pool has lost the session's "
         "context (evicted while it lived in HBM, or the pool is down) and the sibling prefills "
         "it all; `false` prices every move as a DDR read", default=_GATE.miss_safe)
+    terms: tuple[str, ...] = key(
+        ListOf(Choice(tuple(TERMS))), "the terms a request's estimated TTFT on an endpoint is "
+        "the sum of (the longest of those that overlap the queue wait, then the others): "
+        "`queue_wait` (the prefill queued there), `ddr_read` (its context read from the DDR "
+        "pool), `prefill` (what neither tier holds)", default=_GATE.terms)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
@@ -95,10 +101,15 @@ class LoadGateConfig:
 
     def gate(self) -> GateConfig:
         return GateConfig(self.enabled, self.min_saving_s, self.min_saving_ratio,
-                          self.cooldown_s, self.candidates, self.miss_safe)
+                          self.cooldown_s, self.candidates, self.miss_safe, self.terms)
 
 
 def _check_gate(f: Fields, gate: LoadGateConfig, path: Path) -> None:
+    if not gate.terms:
+        f.error((*path, "terms"), "at least one term: an empty score ranks every endpoint "
+                "alike")
+    elif len(set(gate.terms)) != len(gate.terms):
+        f.error((*path, "terms"), f"a term listed twice: {list(gate.terms)}")
     if gate.kv_events_port and gate.kv_events_port_offset:
         f.error((*path, "kv_events_port_offset"), "set kv_events_port or kv_events_port_offset, "
                 "not both")
