@@ -27,11 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.config import load_text
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.vllm import GAUGES, EngineFigures
 from kvgate.endpoints import EndpointDirectory
 from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad, ObservedRound
 from kvgate.routing import Pipeline, build_policy
 from kvgate.routing.handler import DecisionMetrics, RequestHandler

@@ -202,7 +202,7 @@ class ExtProcService:
         events = settings.source == "collector" and bool(
             settings.kv_events_port or settings.kv_events_port_offset)
         hbm = HbmBoard() if events else None
-        policy = build_policy(settings.gate(), config.placement.engine_cost, board,
+        policy = build_policy(settings, config.placement.engine_cost, board,
                               recent=RecentSessions(max_age_s=config.session.idle_ttl), mix=mix,
                               hbm=hbm, log=log)
         if settings.source == "collector":

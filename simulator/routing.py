@@ -12,12 +12,12 @@ from typing import NamedTuple, Protocol
 from emulator.ddr_pool import DdrPool
 from emulator.prefix_cache import PrefixCache
 from kvgate.bindings.memory import MemoryBindingStore
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.evictions import EvictionRate
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.placement.view import Member, PoolView
 from kvgate.routing import STATIC, DecisionError, Pipeline, Policy, build_policy

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 from structlog.typing import FilteringBoundLogger
 
+from kvgate.config.sections.placement import GateConfig
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.gated import GatedPolicy
 from kvgate.routing.policy import STATIC, HbmResidency, Policy, PoolResidency

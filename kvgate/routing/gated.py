@@ -35,9 +35,9 @@ from itertools import islice
 
 from structlog.typing import FilteringBoundLogger
 
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import LoadBound, candidates
 from kvgate.placement.signals import EngineSignals

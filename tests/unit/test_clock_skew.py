@@ -11,10 +11,10 @@ import pytest
 
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.config import load_text
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.vllm import EngineFigures
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.routing import GatedPolicy, Pipeline
 

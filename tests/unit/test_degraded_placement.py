@@ -13,13 +13,13 @@ from kvgate.bindings.etcd import RING_AFTER_RECOVERY_S, EtcdBindingStore
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.model import Binding
 from kvgate.config import load_text
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.states import MoveReason
 from kvgate.contract.vllm import EngineFigures
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.routing import GatedPolicy, Outcome, Pipeline
 from kvgate.runtime.tasks.supervisor import Supervisor

@@ -9,12 +9,12 @@ from ext_proc.metrics import ExtProcMetrics
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.bindings.model import Binding
 from kvgate.config import load_text
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract import vllm
 from kvgate.contract.states import MoveReason
 from kvgate.contract.vllm import EngineFigures
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.routing import GatedPolicy, Outcome, Pipeline
 from kvgate.routing.engine_load import LOAD_GAUGES

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from kvgate.config import ConfigError, load_text
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract import vllm
 from kvgate.contract.vllm import GAUGES, EngineFigures
 from kvgate.fleet.scrape import LOAD_GAUGES
 from kvgate.placement import session_hash
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.placement.pick import candidates
 from kvgate.placement.signals import EngineSignals
@@ -124,7 +124,7 @@ def test_the_terms_in_use_are_a_placement_key() -> None:
     gate = load_text(POOLS + "placement: {load_gate: {terms: [prefill, queue_wait]}}\n"
                      ).placement.load_gate
     assert gate.terms == ("prefill", "queue_wait")
-    policy = build_policy(gate.gate(), COST, LoadBoard())
+    policy = build_policy(gate, COST, LoadBoard())
     assert isinstance(policy, GatedPolicy)
     assert [t.name for t in policy.estimate.terms] == ["prefill", "queue_wait"]
     for terms, problem in (("[queue_wait, nope]", "placement.load_gate.terms[1]: must be one "
