@@ -199,9 +199,7 @@ class ExtProcService:
             return STATIC
         board = self.board = LoadBoard(settings.max_load_age_s)
         mix = PrefillMix()  # what this replica's booked requests cost: prices a waiting one
-        events = settings.source == "collector" and bool(
-            settings.kv_events_port or settings.kv_events_port_offset)
-        hbm = HbmBoard() if events else None
+        hbm = HbmBoard() if settings.source == "collector" and settings.kv_events else None
         policy = build_policy(settings, config.placement.engine_cost, board,
                               recent=RecentSessions(max_age_s=config.session.idle_ttl), mix=mix,
                               hbm=hbm, log=log)

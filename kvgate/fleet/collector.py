@@ -17,8 +17,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from kvgate.config.sections.placement import GateConfig
 from kvgate.fleet.kv_events import EventsAt, EventSubscriptions, events_endpoint, replay_endpoint
 from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, Pages, ScrapeRounds
 from kvgate.placement.evictions import EvictionRate
@@ -32,13 +33,8 @@ class CollectorSettings:
     leading: bool  # this control-plane replica leads
     refresh_s: float
     timeout_s: float  # a scrape slower than this is abandoned
-    kv_events_port: int = 0  # each engine's event publisher (0: none) ...
-    kv_events_port_offset: int = 0  # ... or at its own port plus this
-    kv_events_replay_offset: int = 0  # its replay socket at the publisher's port plus this
-
-    @property
-    def kv_events(self) -> bool:
-        return bool(self.kv_events_port or self.kv_events_port_offset)
+    # `placement.load_gate`: where each engine publishes its KV events (kv_events_port...)
+    gate: GateConfig = field(default_factory=GateConfig)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +134,9 @@ class FleetCollector:
 
     def _gather_residency(self, settings: CollectorSettings, active: set[str]) -> None:
         """Follows the active engines' event streams; what changed since the last round."""
-        wanted = ((settings.kv_events_port, settings.kv_events_port_offset,
-                   settings.kv_events_replay_offset),
-                  frozenset(active) if settings.kv_events else frozenset())
+        gate = settings.gate
+        wanted = ((gate.kv_events_port, gate.kv_events_port_offset, gate.kv_events_replay_offset),
+                  frozenset(active) if gate.kv_events else frozenset())
         if wanted != self._followed:  # the endpoints are made again only when these change
             self._followed = wanted
             (port, offset, replay), engines = wanted

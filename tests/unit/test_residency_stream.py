@@ -15,6 +15,7 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from control_plane.admin.fleet_stream import FleetStream
+from kvgate.config.sections.placement import GateConfig
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.fleet.kv_events import decode, events_endpoint, replay_endpoint
@@ -65,7 +66,8 @@ class Clock:
 async def rig() -> AsyncIterator[tuple[FleetCollector, Publisher, CollectorSettings]]:
     (port,) = free_ports(1)
     publisher = Publisher(port)
-    settings = CollectorSettings(True, True, 0.05, 0.05, kv_events_port=port)
+    settings = CollectorSettings(True, True, 0.05, 0.05,
+                                 GateConfig(source="collector", kv_events_port=port))
     collector = FleetCollector(lambda: [ENGINE], lambda: settings,
                                EngineScrapeMetrics(CollectorRegistry(), "control_plane"),
                                clock=Clock())

@@ -101,6 +101,11 @@ class GateConfig:
     bytes_per_token: float = key(Number(0.1, 1000.0), "request body bytes per prompt token: the "
                                  "prompt-size estimate from `content-length`", default=4.0)
 
+    @property
+    def kv_events(self) -> bool:
+        """The engines publish KV cache events the collector reads."""
+        return bool(self.kv_events_port or self.kv_events_port_offset)
+
     def at_time_scale(self, time_scale: float) -> GateConfig:
         """For engines emulated at `time_scale` (> 0) and priced in wall seconds: the gate's
         emulated seconds scaled with them; how often and how old a report stays wall time."""
