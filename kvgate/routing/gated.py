@@ -17,6 +17,10 @@ debug level, each placement and move is logged with its seconds per term.
   staying is priced with that: a context that has left HBM comes back from the pool there too,
   so a move costs no hit rate. A session that moved stays put for `cooldown_s` (hysteresis: no
   flapping between two busy siblings).
+- A request with no session and a known size goes to the least estimated TTFT among
+  `candidates` endpoints of the whole pool's ring, from a starting point that turns with each
+  such request, and is booked there: an engine busy with a large sessionless prompt shows
+  its backlog to the next decision. One of unknown size is left to Envoy's balancing, as before.
 - Where that residency is known, a bound session whose context has mostly left its engine's
   HBM is re-homed to the DDR-pool sibling that evicts slowest (`rehome`), if it evicts at most
   half as fast and answers no later than staying, give or take re-reading what is still held:
@@ -40,8 +44,10 @@ from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import LoadBound, candidates
+from kvgate.placement.ring import session_hash
 from kvgate.placement.signals import EngineSignals
 from kvgate.placement.terms import Candidate, Estimate, Term, make_terms
+from kvgate.placement.view import PoolView
 from kvgate.routing.booking import Ledger
 from kvgate.routing.policy import (
     BookingHook,
@@ -88,6 +94,7 @@ class GatedPolicy:
         self.residency = residency
         self.hbm = hbm
         self._log = log
+        self._sessionless = 0  # requests with no session routed: where their ring walk starts
 
     @property
     def hbm(self) -> HbmResidency | None:
@@ -143,6 +150,28 @@ class GatedPolicy:
             log.debug("gate_placed", session=known.session, endpoint=best,
                       estimate_s=round(best_s, 6), terms=self.estimate.parts(Candidate(
                           self.engine(best, now), size.prompt_tokens, ddr_tokens=ddr(best))))
+        return best
+
+    def sessionless(self, view: PoolView, prompt_tokens: int) -> str | None:
+        """The least estimated TTFT among the first candidates of the whole pool's ring, from
+        a point that turns request by request (no session to keep in one place); booked."""
+        whole = view.ring_for(None, None)
+        if not self.config.enabled or prompt_tokens <= 0 or whole is None:
+            return None
+        self._sessionless += 1
+        start = session_hash(self._sessionless.to_bytes(8, "big"))
+        now, size = self.clock(), PromptSize(prompt_tokens)
+        best, best_s = _least((address, self.score(address, now, size))
+                              for address in islice(whole.ring.walk(start),
+                                                    self.config.candidates))
+        if best is None:
+            return None
+        self._ledger.sessionless(best, now, prompt_tokens)
+        log = self._explaining()
+        if log is not None:
+            log.debug("gate_sessionless", endpoint=best, estimate_s=round(best_s, 6),
+                      terms=self.estimate.parts(Candidate(self.engine(best, now),
+                                                          prompt_tokens)))
         return best
 
     def reconsider(self, placing: Placing, endpoint: str, state: EndpointState,

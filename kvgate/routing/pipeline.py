@@ -67,7 +67,7 @@ class Pipeline:
         load-aware policy prices the request with."""
         session = self._sessions.normalize(raw_session) if raw_session is not None else None
         if session is None:
-            return SESSIONLESS
+            return self._sessionless(pool, prompt_tokens)
         view = self._directory.view(pool)
         if not view.members:
             raise UnknownPool(f"no endpoints known for pool {pool!r}")
@@ -123,6 +123,20 @@ class Pipeline:
             hook.routed(pool, session, view, binding.endpoint, previous, known,
                         moved=reason is not None)
         return self._decision(outcome, view, hash_value, binding.endpoint, session, reason)
+
+    def _sessionless(self, pool: str, prompt_tokens: int) -> Decision:
+        """No session: Envoy's balancing picks, unless the policy routes the request itself
+        (the load gate, for a request of known size: it books it, so its load counts)."""
+        if prompt_tokens <= 0 or not self.policy.hooks:
+            return SESSIONLESS
+        view = self._directory.view(pool)
+        endpoint = self.policy.sessionless(view, prompt_tokens) if view.members else None
+        if endpoint is None:
+            return SESSIONLESS
+        # A retry goes to another engine of its KV pool, as a session's would.
+        fallback = fallback_for(view, session_hash(endpoint.encode()), endpoint)
+        return Decision(Outcome.SESSIONLESS, (endpoint,) if fallback is None
+                        else (endpoint, fallback))
 
     @staticmethod
     def _decision(outcome: Outcome, view: PoolView, hash_value: int, endpoint: str,

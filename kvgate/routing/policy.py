@@ -1,9 +1,10 @@
 """What the pipeline asks of a routing policy, and the static one (stickiness on the ring with
 bounded load: no clock, no size, nothing booked).
 
-A policy answers three questions: what it knows of a request (`known`), whether a session bound
-to an active or draining endpoint should move (`reconsider`), and where a new or re-placed
-session goes (`place`). Its booking hooks (`hooks`) run once a request is routed.
+A policy answers four questions: what it knows of a request (`known`), whether a session bound
+to an active or draining endpoint should move (`reconsider`), where a new or re-placed session
+goes (`place`), and whether it routes a request with no session itself (`sessionless`). Its
+booking hooks (`hooks`) run once a request with a session is routed.
 """
 
 from __future__ import annotations
@@ -109,6 +110,11 @@ class Policy(Protocol):
         """A new (or re-placed) session's endpoint; None when the pool has no active one."""
         ...
 
+    def sessionless(self, view: PoolView, prompt_tokens: int) -> str | None:
+        """Where a request with no session goes, booked there (its load counts like any
+        other's); None: Envoy's own balancing picks and nothing is booked."""
+        ...
+
     def forget(self, address: str) -> None:
         """An endpoint failed or left: what the policy knew of its load no longer holds."""
         ...
@@ -131,6 +137,9 @@ class StaticPolicy:
               exclude: str | None) -> str | None:
         return place(placing.view, placing.hash_value, placing.loads, placing.load_factor,
                      prefer_kv_pool=prefer_kv_pool, exclude=exclude)
+
+    def sessionless(self, view: PoolView, prompt_tokens: int) -> str | None:
+        return None
 
     def forget(self, address: str) -> None:
         pass
