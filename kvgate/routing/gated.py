@@ -17,16 +17,16 @@ debug level, each placement and move is logged with its seconds per term.
   staying is priced with that: a context that has left HBM comes back from the pool there too,
   so a move costs no hit rate. A session that moved stays put for `cooldown_s` (hysteresis: no
   flapping between two busy siblings).
-- A request with no session and a known size goes to the least estimated TTFT among
-  `candidates` endpoints of the whole pool's ring, from a starting point that turns with each
-  such request, and is booked there: an engine busy with a large sessionless prompt shows
-  its backlog to the next decision. One of unknown size is left to Envoy's balancing, as before.
 - Where that residency is known, a bound session whose context has mostly left its engine's
   HBM is re-homed to the DDR-pool sibling that evicts slowest (`rehome`), if it evicts at most
   half as fast and answers no later than staying, give or take re-reading what is still held:
   the context comes back from the pool either way, and an engine that evicts fast will evict it
   again before the session's next turn. Without it, a few engines whose HBM thrashes keep
   reloading their sessions' contexts turn after turn (docs/pool-profiles.md).
+- A request with no session and a known size goes to the least estimated TTFT among
+  `candidates` endpoints of the whole pool's ring, from a starting point that turns with each
+  such request, and is booked there: an engine busy with a large sessionless prompt shows
+  its backlog to the next decision. One of unknown size is left to Envoy's balancing, as before.
 """
 
 from __future__ import annotations
