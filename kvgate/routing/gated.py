@@ -39,6 +39,7 @@ from itertools import islice
 
 from structlog.typing import FilteringBoundLogger
 
+from kvgate.bindings.model import MoveEstimate
 from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement.cost import EngineCost
@@ -63,11 +64,17 @@ from kvgate.routing.recent import PrefillMix, RecentSessions
 
 @dataclass(frozen=True, slots=True)
 class Move:
-    """The gate's verdict for a bound session that should move: where, and the two estimates."""
+    """The gate's verdict for a bound session that should move: where, and the two estimates
+    (`terms`: the move's, per scoring term)."""
 
     endpoint: str
     stay_s: float
     move_s: float
+    terms: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def estimate(self) -> MoveEstimate:
+        return MoveEstimate(self.terms, round(self.stay_s, 6))
 
 
 class GatedPolicy:
@@ -187,20 +194,21 @@ class GatedPolicy:
         if self.hbm is not None:
             home = self.rehome(placing, endpoint, known)
             if home is not None:
-                return Moved(home, MoveReason.EVICTED)
+                return Moved(home.endpoint, MoveReason.EVICTED, home.estimate)
         # Moving saves at most this engine's backlog (the prefill is the same anywhere): under
         # the threshold nothing else is looked at, so the sticky path stays O(1).
         backlog = self.board.backlog_s(endpoint, now)
         if backlog < config.min_saving_s:
             return None
         move = self.move(placing, endpoint, backlog, known)
-        return None if move is None else Moved(move.endpoint, MoveReason.LOAD)
+        return None if move is None else Moved(move.endpoint, MoveReason.LOAD, move.estimate)
 
-    def rehome(self, placing: Placing, current: str, known: Known) -> str | None:
+    def rehome(self, placing: Placing, current: str, known: Known) -> Move | None:
         """The DDR-pool sibling a session whose context has mostly left `current`'s HBM should
         move to, where it will stay longer: the one evicting slowest, at most
         `REHOME_RATE_RATIO` of `current`'s rate, whose estimate is no later than staying's
-        plus the read of what `current` still holds. None: it stays."""
+        plus the read of what `current` still holds (with the two estimates). None: it
+        stays."""
         hbm, seen, now = self.hbm, known.seen, known.now
         # From the tuple, not `known.size`: the sticky path makes no object (Ledger.kept).
         context = 0 if seen is None else seen.tokens
@@ -220,18 +228,22 @@ class GatedPolicy:
                          ddr_tokens=context - held)
         stay = self.estimate.seconds(here)
         limit = stay + self.cost.transfer_s(held)
-        best, best_rate = None, REHOME_RATE_RATIO * rate
+        best, best_rate, best_s = None, REHOME_RATE_RATIO * rate, 0.0
         for address in islice(siblings, self.config.candidates):
             sibling_rate = hbm.eviction_rate(address)
-            if (sibling_rate is not None and sibling_rate < best_rate
-                    and self.score(address, now, size, ddr_tokens=context) <= limit):
-                best, best_rate = address, sibling_rate
+            if sibling_rate is not None and sibling_rate < best_rate:
+                seconds = self.score(address, now, size, ddr_tokens=context)
+                if seconds <= limit:
+                    best, best_rate, best_s = address, sibling_rate, seconds
+        if best is None:
+            return None
+        terms = self.estimate.parts(Candidate(self.engine(best, now), size.prompt_tokens,
+                                              ddr_tokens=context))
         log = self._explaining()
-        if log is not None and best is not None:
-            log.debug("gate_rehomed", session=known.session, endpoint=best, stay_terms=(
-                self.estimate.parts(here)), terms=self.estimate.parts(Candidate(
-                    self.engine(best, now), size.prompt_tokens, ddr_tokens=context)))
-        return best
+        if log is not None:
+            log.debug("gate_rehomed", session=known.session, endpoint=best,
+                      stay_terms=self.estimate.parts(here), terms=terms)
+        return Move(best, stay, best_s, tuple(terms.items()))
 
     def move(self, placing: Placing, current: str, backlog: float, known: Known) -> Move | None:
         """The DDR-pool sibling a session on `current` (with `backlog` seconds queued) should
@@ -270,13 +282,14 @@ class GatedPolicy:
             # prefills it all, and so does this engine for what has left its HBM. Only a move
             # that is no worse even so is taken.
             return None
+        terms = self.estimate.parts(Candidate(self.engine(best, now), size.prompt_tokens,
+                                              ddr_tokens=ddr))
         log = self._explaining()
         if log is not None:
             log.debug("gate_moved", session=known.session, endpoint=best,
                       stay_s=round(stay, 6), stay_terms=self.estimate.parts(here),
-                      estimate_s=round(best_s, 6), terms=self.estimate.parts(Candidate(
-                          self.engine(best, now), size.prompt_tokens, ddr_tokens=ddr)))
-        return Move(best, stay, best_s)
+                      estimate_s=round(best_s, 6), terms=terms)
+        return Move(best, stay, best_s, tuple(terms.items()))
 
 
 def _ddr_siblings(placing: Placing, current: str) -> Iterator[str] | None:

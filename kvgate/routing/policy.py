@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from kvgate.bindings.model import MoveEstimate
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement.pick import place
 from kvgate.placement.signals import HbmResidency
@@ -61,10 +62,11 @@ class PoolResidency(Protocol):
 
 
 class Moved(NamedTuple):
-    """A bound session the policy moves: where, and why."""
+    """A bound session the policy moves: where, why, and what it estimated (the load gate)."""
 
     endpoint: str
     reason: MoveReason
+    estimate: MoveEstimate | None = None
 
 
 class Placing(NamedTuple):

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from kvgate.bindings.etcd import RING_AFTER_RECOVERY_S, EtcdBindingStore
 from kvgate.bindings.memory import MemoryBindingStore
-from kvgate.bindings.model import Binding
+from kvgate.bindings.model import Binding, MoveEstimate
 from kvgate.config import load_text
 from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.states import MoveReason
@@ -58,12 +58,14 @@ class AwayStore(MemoryBindingStore):
         return existing if existing is not None else self._queue(binding)
 
     async def move(self, current: Binding, endpoint: str,
-                   reason: MoveReason | None = None, *, optional: bool = False) -> Binding:
+                   reason: MoveReason | None = None, *, optional: bool = False,
+                   estimate: MoveEstimate | None = None) -> Binding:
         if self.lose_at_next_write:
             self.away, self.lose_at_next_write = True, False
         if not self.away:
-            return await super().move(current, endpoint, reason)
-        return current if optional else self._queue(current.moved_to(endpoint, reason))
+            return await super().move(current, endpoint, reason, estimate=estimate)
+        return current if optional else self._queue(
+            current.moved_to(endpoint, reason, estimate=estimate))
 
     def _queue(self, binding: Binding) -> Binding:
         local = replace(binding, revision=0)

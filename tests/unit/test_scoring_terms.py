@@ -1,6 +1,7 @@
 """Scoring terms by name: the registry, the terms `placement.load_gate.terms` lists, a term that
 reads a live signal (a reported gauge) through the engine's signals view, the one table of
-gauges, each decision's seconds per term at debug level, and the one `build_policy`."""
+gauges, each decision's seconds per term (at debug level, and a gate move's in `kvgate sessions
+show`), and the one `build_policy`."""
 
 from __future__ import annotations
 
@@ -9,9 +10,13 @@ from typing import Any
 
 import pytest
 
+from control_plane.admin.servicer import session_binding
+from control_plane.operations import SessionBinding
+from kvgate.bindings.model import Binding, MoveEstimate
 from kvgate.config import ConfigError, load_text
 from kvgate.config.sections.placement import GateConfig
 from kvgate.contract import vllm
+from kvgate.contract.states import MoveReason
 from kvgate.contract.vllm import GAUGES, EngineFigures
 from kvgate.fleet.scrape import LOAD_GAUGES
 from kvgate.placement import session_hash
@@ -34,6 +39,7 @@ from kvgate.placement.view import Member, PoolView
 from kvgate.routing import STATIC, GatedPolicy, build_policy
 from kvgate.routing.policy import Known, Placing
 from kvgate.routing.recent import Seen
+from kvgate_cli.admin import render
 
 COST = EngineCost()
 POOLS = "pools: [{name: p, endpoints: [10.0.0.1:1]}]\n"
@@ -152,3 +158,24 @@ def test_one_table_of_gauges_reads_a_page_and_names_the_figures() -> None:
     assert isinstance(figures.waiting, int) and EngineFigures().values == (0, 0, 0.0)
     with pytest.raises(ValueError, match="not gauges: link_backlog"):
         EngineFigures.of(link_backlog=1.0)
+
+
+def test_a_gate_moves_record_shows_its_seconds_per_term_in_sessions_show() -> None:
+    estimate = MoveEstimate((("queue_wait", 4.0), ("ddr_read", 0.05), ("prefill", 0.2)), 6.2)
+    bound = Binding("0b1c6a4e-0000-5000-8000-000000000001", "p", "10.0.0.1:1", 3, 7)
+    moved = bound.moved_to("10.0.0.2:1", MoveReason.LOAD, at=1700000000.0, estimate=estimate)
+    stored = Binding.decode(moved.key, moved.encode(), 4)
+    assert stored.estimate == estimate
+    # A move the gate did not make records none, also over one it did (a stale estimate).
+    manual = stored.moved_to("10.0.0.3:1", MoveReason.MANUAL, at=1700000100.0)
+    assert Binding.decode(manual.key, manual.encode(), 5).estimate is None
+    assert b"terms" not in bound.moved_to("10.0.0.3:1", MoveReason.FAILED).encode()
+    message = session_binding(SessionBinding(stored, 0))
+    assert dict(message.move_terms) == dict(estimate.terms) and message.stay_s == 6.2
+    shown = render.sessions_table([message])
+    assert "load, 2023-11-14 22:13:20Z" in shown
+    assert "(ddr_read 0.05s + prefill 0.20s + queue_wait 4.00s vs 6.20s staying)" in shown
+    assert render.binding_dict(message)["move_terms"] == dict(estimate.terms)
+    plain = session_binding(SessionBinding(Binding.decode(manual.key, manual.encode(), 5), 0))
+    assert "staying" not in render.sessions_table([plain])
+    assert render.binding_dict(plain)["move_terms"] is None
