@@ -41,9 +41,9 @@ class GateConfig:
 
     enabled: bool = key(
         Boolean(), "the load gate: a bound session moves to a sibling in its DDR pool when that "
-        "answers sooner; new sessions go to the least estimated TTFT among their ring "
-        "candidates. `false`: static stickiness, exactly as before (nothing scraped, "
-        "`content-length` not forwarded)", default=True)
+        "answers sooner; new sessions, and requests with no session but a `content-length`, go "
+        "to the least estimated TTFT among their ring candidates. `false`: static stickiness, "
+        "exactly as before (nothing scraped, `content-length` not forwarded)", default=True)
     min_saving_s: float = key(Duration(0.0, 3600.0), "a move must save at least this much "
                               "estimated TTFT (more than a user notices; docs/benchmarks.md) "
                               "...", default=1.5)
