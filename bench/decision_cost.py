@@ -27,12 +27,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.config import load_text
+from kvgate.config.sections.placement import GateConfig
+from kvgate.contract.vllm import GAUGES, EngineFigures
 from kvgate.endpoints import EndpointDirectory
 from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad, ObservedRound
-from kvgate.routing import STATIC, GatedPolicy, Pipeline, Policy
+from kvgate.routing import Pipeline, build_policy
 from kvgate.routing.handler import DecisionMetrics, RequestHandler
 from kvgate.routing.sources import SessionSources
 from kvgate.session import normalize_session
@@ -52,12 +53,15 @@ def board_with(figures: str) -> LoadBoard:
     board, at = LoadBoard(), time.monotonic() + 3600
     if figures == "scraped":
         for engine in ENGINES:
-            board.observe(engine, ObservedLoad(at, running=1, kv_usage=0.5))
+            board.observe(engine, ObservedLoad(at, figures=EngineFigures.of(running=1,
+                                                                            kv_usage=0.5)))
     elif figures.startswith("round"):
         count = len(ENGINES)
+        columns: dict[str, list[float]] = {"waiting": [0] * count, "running": [1] * count,
+                                           "kv_usage": [0.5] * count}
         board.observe_round(ObservedRound({e: i for i, e in enumerate(ENGINES)}, at,
-                                          [0.0] * count, [0] * count, [1] * count,
-                                          [0.5] * count, 0.1))
+                                          [0.0] * count, [columns[g.name] for g in GAUGES],
+                                          0.1))
     return board
 
 
@@ -75,11 +79,10 @@ def resident(sessions: int) -> HbmBoard:
 async def per_decision(gate_on: bool, decisions: int, sessions: int,
                        figures: str = "none") -> float:
     """CPU seconds per sticky decision."""
-    policy: Policy = (GatedPolicy(EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
-                                  GateConfig(), board_with(figures)) if gate_on else STATIC)
-    if figures == "round+hbm":
-        assert isinstance(policy, GatedPolicy)
-        policy.hbm = resident(sessions)
+    policy = build_policy(GateConfig(enabled=gate_on),
+                          EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
+                          board_with(figures),
+                          hbm=resident(sessions) if figures == "round+hbm" else None)
     pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, policy=policy)
     handler = RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics("bench"),
                              "p", bytes_per_token=4.0 if gate_on else None)

@@ -185,7 +185,8 @@ def delivery_cost(engines: int, rounds: int) -> dict[str, float]:
     now = time.monotonic()
     for index in range(engines):
         collector.record(f"10.{index // 65536}.{index // 256 % 256}.{index % 256}:8000",
-                         EngineFigures(index % 7, index % 13, (index % 100) / 100), now)
+                         EngineFigures.of(waiting=index % 7, running=index % 13,
+                                          kv_usage=(index % 100) / 100), now)
     stream = FleetStream(collector, "collector", lambda: "collector")
     board = LoadBoard()
     feed = FleetFeed(["unused:1"], board, PrefillMix(),

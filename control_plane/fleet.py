@@ -34,10 +34,7 @@ class ControlPlaneCollector:
         return CollectorSettings(
             configured=gate.enabled and gate.source == "collector", leading=self._leader.leading,
             refresh_s=gate.refresh_s, timeout_s=scrape_timeout(gate.max_load_age_s,
-                                                               gate.refresh_s),
-            kv_events_port=gate.kv_events_port,
-            kv_events_port_offset=gate.kv_events_port_offset,
-            kv_events_replay_offset=gate.kv_events_replay_offset)
+                                                               gate.refresh_s), gate=gate)
 
     def status(self) -> CollectorStatus | None:
         """None when the load gate uses no collector."""

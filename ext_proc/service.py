@@ -31,11 +31,12 @@ from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
 from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
 from kvgate.fleet.hbm_board import HbmBoard
+from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.observability.http import MetricsServer
 from kvgate.observability.logs import Throttled
 from kvgate.placement.live import LoadBoard
 from kvgate.replicas import ReplicaReport, ReportPublisher
-from kvgate.routing import STATIC, GatedPolicy, Pipeline, Policy
+from kvgate.routing import STATIC, Pipeline, Policy, build_policy
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
 from kvgate.routing.handler import RequestHandler
 from kvgate.routing.recent import RecentSessions
@@ -102,6 +103,35 @@ class ExtProcService:
             self._bind_http(listen)
         else:
             self._bind_grpc(listen)
+        await self._open_store()
+        policy = self._policy()
+        pipeline = Pipeline(self.store, self.directory, config.placement.load_factor,
+                            policy=policy, max_bindings=config.session.max_bindings,
+                            on_unbound=self._unbound,
+                            sessions=SessionIds(max_age_s=config.session.idle_ttl))
+        default_pool = config.pools[0].name if len(config.pools) == 1 else None
+        handler = RequestHandler(
+            pipeline, SessionSources(config.session), self.metrics, default_pool,
+            bytes_per_token=None if policy is STATIC
+            else config.placement.load_gate.bytes_per_token, log=log,
+        )
+        await self._serve(handler)
+        if self._options.metrics is not None:
+            self._metrics_server = MetricsServer(
+                self.metrics.registry, self._options.metrics.host, self._options.metrics.port
+            )
+            await self._metrics_server.start()
+        log.info("ext_proc_ready", listen=f"{listen.host}:{self.port}",
+                 metrics=None if self._metrics_server is None
+                 else f"{self._options.metrics.host}:{self._metrics_server.port}",  # type: ignore[union-attr]
+                 transport=config.ext_proc.transport,
+                 etcd=list(self._options.etcd_endpoints) or None,
+                 **(self._etcd_security.describe() if self._etcd_security else {}))
+
+    async def _open_store(self) -> None:
+        """The bindings: etcd's (with its mirrors, readiness and replica report), or, with no
+        etcd configured, in memory for this one replica."""
+        config = self._config
         if self._options.etcd_endpoints:
             self._etcd = EtcdClient(self._options.etcd_endpoints, on_error=self.etcd_errors,
                                     security=self._etcd_security,
@@ -132,29 +162,6 @@ class ExtProcService:
             memory = MemoryBindingStore(config.session.idle_ttl)
             self.store = memory
             self.metrics.track(lambda: sum(1 for _ in memory.bindings()), lambda: 0, lambda: 0)
-        policy = self._policy()
-        pipeline = Pipeline(self.store, self.directory, config.placement.load_factor,
-                            policy=policy, max_bindings=config.session.max_bindings,
-                            on_unbound=self._unbound,
-                            sessions=SessionIds(max_age_s=config.session.idle_ttl))
-        default_pool = config.pools[0].name if len(config.pools) == 1 else None
-        handler = RequestHandler(
-            pipeline, SessionSources(config.session), self.metrics, default_pool,
-            bytes_per_token=None if policy is STATIC
-            else config.placement.load_gate.bytes_per_token, log=log,
-        )
-        await self._serve(handler)
-        if self._options.metrics is not None:
-            self._metrics_server = MetricsServer(
-                self.metrics.registry, self._options.metrics.host, self._options.metrics.port
-            )
-            await self._metrics_server.start()
-        log.info("ext_proc_ready", listen=f"{listen.host}:{self.port}",
-                 metrics=None if self._metrics_server is None
-                 else f"{self._options.metrics.host}:{self._metrics_server.port}",  # type: ignore[union-attr]
-                 transport=config.ext_proc.transport,
-                 etcd=list(self._options.etcd_endpoints) or None,
-                 **(self._etcd_security.describe() if self._etcd_security else {}))
 
     async def _serve(self, handler: RequestHandler) -> None:
         """The transport bound at start answers with the core's pipeline (through `handler`)."""
@@ -193,20 +200,21 @@ class ExtProcService:
         if not settings.enabled:
             return STATIC
         board = self.board = LoadBoard(settings.max_load_age_s)
-        policy = GatedPolicy(config.placement.engine_cost, settings.gate(), board,
-                             recent=RecentSessions(max_age_s=config.session.idle_ttl))
+        mix = PrefillMix()  # what this replica's booked requests cost: prices a waiting one
+        hbm = HbmBoard() if settings.source == "collector" and settings.kv_events else None
+        policy = build_policy(settings, config.placement.engine_cost, board,
+                              recent=RecentSessions(max_age_s=config.session.idle_ttl), mix=mix,
+                              hbm=hbm, log=log)
         if settings.source == "collector":
             addresses = [str(a) for a in settings.collector] or [str(config.control_plane.admin)]
             token = load_token(READ_TOKEN_ENV) or load_token(TOKEN_ENV)
-            events = bool(settings.kv_events_port or settings.kv_events_port_offset)
-            policy.hbm = hbm = HbmBoard() if events else None
-            self.feed = FleetFeed(addresses, board, policy.mix,
+            self.feed = FleetFeed(addresses, board, mix,
                                   FleetFeedMetrics(self.metrics.registry, SERVICE, hbm), token,
                                   stall_s=max(2.0, 10 * settings.refresh_s), hbm=hbm,
                                   tls=self._collector_tls)
             self.supervisor.spawn("fleet-feed", self.feed.run)
             return policy
-        scraper = EngineLoadScraper(self.directory.active_addresses, board, policy.mix,
+        scraper = EngineLoadScraper(self.directory.active_addresses, board, mix,
                                     settings.refresh_s,
                                     EngineScrapeMetrics(self.metrics.registry, SERVICE))
         self.supervisor.spawn("engine-load", scraper.run)

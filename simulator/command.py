@@ -20,8 +20,8 @@ from benchkit.report import (
     write_outputs,
 )
 from emulator.options import EmulatorOptions
-from kvgate.placement.gate import GateConfig
 from kvgate.runtime.tasks.collector import collector_paused
+from simulator.gate_flags import add_gate_flags, gate_description, gate_settings
 from simulator.parallel import simulate_modes
 from simulator.run import LOAD_REFRESH_S, PROMPT_ERROR, FleetEvent, SimConfig
 from workload.cli import add_workload_arguments
@@ -175,30 +175,17 @@ def check_run_flags(args: argparse.Namespace) -> None:
     if not args.prompt_estimate_error >= 0:
         raise ValueError(f"--prompt-estimate-error must be >= 0, got "
                          f"{args.prompt_estimate_error:g}")
-    problems = router_settings(args)["gate"].problems()
-    if problems:
-        raise ValueError(f"--gate-*: {'; '.join(problems)}")
 
 
 def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     """What the load-aware routers see and how kvgate's load gate decides (simulate, plan)."""
     a = parser.add_argument
-    gate = GateConfig()
     a("--load-refresh-s", type=float, default=LOAD_REFRESH_S, metavar="S",
       help="the routers scrape the engines' metrics every S emulated seconds (%(default)s)")
     a("--prompt-estimate-error", type=float, default=PROMPT_ERROR, metavar="SIGMA",
       help="error of the prompt size a router estimates from content-length: lognormal "
       "sigma per session (0: exact token counts; %(default)s)")
-    a("--gate-min-saving-s", type=float, default=gate.min_saving_s, metavar="S",
-      help="kvgate moves a session when that saves at least S seconds (%(default)s)")
-    a("--gate-min-saving-ratio", type=float, default=gate.min_saving_ratio, metavar="F",
-      help="... and at least F of its engine's estimated TTFT (%(default)s)")
-    a("--gate-cooldown-s", type=float, default=gate.cooldown_s, metavar="S",
-      help="a moved session stays put S seconds (%(default)s)")
-    a("--gate-candidates", type=int, default=gate.candidates, metavar="N",
-      help="endpoints the gate scores per decision (%(default)s)")
-    a("--gate-miss-safe", choices=["on", "off"], default="on" if gate.miss_safe else "off",
-      help="move only if no slower should the pool have lost the context (%(default)s)")
+    add_gate_flags(parser)
     a("--pool-residency", choices=["on", "off"], default="off",
       help="the gate knows what the pool holds of a session it might move (exactly, as a "
            "pool's event stream would tell it) and prices the move with that (%(default)s)")
@@ -210,24 +197,16 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
 def router_settings(args: argparse.Namespace) -> dict[str, Any]:
     """SimConfig's router fields from the flags of :func:`add_router_arguments`."""
     return {"load_refresh_s": args.load_refresh_s, "prompt_error": args.prompt_estimate_error,
-            "gate": GateConfig(min_saving_s=args.gate_min_saving_s,
-                               min_saving_ratio=args.gate_min_saving_ratio,
-                               cooldown_s=args.gate_cooldown_s,
-                               candidates=args.gate_candidates,
-                               miss_safe=args.gate_miss_safe == "on"),
+            "gate": gate_settings(args),
             "pool_residency": args.pool_residency == "on",
             "hbm_residency": args.hbm_residency == "on"}
 
 
 def router_description(config: SimConfig) -> dict[str, Any]:
     """The routers' settings, for a result's JSON."""
-    gate = config.gate
     return {"load_refresh_s": config.load_refresh_s,
             "prompt_estimate_error": config.prompt_error,
-            "load_gate": {"min_saving_s": gate.min_saving_s,
-                          "min_saving_ratio": gate.min_saving_ratio,
-                          "cooldown_s": gate.cooldown_s, "candidates": gate.candidates,
-                          "miss_safe": gate.miss_safe},
+            "load_gate": gate_description(config.gate),
             "pool_residency": config.pool_residency,
             "hbm_residency": config.hbm_residency}
 

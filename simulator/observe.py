@@ -1,10 +1,11 @@
 """What the engines' `/metrics` would show, scraped every so often.
 
-vLLM exports `vllm:num_requests_waiting` (not yet prefilling: queued, or loading its KV from the
-pool), `vllm:num_requests_running` (prefilling or decoding) and `vllm:kv_cache_usage_perc`. The
-simulator keeps, per engine, when each request reached it, started its prefill and finished,
-and answers for any instant already simulated; a router sees a scrape taken at the last tick of
-the refresh interval, never the engine's schedule itself.
+The gauges are kvgate's (kvgate.contract.vllm.GAUGES): vLLM's `vllm:num_requests_waiting` (not
+yet prefilling: queued, or loading its KV from the pool), `vllm:num_requests_running`
+(prefilling or decoding) and `vllm:kv_cache_usage_perc`. The simulator keeps, per engine, when
+each request reached it, started its prefill and finished, and answers for any instant already
+simulated; a router sees a scrape taken at the last tick of the refresh interval, never the
+engine's schedule itself.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from kvgate.contract.vllm import EngineFigures
+
 
 class Scrape(NamedTuple):
     """One engine's metrics as of `at` (emulated seconds)."""
 
     at: float
-    running: int
-    waiting: int
-    kv_usage: float
+    figures: EngineFigures
 
 
 class EngineGauges:
@@ -88,6 +89,7 @@ class Scraper:
         if last is not None and last.at >= tick:
             return last
         running, waiting = self._gauges[e].counts(tick)
-        scrape = Scrape(tick, running, waiting, self._usage(e, tick))
+        scrape = Scrape(tick, EngineFigures.of(running=running, waiting=waiting,
+                                               kv_usage=self._usage(e, tick)))
         self._last[e] = scrape
         return scrape

@@ -145,8 +145,8 @@ class PrefixScoreRouter(_IndexedPeer):
         usage = {}
         for a in candidates:
             scrape = self._fresh(a, now)
-            waiting[a] = 0 if scrape is None else scrape.waiting
-            usage[a] = 0.0 if scrape is None else scrape.kv_usage
+            waiting[a] = 0 if scrape is None else scrape.figures.waiting
+            usage[a] = 0.0 if scrape is None else scrape.figures.kv_usage
         low, high = min(waiting.values()), max(waiting.values())
         scores = {}
         for a in candidates:

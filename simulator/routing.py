@@ -6,22 +6,22 @@ static one) over an in-memory binding store on the simulation's clock. The peers
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple, Protocol
 
 from emulator.ddr_pool import DdrPool
 from emulator.prefix_cache import PrefixCache
 from kvgate.bindings.memory import MemoryBindingStore
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.modes import RoutingMode
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.evictions import EvictionRate
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.placement.view import Member, PoolView
-from kvgate.routing import STATIC, DecisionError, GatedPolicy, Pipeline, Policy
+from kvgate.routing import STATIC, DecisionError, Pipeline, Policy, build_policy
 from simulator.observe import Scrape
 
 POOL = "sim"
@@ -244,8 +244,9 @@ class ScrapedBoard(LoadBoard):
     def observed(self, address: str, now: float) -> ObservedLoad | None:
         scrape = self._metrics.scrape(address, now)
         if scrape is not None:
-            self.observe(address, ObservedLoad(scrape.at, scrape.waiting * self._mix.mean_s,
-                                               scrape.running, scrape.waiting, scrape.kv_usage))
+            figures = scrape.figures
+            self.observe(address, ObservedLoad(scrape.at, figures.waiting * self._mix.mean_s,
+                                               figures))
         return super().observed(address, now)
 
 
@@ -275,8 +276,7 @@ def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[],
     board = ScrapedBoard(metrics, mix, setup.max_age_s)
     holdings = holdings if mode.ddr_pool and mode.load_aware else None
     hbm = hbm if mode.load_aware else None
-    policy: Policy = (GatedPolicy(setup.cost, setup.gate, board, clock=clock, mix=mix,
-                                  residency=holdings, hbm=hbm)
-                      if mode.load_aware else STATIC)
+    policy = build_policy(replace(setup.gate, enabled=mode.load_aware), setup.cost, board,
+                          clock=clock, mix=mix, residency=holdings, hbm=hbm)
     return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, policy, holdings,
                           hbm)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from benchkit.report import ModeStats
 from emulator.options import EmulatorOptions
+from kvgate.config.sections.placement import GateConfig
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from simulator.routing import RouterSetup
 
 
@@ -46,7 +46,7 @@ class SimConfig:
     gate: GateConfig = field(default_factory=GateConfig)
     # The gate knows what the pool holds of a session it might move (exactly, from the
     # simulated pool: what a pool's event stream would tell it), instead of assuming all of it
-    # and doubting that with miss_safe.
+    # and doubting that with the miss-safe check.
     pool_residency: bool = False
     # The gate knows what each engine's HBM holds of a session (exactly, from the simulated
     # engines' caches: what their KV events tell it) and prices staying with that.

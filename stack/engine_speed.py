@@ -2,9 +2,9 @@
 seconds at its time scale, so ext_proc estimates what the emulated engines really take.
 
 ext_proc prices requests on its own (wall) clock; an emulated engine at time scale 1/20 runs 20×
-faster in wall time than its figures say. The gate's seconds (min_saving_s, cooldown_s) are
-emulated seconds in the same way and are scaled too; refresh_s and max_load_age_s stay wall
-seconds (how often ext_proc looks, how old a report may be).
+faster in wall time than its figures say. The gate's own seconds are emulated seconds in the
+same way and are scaled too (GateConfig.at_time_scale); how often ext_proc looks and how old a
+report may be stay wall seconds.
 """
 
 from __future__ import annotations
@@ -42,6 +42,5 @@ def for_emulated_fleet(placement: Placement, engine: EmulatorOptions, time_scale
         gate = replace(gate, enabled=enabled)
     if time_scale <= 0:
         return replace(placement, load_gate=gate, engine_cost=INSTANT)
-    gate = replace(gate, min_saving_s=gate.min_saving_s * time_scale,
-                   cooldown_s=gate.cooldown_s * time_scale)
-    return replace(placement, load_gate=gate, engine_cost=emulated_cost(engine, time_scale))
+    return replace(placement, load_gate=gate.at_time_scale(time_scale),
+                   engine_cost=emulated_cost(engine, time_scale))

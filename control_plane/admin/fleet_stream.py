@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 
 from kvgate.admin_api.v1 import admin_pb2 as pb
+from kvgate.contract.vllm import GAUGES
 from kvgate.fleet.collector import FleetCollector, Residency
 
 
@@ -51,15 +53,16 @@ class FleetStream:
         residency for one stream that needs it all."""
         if self._frame is None or self._frame[0] != collector.rounds:
             ages = collector.ages()
+            # Each gauge's column, named as the gauge (kvgate.contract.vllm.GAUGES).
+            columns: dict[str, Any] = {g.name: [a.figures.values[i] for a in ages]
+                                       for i, g in enumerate(GAUGES)}
             evicting = [collector.eviction_rate(a.address) for a in ages]
             message = pb.FleetLoad(
                 round=collector.rounds, interval_s=collector.refresh_s,
                 collector=self._identity,
                 loads=pb.EngineLoads(
                     endpoint=[a.address for a in ages],
-                    waiting=[a.figures.waiting for a in ages],
-                    running=[a.figures.running for a in ages],
-                    kv_usage=[a.figures.kv_usage for a in ages],
+                    **columns,
                     age_s=[a.age_s for a in ages],
                     eviction_rate=([math.nan if r is None else r for r in evicting]
                                    if any(r is not None for r in evicting) else [])),

@@ -250,6 +250,9 @@ def session_binding(found: SessionBinding) -> pb.SessionBinding:
     if b.move_reason is not None:
         message.moved_at = b.moved_at
         message.move_reason = str(b.move_reason)
+    if b.estimate is not None:
+        message.move_terms.update(dict(b.estimate.terms))
+        message.stay_s = b.estimate.stay_s
     return message
 
 

@@ -29,7 +29,7 @@ from kvgate.bindings.failures import BackgroundFailures
 from kvgate.bindings.index import SessionKey, session_key, session_of
 from kvgate.bindings.leases import NO_LEASES, EpochLeases, EpochLeaseSet
 from kvgate.bindings.mirror import BindingMirror
-from kvgate.bindings.model import Binding, binding_key
+from kvgate.bindings.model import Binding, MoveEstimate, binding_key
 from kvgate.bindings.pending import PendingWrite, PendingWrites
 from kvgate.bindings.reattach import Reattachment
 from kvgate.contract.states import MoveReason
@@ -209,8 +209,10 @@ class EtcdBindingStore:
         return await self._write(PendingWrite(binding, 0))
 
     async def move(self, current: Binding, endpoint: str,
-                   reason: MoveReason | None = None, *, optional: bool = False) -> Binding:
-        return await self._write(PendingWrite(current.moved_to(endpoint, reason),
+                   reason: MoveReason | None = None, *, optional: bool = False,
+                   estimate: MoveEstimate | None = None) -> Binding:
+        return await self._write(PendingWrite(current.moved_to(endpoint, reason,
+                                                               estimate=estimate),
                                               current.revision),
                                  unless_written=current if optional else None)
 

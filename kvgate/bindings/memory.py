@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 
 from kvgate.bindings.index import BindingIndex
-from kvgate.bindings.model import Binding, binding_key
+from kvgate.bindings.model import Binding, MoveEstimate, binding_key
 from kvgate.contract.states import MoveReason
 
 
@@ -71,11 +71,12 @@ class MemoryBindingStore:
         return self._store(binding)
 
     async def move(self, current: Binding, endpoint: str,
-                   reason: MoveReason | None = None, *, optional: bool = False) -> Binding:
+                   reason: MoveReason | None = None, *, optional: bool = False,
+                   estimate: MoveEstimate | None = None) -> Binding:
         existing = self.get(current.pool, current.session)
         if existing is not None and existing.revision != current.revision:
             return existing
-        return self._store(current.moved_to(endpoint, reason))
+        return self._store(current.moved_to(endpoint, reason, estimate=estimate))
 
     def _store(self, binding: Binding) -> Binding:
         self._revision += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
-from kvgate.bindings.model import Binding
+from kvgate.bindings.model import Binding, MoveEstimate
 from kvgate.contract.states import MoveReason
 
 
@@ -64,8 +64,10 @@ class BindingStore(Protocol):
     async def create(self, binding: Binding) -> Binding: ...
 
     async def move(self, current: Binding, endpoint: str,
-                   reason: MoveReason | None = None, *, optional: bool = False) -> Binding:
-        """`reason`: why it moves, recorded in the stored binding with the time. `optional`:
+                   reason: MoveReason | None = None, *, optional: bool = False,
+                   estimate: MoveEstimate | None = None) -> Binding:
+        """`reason`: why it moves, recorded in the stored binding with the time (and the load
+        gate's `estimate`, for its moves). `optional`:
         the session may as well stay (the load gate's move): moved only if the shared store
         takes the write now; else `current` is returned and nothing is queued, since a move
         the other replicas cannot see sends the session's turns to two engines."""

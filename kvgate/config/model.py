@@ -13,7 +13,7 @@ from kvgate.config.schema import Custom, Section, Size, Socket, key
 from kvgate.config.sections.control_plane import ControlPlane
 from kvgate.config.sections.etcd import Etcd
 from kvgate.config.sections.ext_proc import ExtProc
-from kvgate.config.sections.placement import LoadGateConfig, Placement
+from kvgate.config.sections.placement import GateConfig, Placement
 from kvgate.config.sections.pools import POOLS, Endpoint, Health, Pool
 from kvgate.config.sections.routes import (
     INFERENCE_PATHS,
@@ -28,7 +28,7 @@ from kvgate.contract.envoy import DESTINATION_KEY
 
 __all__ = [
     "INFERENCE_PATHS", "INFERENCE_PREFIXES", "Config", "ControlPlane", "Endpoint", "Etcd",
-    "EtcdAuth", "EtcdTls", "ExtProc", "Health", "HostPort", "LoadGateConfig", "Placement", "Pool",
+    "EtcdAuth", "EtcdTls", "ExtProc", "GateConfig", "Health", "HostPort", "Placement", "Pool",
     "Route", "RouteMatch", "Session", "inference_routes",
 ]
 

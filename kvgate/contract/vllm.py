@@ -1,5 +1,7 @@
-"""vLLM's /metrics as kvgate reads them and the emulator writes them: the metric names, and the
-one reader of a Prometheus text page that ext_proc, the control plane and bench share.
+"""vLLM's /metrics as kvgate reads them and the emulator writes them: the metric names, the
+gauges the load gate reads (`GAUGES`: one table for the scrapers, the collector's stream and the
+simulator), and the one reader of a Prometheus text page that ext_proc, the control plane and
+bench share.
 
 Names are the metric families as vLLM declares them; a counter's samples carry `_total`
 (`total(PREFIX_CACHE_HITS)`), a histogram's `_sum`, `_count` and `_bucket`.
@@ -7,7 +9,8 @@ Names are the metric families as vLLM declares them; a counter's samples carry `
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 # Counters, in tokens: what the prefix cache was asked for and found (HBM), and what the KV
 # connector found in the external tier (the DDR pool).
@@ -24,6 +27,80 @@ NUM_REQUESTS_WAITING = "vllm:num_requests_waiting"  # not scheduled yet (or load
 KV_CACHE_USAGE_PERC = "vllm:kv_cache_usage_perc"  # 0..1
 # Histogram.
 TIME_TO_FIRST_TOKEN_SECONDS = "vllm:time_to_first_token_seconds"
+
+
+
+
+@dataclass(frozen=True, slots=True)
+class Gauge:
+    """One gauge an engine reports that the load gate reads."""
+
+    name: str  # kvgate's name: EngineFigures.get(name), the collector stream's column
+    metric: str  # vLLM's family
+    integer: bool = False  # a count (read as an int, a uint32 column in the stream)
+
+
+# Every engine-reported gauge kvgate reads, in the order EngineFigures keeps them. A new one is a
+# row here, its column in admin.proto's EngineLoads (same name), and its value in the simulator
+# (simulator/observe.py); a scoring term reads it as `EngineSignals.gauge(name)`.
+GAUGES = (
+    Gauge("waiting", NUM_REQUESTS_WAITING, integer=True),  # priced as backlog
+    Gauge("running", NUM_REQUESTS_RUNNING, integer=True),
+    Gauge("kv_usage", KV_CACHE_USAGE_PERC),
+)
+GAUGE_INDEX: Mapping[str, int] = {g.name: i for i, g in enumerate(GAUGES)}
+_WAITING, _RUNNING, _KV_USAGE = (GAUGE_INDEX[n] for n in ("waiting", "running", "kv_usage"))
+
+
+class EngineFigures:
+    """One engine's gauges, in `GAUGES` order, as one scrape (or the collector's stream, or the
+    simulator) read them."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: Sequence[float] | None = None) -> None:
+        self.values: tuple[float, ...] = (
+            tuple(0 if g.integer else 0.0 for g in GAUGES) if values is None else tuple(values))
+
+    @classmethod
+    def of(cls, **named: float) -> EngineFigures:
+        """By gauge name; a gauge not named reads 0."""
+        unknown = named.keys() - GAUGE_INDEX.keys()
+        if unknown:
+            raise ValueError(f"not gauges: {', '.join(sorted(unknown))}")
+        return cls([named.get(g.name, 0 if g.integer else 0.0) for g in GAUGES])
+
+    @classmethod
+    def read(cls, sums: Mapping[str, float]) -> EngineFigures:
+        """From a page's samples (`read_samples(text, (g.metric for g in GAUGES))`)."""
+        return cls([int(sums.get(g.metric, 0.0)) if g.integer else sums.get(g.metric, 0.0)
+                    for g in GAUGES])
+
+    def get(self, name: str) -> float:
+        return self.values[GAUGE_INDEX[name]]
+
+    @property
+    def waiting(self) -> int:
+        """Requests not scheduled yet: each still needs its prefill (priced as backlog)."""
+        return int(self.values[_WAITING])
+
+    @property
+    def running(self) -> int:
+        return int(self.values[_RUNNING])
+
+    @property
+    def kv_usage(self) -> float:
+        return self.values[_KV_USAGE]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EngineFigures) and self.values == other.values
+
+    def __hash__(self) -> int:
+        return hash(self.values)
+
+    def __repr__(self) -> str:
+        return "EngineFigures.of(" + ", ".join(
+            f"{g.name}={v!r}" for g, v in zip(GAUGES, self.values, strict=True)) + ")"
 
 
 def total(counter: str) -> str:

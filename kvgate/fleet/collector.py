@@ -19,10 +19,11 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
+from kvgate.config.sections.placement import GateConfig
 from kvgate.fleet.kv_events import EventsAt, EventSubscriptions, events_endpoint, replay_endpoint
 from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, Pages, ScrapeRounds
 from kvgate.placement.evictions import EvictionRate
@@ -38,13 +39,8 @@ class CollectorSettings:
     leading: bool  # this control-plane replica leads
     refresh_s: float
     timeout_s: float  # a scrape slower than this is abandoned
-    kv_events_port: int = 0  # each engine's event publisher (0: none) ...
-    kv_events_port_offset: int = 0  # ... or at its own port plus this
-    kv_events_replay_offset: int = 0  # its replay socket at the publisher's port plus this
-
-    @property
-    def kv_events(self) -> bool:
-        return bool(self.kv_events_port or self.kv_events_port_offset)
+    # `placement.load_gate`: where each engine publishes its KV events (kv_events_port...)
+    gate: GateConfig = field(default_factory=GateConfig)
 
 
 def one_stream_each(endpoints: Mapping[str, EventsAt]) -> dict[str, EventsAt]:
@@ -164,9 +160,10 @@ class FleetCollector:
     def _follow_events(self, settings: CollectorSettings | None, active: set[str]) -> list[str]:
         """Follows the active engines' event streams (None: none); the engines whose residency
         is gone since (dropped, or subscribed again from nothing)."""
-        wanted = ((0, 0, 0), frozenset()) if settings is None or not settings.kv_events else (
-            (settings.kv_events_port, settings.kv_events_port_offset,
-             settings.kv_events_replay_offset), frozenset(active))
+        gate = None if settings is None else settings.gate
+        wanted = ((0, 0, 0), frozenset()) if gate is None or not gate.kv_events else (
+            (gate.kv_events_port, gate.kv_events_port_offset, gate.kv_events_replay_offset),
+            frozenset(active))
         if wanted != self._followed:  # the endpoints are made again only when these change
             self._followed = wanted
             (port, offset, replay), engines = wanted

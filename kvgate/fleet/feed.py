@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
+from kvgate.contract.vllm import GAUGES, EngineFigures
 from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.live import LoadBoard, ObservedLoad, ObservedRound
@@ -181,8 +182,8 @@ class FleetFeed:
                 self._index = {address: i for i, address in enumerate(endpoints)}
             ages = list(loads.age_s)
             self._board.observe_round(ObservedRound(
-                self._index, now, ages, list(loads.waiting), list(loads.running),
-                list(loads.kv_usage), self._mix.mean_s))
+                self._index, now, ages, [list(getattr(loads, g.name)) for g in GAUGES],
+                self._mix.mean_s))
             if ages:
                 self._seen(now, min(ages), max(ages))
         if self.hbm is not None:
@@ -193,9 +194,9 @@ class FleetFeed:
         mean_s = self._mix.mean_s
         observe = self._board.observe
         for engine in frame.engines:
-            age, waiting = engine.age_s, engine.waiting
-            observe(engine.endpoint, ObservedLoad(now - age, waiting * mean_s, engine.running,
-                                                  waiting, engine.kv_usage))
+            figures = EngineFigures([getattr(engine, g.name) for g in GAUGES])
+            observe(engine.endpoint, ObservedLoad(now - engine.age_s, engine.waiting * mean_s,
+                                                  figures))
         ages = [engine.age_s for engine in frame.engines]
         self._seen(now, min(ages), max(ages))
 

@@ -1,10 +1,9 @@
 """Reading engines' load from their /metrics, in rounds over every active engine.
 
-What it reads (vLLM's names, summed over label sets; asked for by `name[]` where the engine
-filters, see LOAD_PATH): `vllm:num_requests_waiting`, `vllm:num_requests_running`,
-`vllm:kv_cache_usage_perc`. Who stamps and keeps the figures is the caller's business
-(`on_read`): an ext_proc replica's load board (kvgate.routing.engine_load) or the fleet
-collector (kvgate.fleet.collector).
+What it reads: the gauges of kvgate.contract.vllm.GAUGES (vLLM's names, summed over label sets;
+asked for by `name[]` where the engine filters, see LOAD_PATH). Who stamps and keeps the
+figures is the caller's business (`on_read`): an ext_proc replica's load board
+(kvgate.routing.engine_load) or the fleet collector (kvgate.fleet.collector).
 
 A scrape that fails or times out reports nothing: the engine's last figures age where they are
 kept. Nothing here is on a decision's path. The GETs go through kvgate.fleet.keepalive (one
@@ -16,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlencode
 
@@ -24,11 +22,15 @@ import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from kvgate.contract import vllm
+from kvgate.contract.vllm import EngineFigures
 from kvgate.fleet.keepalive import KeepAliveClient, OnReply, Page, PageError
 
 log = structlog.get_logger("kvgate.fleet")
 
-LOAD_GAUGES = (vllm.NUM_REQUESTS_WAITING, vllm.NUM_REQUESTS_RUNNING, vllm.KV_CACHE_USAGE_PERC)
+__all__ = ["FULL_PATH", "LOAD_GAUGES", "LOAD_PATH", "LOAD_QUERY", "EngineFigures",
+           "EngineScrapeMetrics", "OnRead", "Pages", "ScrapeRounds"]
+
+LOAD_GAUGES = tuple(gauge.metric for gauge in vllm.GAUGES)
 # Only those gauges: vLLM 0.32 answers /metrics/ (trailing slash) from prometheus_client's ASGI
 # app, which honours name[] (566 bytes against 54 KB for the whole page, docs/benchmarks.md);
 # its /metrics ignores the filter. An engine without /metrics/ (404, or a page there without the
@@ -36,15 +38,6 @@ LOAD_GAUGES = (vllm.NUM_REQUESTS_WAITING, vllm.NUM_REQUESTS_RUNNING, vllm.KV_CAC
 LOAD_QUERY = urlencode([("name[]", name) for name in LOAD_GAUGES])
 LOAD_PATH = f"/metrics/?{LOAD_QUERY}"
 FULL_PATH = "/metrics"
-
-
-@dataclass(frozen=True, slots=True)
-class EngineFigures:
-    """One engine's load gauges as one scrape read them."""
-
-    waiting: int = 0
-    running: int = 0
-    kv_usage: float = 0.0  # 0..1
 
 
 class EngineScrapeMetrics:
@@ -156,7 +149,4 @@ class ScrapeRounds:
             return
         self._failing.discard(address)
         self._metrics.ok.inc()
-        self._on_read(address, EngineFigures(
-            waiting=int(sums.get(vllm.NUM_REQUESTS_WAITING, 0.0)),
-            running=int(sums.get(vllm.NUM_REQUESTS_RUNNING, 0.0)),
-            kv_usage=sums.get(vllm.KV_CACHE_USAGE_PERC, 0.0)), self._clock())
+        self._on_read(address, EngineFigures.read(sums), self._clock())

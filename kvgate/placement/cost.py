@@ -29,18 +29,6 @@ class EngineCost:
     # block hashing and prefix lookup). 0 in the defaults, as in the emulator's.
     prompt_s_per_token: float = 0.0
 
-    def problems(self) -> list[str]:
-        """What is wrong, each naming its field; empty when usable."""
-        checks = (
-            (self.prefill_tokens_per_s > 0, "prefill_tokens_per_s must be > 0"),
-            (self.prefill_overhead_s >= 0, "prefill_overhead_s must be >= 0"),
-            (self.kv_bytes_per_token > 0, "kv_bytes_per_token must be > 0"),
-            (self.ddr_gbps > 0, "ddr_gbps must be > 0"),
-            (self.transfer_fixed_s >= 0, "transfer_fixed_s must be >= 0"),
-            (self.prompt_s_per_token >= 0, "prompt_s_per_token must be >= 0"),
-        )
-        return [text for ok, text in checks if not ok]
-
     def prefill_s(self, uncached_tokens: int, prompt_tokens: int) -> float:
         """One request's own prefill: c0, the per-token cost of its whole prompt, and its
         uncached tokens at the prefill rate (the emulator's TimingParams.prefill_s)."""

@@ -3,8 +3,8 @@
 Two sources, each with its instant, so staleness is explicit:
 - the ledger: what this router sent and has not seen finish its prefill, as estimated seconds
   of work (it is exact about what it sent, blind to what other routers send);
-- observations: what an engine reports (`vllm:num_requests_waiting`, `_running`,
-  `kv_cache_usage_perc`), refreshed every so often; older than `max_age_s` they count for nothing.
+- observations: what an engine reports (its gauges, kvgate.contract.vllm.GAUGES), refreshed
+  every so often; older than `max_age_s` they count for nothing.
 The backlog of an engine is the larger of the two, each aged by the time since it was known.
 """
 
@@ -13,6 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from kvgate.contract.vllm import GAUGE_INDEX, GAUGES, EngineFigures
+
+NO_FIGURES = EngineFigures()  # every gauge 0 (a report that gives only a backlog)
+
 
 @dataclass(frozen=True, slots=True)
 class ObservedLoad:
@@ -20,9 +24,7 @@ class ObservedLoad:
 
     at: float
     backlog_s: float = 0.0  # prefill work queued ahead of a new request, as of `at`
-    running: int = 0
-    waiting: int = 0
-    kv_usage: float = 0.0  # 0..1
+    figures: EngineFigures = NO_FIGURES  # its gauges (kvgate.contract.vllm.GAUGES)
 
     def backlog_at(self, now: float) -> float:
         """The backlog left at `now` if the engine kept prefilling and nothing new arrived."""
@@ -30,35 +32,35 @@ class ObservedLoad:
 
 
 class ObservedRound:
-    """Every engine's report from one collector round, kept as it arrived (columns, entry i for
-    `endpoints[i]`) and made into an `ObservedLoad` only when a decision asks for that engine:
-    a replica takes a round of a thousand engines without building a thousand objects, most of
-    which no decision reads before the next round replaces them. Its figures never change once
-    it is made; `drop` only hides an engine that left."""
+    """Every engine's report from one collector round, kept as it arrived (columns, one per
+    gauge of kvgate.contract.vllm.GAUGES, entry i for `endpoints[i]`) and made into an
+    `ObservedLoad` only when a decision asks for that engine: a replica takes a round of a
+    thousand engines without building a thousand objects, most of which no decision reads
+    before the next round replaces them. Its figures never change once it is made; `drop` only
+    hides an engine that left."""
 
     __slots__ = (
         "_ages",
-        "_kv_usage",
+        "_columns",
         "_made",
         "_mean_s",
         "_now",
-        "_running",
         "_waiting",
         "index",
     )
 
     def __init__(self, index: Mapping[str, int], now: float, ages: Sequence[float],
-                 waiting: Sequence[int], running: Sequence[int], kv_usage: Sequence[float],
-                 mean_prefill_s: float) -> None:
+                 columns: Sequence[Sequence[float]], mean_prefill_s: float) -> None:
         """`index`: endpoint → its entry; `now`: when the round arrived (the router's clock),
         each figure read `ages[i]` before; a waiting request is `mean_prefill_s` of backlog,
         as a scrape prices it (kvgate.routing.engine_load.observed_load)."""
+        if len(columns) != len(GAUGES):
+            raise ValueError(f"a round has {len(GAUGES)} gauge columns, got {len(columns)}")
         self.index = index  # shared by the rounds of one set of engines
         self._now = now
         self._ages = ages
-        self._waiting = waiting
-        self._running = running
-        self._kv_usage = kv_usage
+        self._columns = columns
+        self._waiting = columns[GAUGE_INDEX["waiting"]]
         self._mean_s = mean_prefill_s
         self._made: dict[str, ObservedLoad | None] = {}
 
@@ -68,8 +70,8 @@ class ObservedRound:
             return made
         i = self.index.get(address)
         load = None if i is None else ObservedLoad(
-            self._now - self._ages[i], self._waiting[i] * self._mean_s, self._running[i],
-            self._waiting[i], self._kv_usage[i])
+            self._now - self._ages[i], self._waiting[i] * self._mean_s,
+            EngineFigures([column[i] for column in self._columns]))
         self._made[address] = load
         return load
 

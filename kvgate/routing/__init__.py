@@ -4,10 +4,12 @@
   call it and nothing else);
 - `policy`: the policy interface, and `StaticPolicy` (stickiness on the ring);
 - `gated.GatedPolicy`: the load gate (filter: ring candidates under the load bound; score:
-  `terms`; pick: the least estimate), with its booking hook (`booking.Ledger`);
+  kvgate.placement.terms; pick: the least estimate), with its booking hook (`booking.Ledger`);
+- `build.build_policy`: the policy from its settings (ext_proc, the simulator, bench);
 - `recent`: what the gate remembers between requests; `engine_load`: its live load feed.
 """
 
+from kvgate.routing.build import build_policy
 from kvgate.routing.decision import (
     Decision,
     DecisionError,
@@ -30,4 +32,5 @@ __all__ = [
     "STATIC", "Decision", "DecisionError", "GatedPolicy", "HbmResidency", "NoActiveEndpoint",
     "Outcome",
     "Pipeline", "Policy", "PoolResidency", "PromptSize", "StaticPolicy", "UnknownPool",
+    "build_policy",
 ]

@@ -45,6 +45,11 @@ class Ledger:
         if seen is None or seen.tokens != tokens:  # unchanged: nothing written on this path
             self._recent.remember(pool, session, tokens, None)
 
+    def sessionless(self, endpoint: str, now: float, prompt_tokens: int) -> None:
+        """A request with no session sent to `endpoint`: its whole prompt is prefilled there
+        (nothing to remember for a next turn)."""
+        self._book(endpoint, now, self._cost.prefill_s(prompt_tokens, prompt_tokens))
+
     def routed(self, pool: str, session: str, view: PoolView, endpoint: str,
                previous: str | None, known: Known, *, moved: bool) -> None:
         """A session placed (new, or moved): where its context comes from sets the work."""

@@ -40,8 +40,7 @@ __all__ = ["FULL_PATH", "LOAD_GAUGES", "LOAD_PATH", "LOAD_QUERY", "EngineLoadScr
 def observed_load(figures: EngineFigures, at: float, mix: PrefillMix) -> ObservedLoad:
     """An engine's figures as the board keeps them: its waiting requests priced at the mean
     prefill this replica booked."""
-    return ObservedLoad(at=at, backlog_s=figures.waiting * mix.mean_s, running=figures.running,
-                        waiting=figures.waiting, kv_usage=figures.kv_usage)
+    return ObservedLoad(at, figures.waiting * mix.mean_s, figures)
 
 
 def scrape_timeout(max_age_s: float, refresh_s: float) -> float:

@@ -1,5 +1,7 @@
-"""The load gate: filter → score → pick, with estimated TTFT (`kvgate.routing.terms`) as the
-score, and the booking that keeps its load board and memory of sessions current.
+"""The load gate: filter → score → pick, with estimated TTFT (`kvgate.placement.terms`: the
+named terms `placement.load_gate.terms` lists, each reading the engine's signals) as the score,
+and the booking that keeps its load board and memory of sessions current. With a logger at
+debug level, each placement and move is logged with its seconds per term.
 
 - A new session is scored over its first `candidates` endpoints under the load bound in ring
   order (its KV pool's ring first), and goes to the least estimated TTFT; ties keep ring order,
@@ -21,21 +23,33 @@ score, and the booking that keeps its load board and memory of sessions current.
   the context comes back from the pool either way, and an engine that evicts fast will evict it
   again before the session's next turn. Without it, a few engines whose HBM thrashes keep
   reloading their sessions' contexts turn after turn (docs/pool-profiles.md).
+- A request with no session and a known size goes to the least estimated TTFT among
+  `candidates` endpoints of the whole pool's ring, from a starting point that turns with each
+  such request, and is booked there: an engine busy with a large sessionless prompt shows
+  its backlog to the next decision. One of unknown size is left to Envoy's balancing, as before.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import islice
 
+from structlog.typing import FilteringBoundLogger
+
+from kvgate.bindings.model import MoveEstimate
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import LoadBound, candidates
+from kvgate.placement.ring import session_hash
+from kvgate.placement.signals import EngineSignals
+from kvgate.placement.terms import Candidate, Estimate, Term, make_terms
+from kvgate.placement.view import PoolView
 from kvgate.routing.booking import Ledger
 from kvgate.routing.policy import (
     BookingHook,
@@ -47,16 +61,21 @@ from kvgate.routing.policy import (
     PromptSize,
 )
 from kvgate.routing.recent import RecentSessions
-from kvgate.routing.terms import Candidate, Estimate, Term, default_terms
 
 
 @dataclass(frozen=True, slots=True)
 class Move:
-    """The gate's verdict for a bound session that should move: where, and the two estimates."""
+    """The gate's verdict for a bound session that should move: where, and the two estimates
+    (`terms`: the move's, per scoring term)."""
 
     endpoint: str
     stay_s: float
     move_s: float
+    terms: tuple[tuple[str, float], ...] = ()
+
+    @property
+    def estimate(self) -> MoveEstimate:
+        return MoveEstimate(self.terms, round(self.stay_s, 6))
 
 
 class GatedPolicy:
@@ -67,18 +86,23 @@ class GatedPolicy:
         clock: Callable[[], float] = time.monotonic, recent: RecentSessions | None = None,
         mix: PrefillMix | None = None, terms: Sequence[Term] | None = None,
         residency: PoolResidency | None = None, hbm: HbmResidency | None = None,
+        log: FilteringBoundLogger | None = None,
     ) -> None:
+        """`terms`: the score's terms (default: `config.terms`); `log`: where a decision's
+        seconds per term go, at debug level (None: nowhere)."""
         self.cost = cost
         self.config = config
         self.board = board
         self.clock = clock  # the load board's clock
         self.recent = recent if recent is not None else RecentSessions()
         self.mix = mix if mix is not None else PrefillMix()  # what booked requests cost
-        self.estimate = Estimate(default_terms(cost, config) if terms is None else terms)
+        self.estimate = Estimate(make_terms(config.terms, cost) if terms is None else terms)
         self._ledger = Ledger(cost, board, self.recent, self.mix)
         self.hooks: tuple[BookingHook, ...] = (self._ledger,)
         self.residency = residency
         self.hbm = hbm
+        self._log = log
+        self._sessionless = 0  # requests with no session routed: where their ring walk starts
 
     @property
     def hbm(self) -> HbmResidency | None:
@@ -96,12 +120,20 @@ class GatedPolicy:
     def forget(self, address: str) -> None:
         self.board.forget(address)
 
+    def engine(self, address: str, now: float, backlog_s: float | None = None
+               ) -> EngineSignals:
+        """`address`'s signals at `now` (`backlog_s`: the board's, if already read)."""
+        return EngineSignals(address, now, self.board, self.hbm, backlog_s)
+
     def score(self, address: str, now: float, size: PromptSize, *, hbm_tokens: int = 0,
               ddr_tokens: int = 0) -> float:
         """Estimated TTFT of a request of `size` sent to `address` at `now`."""
         return self.estimate.seconds(Candidate(
-            address, self.board.backlog_s(address, now), size.prompt_tokens, hbm_tokens,
-            ddr_tokens))
+            self.engine(address, now), size.prompt_tokens, hbm_tokens, ddr_tokens))
+
+    def _explaining(self) -> FilteringBoundLogger | None:
+        log = self._log
+        return log if log is not None and log.is_enabled_for(logging.DEBUG) else None
 
     def place(self, placing: Placing, known: Known, *, prefer_kv_pool: str | None,
               exclude: str | None) -> str | None:
@@ -119,8 +151,36 @@ class GatedPolicy:
             return (size.context_tokens if prefer_kv_pool is not None
                     and view.kv_pool_of(address) == prefer_kv_pool else 0)
 
-        return _least((address, self.score(address, now, size, ddr_tokens=ddr(address)))
-                      for address in islice(found, self.config.candidates))[0]
+        best, best_s = _least((address, self.score(address, now, size, ddr_tokens=ddr(address)))
+                              for address in islice(found, self.config.candidates))
+        log = self._explaining()
+        if log is not None and best is not None:
+            log.debug("gate_placed", session=known.session, endpoint=best,
+                      estimate_s=round(best_s, 6), terms=self.estimate.parts(Candidate(
+                          self.engine(best, now), size.prompt_tokens, ddr_tokens=ddr(best))))
+        return best
+
+    def sessionless(self, view: PoolView, prompt_tokens: int) -> str | None:
+        """The least estimated TTFT among the first candidates of the whole pool's ring, from
+        a point that turns request by request (no session to keep in one place); booked."""
+        whole = view.ring_for(None, None)
+        if not self.config.enabled or prompt_tokens <= 0 or whole is None:
+            return None
+        self._sessionless += 1
+        start = session_hash(self._sessionless.to_bytes(8, "big"))
+        now, size = self.clock(), PromptSize(prompt_tokens)
+        best, best_s = _least((address, self.score(address, now, size))
+                              for address in islice(whole.ring.walk(start),
+                                                    self.config.candidates))
+        if best is None:
+            return None
+        self._ledger.sessionless(best, now, prompt_tokens)
+        log = self._explaining()
+        if log is not None:
+            log.debug("gate_sessionless", endpoint=best, estimate_s=round(best_s, 6),
+                      terms=self.estimate.parts(Candidate(self.engine(best, now),
+                                                          prompt_tokens)))
+        return best
 
     def reconsider(self, placing: Placing, endpoint: str, state: EndpointState,
                    known: Known) -> Moved | None:
@@ -135,20 +195,21 @@ class GatedPolicy:
         if self.hbm is not None:
             home = self.rehome(placing, endpoint, known)
             if home is not None:
-                return Moved(home, MoveReason.EVICTED)
+                return Moved(home.endpoint, MoveReason.EVICTED, home.estimate)
         # Moving saves at most this engine's backlog (the prefill is the same anywhere): under
         # the threshold nothing else is looked at, so the sticky path stays O(1).
         backlog = self.board.backlog_s(endpoint, now)
         if backlog < config.min_saving_s:
             return None
         move = self.move(placing, endpoint, backlog, known)
-        return None if move is None else Moved(move.endpoint, MoveReason.LOAD)
+        return None if move is None else Moved(move.endpoint, MoveReason.LOAD, move.estimate)
 
-    def rehome(self, placing: Placing, current: str, known: Known) -> str | None:
+    def rehome(self, placing: Placing, current: str, known: Known) -> Move | None:
         """The DDR-pool sibling a session whose context has mostly left `current`'s HBM should
         move to, where it will stay longer: the one evicting slowest, at most
         `REHOME_RATE_RATIO` of `current`'s rate, whose estimate is no later than staying's
-        plus the read of what `current` still holds. None: it stays."""
+        plus the read of what `current` still holds (with the two estimates). None: it
+        stays."""
         hbm, seen, now = self.hbm, known.seen, known.now
         # From the tuple, not `known.size`: the sticky path makes no object (Ledger.kept).
         context = 0 if seen is None else seen.tokens
@@ -164,17 +225,26 @@ class GatedPolicy:
         siblings = _ddr_siblings(placing, current)
         if siblings is None:
             return None
-        backlog = self.board.backlog_s(current, now)
-        stay = self.estimate.seconds(Candidate(current, backlog, size.prompt_tokens,
-                                               hbm_tokens=held, ddr_tokens=context - held))
+        here = Candidate(self.engine(current, now), size.prompt_tokens, hbm_tokens=held,
+                         ddr_tokens=context - held)
+        stay = self.estimate.seconds(here)
         limit = stay + self.cost.transfer_s(held)
-        best, best_rate = None, REHOME_RATE_RATIO * rate
+        best, best_rate, best_s = None, REHOME_RATE_RATIO * rate, 0.0
         for address in islice(siblings, self.config.candidates):
             sibling_rate = hbm.eviction_rate(address)
-            if (sibling_rate is not None and sibling_rate < best_rate
-                    and self.score(address, now, size, ddr_tokens=context) <= limit):
-                best, best_rate = address, sibling_rate
-        return best
+            if sibling_rate is not None and sibling_rate < best_rate:
+                seconds = self.score(address, now, size, ddr_tokens=context)
+                if seconds <= limit:
+                    best, best_rate, best_s = address, sibling_rate, seconds
+        if best is None:
+            return None
+        terms = self.estimate.parts(Candidate(self.engine(best, now), size.prompt_tokens,
+                                              ddr_tokens=context))
+        log = self._explaining()
+        if log is not None:
+            log.debug("gate_rehomed", session=known.session, endpoint=best,
+                      stay_terms=self.estimate.parts(here), terms=terms)
+        return Move(best, stay, best_s, tuple(terms.items()))
 
     def move(self, placing: Placing, current: str, backlog: float, known: Known) -> Move | None:
         """The DDR-pool sibling a session on `current` (with `backlog` seconds queued) should
@@ -194,9 +264,10 @@ class GatedPolicy:
                   else self.hbm.hbm_tokens(current, known.session, size.context_tokens))
         if in_hbm is None:
             in_hbm = size.context_tokens
-        stay = self.estimate.seconds(Candidate(current, backlog, size.prompt_tokens,
-                                               hbm_tokens=in_hbm,
-                                               ddr_tokens=max(0, ddr - in_hbm)))
+        engine = self.engine(current, now, backlog)
+        here = Candidate(engine, size.prompt_tokens, hbm_tokens=in_hbm,
+                         ddr_tokens=max(0, ddr - in_hbm))
+        stay = self.estimate.seconds(here)
         best, best_s = _least(
             (address, self.score(address, now, size, ddr_tokens=ddr))
             for address in islice(siblings, config.candidates))
@@ -207,12 +278,19 @@ class GatedPolicy:
             return None
         if config.miss_safe and held is None and self.score(best, now, size) > (
                 stay if in_hbm >= size.context_tokens else self.estimate.seconds(
-                    Candidate(current, backlog, size.prompt_tokens, hbm_tokens=in_hbm))):
+                    Candidate(engine, size.prompt_tokens, hbm_tokens=in_hbm))):
             # The pool may have lost the context (evicted, down, restarted): then the sibling
             # prefills it all, and so does this engine for what has left its HBM. Only a move
             # that is no worse even so is taken.
             return None
-        return Move(best, stay, best_s)
+        terms = self.estimate.parts(Candidate(self.engine(best, now), size.prompt_tokens,
+                                              ddr_tokens=ddr))
+        log = self._explaining()
+        if log is not None:
+            log.debug("gate_moved", session=known.session, endpoint=best,
+                      stay_s=round(stay, 6), stay_terms=self.estimate.parts(here),
+                      estimate_s=round(best_s, 6), terms=terms)
+        return Move(best, stay, best_s, tuple(terms.items()))
 
 
 def _ddr_siblings(placing: Placing, current: str) -> Iterator[str] | None:

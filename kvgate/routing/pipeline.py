@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
-from kvgate.bindings.model import Binding, binding_key
+from kvgate.bindings.model import Binding, MoveEstimate, binding_key
 from kvgate.bindings.store import BindingStore, Unbound
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement import fallback_for, place, session_hash
@@ -68,7 +68,7 @@ class Pipeline:
         session when not `raw_session` itself (a key carried percent-encoded)."""
         session = self._sessions.normalize(raw_session) if raw_session is not None else None
         if session is None:
-            return SESSIONLESS
+            return self._sessionless(pool, prompt_tokens)
         view = self._directory.view(pool)
         if not view.members:
             raise UnknownPool(f"no endpoints known for pool {pool!r}")
@@ -101,6 +101,7 @@ class Pipeline:
         """A new session, one whose endpoint failed or left, or one the policy moves."""
         reason: MoveReason | None = None
         target = None if moved is None else moved.endpoint
+        estimate = None if moved is None else moved.estimate
         if moved is not None:
             reason = moved.reason
         elif binding is not None:
@@ -114,7 +115,7 @@ class Pipeline:
                               f"{self._store.count(pool)} bindings (session.max_bindings: "
                               f"{self._max_bindings})")
             binding = await self._commit(pool, session, hash_value, binding, known, target,
-                                         reason)
+                                         reason, estimate)
         except Unbound as why:
             self._on_unbound(pool, session, why)
             return Decision(Outcome.UNBOUND, (), session)
@@ -124,6 +125,20 @@ class Pipeline:
             hook.routed(pool, session, view, binding.endpoint, previous, known,
                         moved=reason is not None)
         return self._decision(outcome, view, hash_value, binding.endpoint, session, reason)
+
+    def _sessionless(self, pool: str, prompt_tokens: int) -> Decision:
+        """No session: Envoy's balancing picks, unless the policy routes the request itself
+        (the load gate, for a request of known size: it books it, so its load counts)."""
+        if prompt_tokens <= 0 or not self.policy.hooks:
+            return SESSIONLESS
+        view = self._directory.view(pool)
+        endpoint = self.policy.sessionless(view, prompt_tokens) if view.members else None
+        if endpoint is None:
+            return SESSIONLESS
+        # A retry goes to another engine of its KV pool, as a session's would.
+        fallback = fallback_for(view, session_hash(endpoint.encode()), endpoint)
+        return Decision(Outcome.SESSIONLESS, (endpoint,) if fallback is None
+                        else (endpoint, fallback))
 
     @staticmethod
     def _decision(outcome: Outcome, view: PoolView, hash_value: int, endpoint: str,
@@ -135,17 +150,18 @@ class Pipeline:
     async def _commit(
         self, pool: str, session: str, hash_value: int, current: Binding | None,
         known: Known, target: str | None = None, reason: MoveReason | None = None,
+        estimate: MoveEstimate | None = None,
     ) -> Binding:
         """One placement per session at a time: the same session's first requests arrive
         together, and all of them wait for the one write. The write runs as its own task so a
         request Envoy gives up on does not abandon it halfway. `target`: where the policy
-        moves it (else the policy places it now)."""
+        moves it (else the policy places it now), with what it `estimate`d."""
         key = binding_key(pool, session)
         task = self._inflight.get(key)
         if task is None:
             task = asyncio.ensure_future(
                 self._place_and_store(pool, session, hash_value, current, known, target,
-                                      reason))
+                                      reason, estimate))
             self._inflight[key] = task
             task.add_done_callback(lambda done: self._settle(key, done))
         return await asyncio.shield(task)
@@ -158,6 +174,7 @@ class Pipeline:
     async def _place_and_store(
         self, pool: str, session: str, hash_value: int, current: Binding | None,
         known: Known, target: str | None, reason: MoveReason | None,
+        estimate: MoveEstimate | None,
     ) -> Binding:
         # The view and counts as of this write's turn (an earlier write may have landed).
         view = self._directory.view(pool)
@@ -185,7 +202,7 @@ class Pipeline:
         # Memory keeps no ring hash per binding; the stored value carries it for the failover.
         # The gate's moves are optional (_GATE_MOVES): one etcd does not take now is not made.
         return await self._store.move(replace(current, hash=hash_value), target, reason,
-                                      optional=reason in _GATE_MOVES)
+                                      optional=reason in _GATE_MOVES, estimate=estimate)
 
 
 def _ring(view: PoolView, hash_value: int, prefer_kv_pool: str | None = None,

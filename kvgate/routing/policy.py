@@ -1,9 +1,10 @@
 """What the pipeline asks of a routing policy, and the static one (stickiness on the ring with
 bounded load: no clock, no size, nothing booked).
 
-A policy answers three questions: what it knows of a request (`known`), whether a session bound
-to an active or draining endpoint should move (`reconsider`), and where a new or re-placed
-session goes (`place`). Its booking hooks (`hooks`) run once a request is routed.
+A policy answers four questions: what it knows of a request (`known`), whether a session bound
+to an active or draining endpoint should move (`reconsider`), where a new or re-placed session
+goes (`place`), and whether it routes a request with no session itself (`sessionless`). Its
+booking hooks (`hooks`) run once a request with a session is routed.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
+from kvgate.bindings.model import MoveEstimate
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement.pick import place
+from kvgate.placement.signals import HbmResidency
 from kvgate.placement.view import PoolView
 from kvgate.routing.recent import Seen
 
@@ -44,10 +47,13 @@ class Known(NamedTuple):
 
 NOTHING_KNOWN = Known()
 
+__all__ = ["NOTHING_KNOWN", "STATIC", "BookingHook", "HbmResidency", "Known", "Moved", "Placing",
+           "Policy", "PoolResidency", "PromptSize", "StaticPolicy"]
+
 
 class PoolResidency(Protocol):
     """How much of a session's context its DDR pool still holds, where that can be known (the
-    simulator's own pool; no live pool reports it yet)."""
+    simulator's own pool today; a pool's event stream later)."""
 
     def pool_tokens(self, kv_pool: str, session: str, context_tokens: int) -> int | None:
         """Leading tokens of the session's context the pool would serve a sibling now, at most
@@ -55,26 +61,12 @@ class PoolResidency(Protocol):
         ...
 
 
-class HbmResidency(Protocol):
-    """How much of a session's context an engine's HBM still holds, where that can be known
-    (the engine's KV cache events: kvgate.fleet.residency; the simulator's own engines)."""
-
-    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
-        """Leading tokens of the session's context `endpoint` would hit in its prefix cache now,
-        at most ``context_tokens``; None when not known (the gate then assumes it all there)."""
-        ...
-
-    def eviction_rate(self, endpoint: str) -> float | None:
-        """Blocks `endpoint`'s HBM evicted per second over about the last minute
-        (kvgate.placement.evictions); None when not known."""
-        ...
-
-
 class Moved(NamedTuple):
-    """A bound session the policy moves: where, and why."""
+    """A bound session the policy moves: where, why, and what it estimated (the load gate)."""
 
     endpoint: str
     reason: MoveReason
+    estimate: MoveEstimate | None = None
 
 
 class Placing(NamedTuple):
@@ -120,6 +112,11 @@ class Policy(Protocol):
         """A new (or re-placed) session's endpoint; None when the pool has no active one."""
         ...
 
+    def sessionless(self, view: PoolView, prompt_tokens: int) -> str | None:
+        """Where a request with no session goes, booked there (its load counts like any
+        other's); None: Envoy's own balancing picks and nothing is booked."""
+        ...
+
     def forget(self, address: str) -> None:
         """An endpoint failed or left: what the policy knew of its load no longer holds."""
         ...
@@ -142,6 +139,9 @@ class StaticPolicy:
               exclude: str | None) -> str | None:
         return place(placing.view, placing.hash_value, placing.loads, placing.load_factor,
                      prefer_kv_pool=prefer_kv_pool, exclude=exclude)
+
+    def sessionless(self, view: PoolView, prompt_tokens: int) -> str | None:
+        return None
 
     def forget(self, address: str) -> None:
         pass

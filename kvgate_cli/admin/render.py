@@ -35,7 +35,8 @@ def endpoint_status_dict(s: pb.EndpointStatus) -> dict[str, Any]:
 def binding_dict(b: pb.SessionBinding) -> dict[str, Any]:
     return {"session": b.session, "pool": b.pool, "endpoint": b.endpoint,
             "revision": b.revision, "lease": b.lease, "moved_at": _opt(b, "moved_at"),
-            "move_reason": b.move_reason or None}
+            "move_reason": b.move_reason or None, "move_terms": dict(b.move_terms) or None,
+            "stay_s": _opt(b, "stay_s")}
 
 
 def status_dict(s: pb.StatusResponse) -> dict[str, Any]:
@@ -162,9 +163,18 @@ def sessions_table(found: Sequence[pb.SessionBinding]) -> str:
     if not found:
         return "no sessions"
     rows = [[b.pool, b.session, b.endpoint, str(b.revision), str(b.lease),
-             f"{b.move_reason}, {moment(b.moved_at)}" if b.move_reason else "-"]
+             f"{b.move_reason}, {moment(b.moved_at)}{_estimate(b)}" if b.move_reason else "-"]
             for b in found]
     return table(["POOL", "SESSION", "ENDPOINT", "REVISION", "LEASE", "LAST MOVED"], rows)
+
+
+def _estimate(b: pb.SessionBinding) -> str:
+    """A load gate's move: its estimate there, per term, against staying's."""
+    if not b.move_terms:
+        return ""
+    terms = " + ".join(f"{name} {seconds:.2f}s" for name, seconds in sorted(b.move_terms.items()))
+    stay = f" vs {b.stay_s:.2f}s staying" if b.HasField("stay_s") else ""
+    return f" ({terms}{stay})"
 
 
 def _mebibytes(value: int) -> str:

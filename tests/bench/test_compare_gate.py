@@ -9,8 +9,8 @@ import pytest
 
 from bench.compare import CompareOptions, RunPorts, check_modes, ports_needed, stack_for
 from emulator.options import EmulatorOptions
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.modes import RoutingMode
-from kvgate.placement.gate import GateConfig
 from kvgate_cli.main import main
 from stack.engine_speed import emulated_cost
 

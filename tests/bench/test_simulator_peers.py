@@ -10,6 +10,7 @@ from bench_helpers import small_bank
 
 from emulator.options import EmulatorOptions
 from kvgate.contract.modes import RoutingMode
+from kvgate.contract.vllm import EngineFigures
 from kvgate.placement import EnvoyRing, session_hash
 from simulator.estimate import PromptEstimate
 from simulator.observe import EngineGauges, Scrape, Scraper
@@ -32,7 +33,11 @@ class _Metrics:
 
     def scrape(self, address: str, now: float) -> Scrape | None:
         waiting, usage = self.values[address]
-        return Scrape(0.0, 0, waiting, usage)
+        return Scrape(0.0, EngineFigures.of(running=0, waiting=waiting, kv_usage=usage))
+
+
+def _scrape(at: float, running: int, waiting: int, kv_usage: float) -> Scrape:
+    return Scrape(at, EngineFigures.of(running=running, waiting=waiting, kv_usage=kv_usage))
 
 
 def _ask(session: str = "s", hashes: list[int] = PROMPT) -> Ask:
@@ -108,10 +113,10 @@ def test_scrapes_show_the_gauges_as_of_the_last_tick() -> None:
     gauges[0].admitted(prefill_start=0.2, finish=5.0)
     gauges[0].arrived(0.4)
     gauges[0].admitted(prefill_start=3.0, finish=6.0)  # waits for the first's prefill
-    assert scraper.scrape(A, 0.9) == Scrape(0.0, 0, 0, 0.5)  # the tick at 0: nothing yet
-    assert scraper.scrape(A, 1.5) == Scrape(1.0, 1, 1, 0.5)
-    assert scraper.scrape(A, 3.2) == Scrape(3.0, 2, 0, 0.5)
-    assert scraper.scrape(A, 5.5) == Scrape(5.0, 1, 0, 0.5)
+    assert scraper.scrape(A, 0.9) == _scrape(0.0, 0, 0, 0.5)  # the tick at 0: nothing yet
+    assert scraper.scrape(A, 1.5) == _scrape(1.0, 1, 1, 0.5)
+    assert scraper.scrape(A, 3.2) == _scrape(3.0, 2, 0, 0.5)
+    assert scraper.scrape(A, 5.5) == _scrape(5.0, 1, 0, 0.5)
     assert scraper.scrape("nowhere:1", 5.5) is None
 
 

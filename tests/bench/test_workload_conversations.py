@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from emulator.timing import TimingParams
 from kvgate_cli.main import main
 from workload.conversations import ConversationIndex, family_templates, shared_prefix_blocks
 from workload.trace import earliest_answer, mooncake_trace
@@ -213,6 +214,10 @@ def test_earliest_answer_is_the_emulators_prefill_and_the_trace_applies_it(
     # emulator/timing.py defaults: c0 = 20 ms, 5,000 prompt tokens a second.
     assert earliest_answer(10.0, 50_000) == pytest.approx(10.0 + 0.02 + 10.0)
     assert earliest_answer(1.0, -5) == pytest.approx(1.02)
+    # The emulator's own prefill, with its defaults (workload cannot import the emulator).
+    for tokens in (0, 1, 50_000):
+        assert earliest_answer(0.0, tokens) == pytest.approx(
+            TimingParams().prefill_seconds(tokens, 0))
     path = tmp_path / "t.jsonl"
     first = list(range(196))  # 100,000 tokens: all but one block uncached, 19.92 s at least
     for gap_ms, sessions in ((10_000, 2), (25_000, 1)):

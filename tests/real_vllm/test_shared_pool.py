@@ -20,8 +20,8 @@ import pytest_asyncio
 
 from emulator.fleet import Fleet
 from emulator.options import EmulatorOptions
+from kvgate.config.sections.placement import GateConfig
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.view import Member, PoolView
 from kvgate.routing.gated import GatedPolicy

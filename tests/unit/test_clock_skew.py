@@ -11,9 +11,10 @@ import pytest
 
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.config import load_text
+from kvgate.config.sections.placement import GateConfig
+from kvgate.contract.vllm import EngineFigures
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.routing import GatedPolicy, Pipeline
 
@@ -47,7 +48,8 @@ async def _decisions() -> list[tuple[str, str, str | None]]:
     homes = [await turn(b"s%d" % i) for i in range(12)]
     for _ in range(3):
         clock.now += 5.0
-        board.observe(homes[0], ObservedLoad(at=clock.now, backlog_s=40.0, waiting=20))
+        board.observe(homes[0], ObservedLoad(at=clock.now, backlog_s=40.0,
+                                                 figures=EngineFigures.of(waiting=20)))
         board.observe(homes[1], ObservedLoad(at=clock.now - 10.0, backlog_s=90.0))  # stale
         for i in range(12):
             await turn(b"s%d" % i)

@@ -7,15 +7,15 @@ import pytest
 from kvgate.config import ConfigError, load_text
 from kvgate.config.dump import to_yaml
 from kvgate.config.load import check_text
+from kvgate.config.sections.placement import GateConfig
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 
 POOLS = "pools: [{name: p, endpoints: [10.0.0.1:1]}]\n"
 
 
 def test_defaults_are_the_gate_and_the_cost_model_defaults() -> None:
     placement = load_text(POOLS).placement
-    assert placement.load_gate.gate() == GateConfig()
+    assert placement.load_gate == GateConfig()
     assert placement.load_gate.enabled
     assert placement.engine_cost == EngineCost()
 
@@ -93,7 +93,8 @@ def test_every_key_is_read_and_survives_the_round_trip() -> None:
     prompt_us_per_token: 5.8
 """)
     gate, cost = config.placement.load_gate, config.placement.engine_cost
-    assert gate.gate() == GateConfig(False, 0.25, 0.2, 60.0, 3, miss_safe=False)
+    assert (gate.enabled, gate.min_saving_s, gate.min_saving_ratio, gate.cooldown_s,
+            gate.candidates, gate.miss_safe) == (False, 0.25, 0.2, 60.0, 3, False)
     assert (gate.refresh_s, gate.max_load_age_s, gate.bytes_per_token) == (0.05, 1.0, 3.5)
     assert cost == EngineCost(100_000.0, 0.001, 128 * 1024, 400.0, 0.00015, 5.8 / 1e6)
     assert load_text(to_yaml(config)) == config  # what kvgate up hands its services

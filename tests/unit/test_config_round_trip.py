@@ -22,6 +22,7 @@ from kvgate.config.dump import to_yaml
 from kvgate.config.model import Config
 from kvgate.config.reference import DOC, render
 from kvgate.config.schema import ListOf, Section, entries
+from kvgate.placement.terms import TERMS
 from tests.support.secure_etcd import make_pki
 
 Draw = Callable[[st.SearchStrategy[Any]], Any]
@@ -148,6 +149,8 @@ def _placement(draw: Draw) -> dict[str, Any]:
     gate.add("cooldown_s", duration(0.0, 86400.0))
     gate.add("candidates", st.integers(1, 1024))
     gate.add("miss_safe", st.booleans())
+    gate.add("terms", st.lists(st.sampled_from(sorted(TERMS)), min_size=1, max_size=len(TERMS),
+                               unique=True))
     source = gate.add("source", st.sampled_from(["scrape", "collector"]))
     if source == "collector":  # KV events: one port, or an offset, read by the collector
         if draw(st.booleans()):

@@ -11,14 +11,15 @@ from prometheus_client import CollectorRegistry
 
 from kvgate.bindings.etcd import RING_AFTER_RECOVERY_S, EtcdBindingStore
 from kvgate.bindings.memory import MemoryBindingStore
-from kvgate.bindings.model import Binding
+from kvgate.bindings.model import Binding, MoveEstimate
 from kvgate.config import load_text
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.states import MoveReason
+from kvgate.contract.vllm import EngineFigures
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient
 from kvgate.placement import EnvoyRing, session_hash
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.routing import GatedPolicy, Outcome, Pipeline
 from kvgate.runtime.tasks.supervisor import Supervisor
@@ -57,12 +58,14 @@ class AwayStore(MemoryBindingStore):
         return existing if existing is not None else self._queue(binding)
 
     async def move(self, current: Binding, endpoint: str,
-                   reason: MoveReason | None = None, *, optional: bool = False) -> Binding:
+                   reason: MoveReason | None = None, *, optional: bool = False,
+                   estimate: MoveEstimate | None = None) -> Binding:
         if self.lose_at_next_write:
             self.away, self.lose_at_next_write = True, False
         if not self.away:
-            return await super().move(current, endpoint, reason)
-        return current if optional else self._queue(current.moved_to(endpoint, reason))
+            return await super().move(current, endpoint, reason, estimate=estimate)
+        return current if optional else self._queue(
+            current.moved_to(endpoint, reason, estimate=estimate))
 
     def _queue(self, binding: Binding) -> Binding:
         local = replace(binding, revision=0)
@@ -81,7 +84,8 @@ def _ring_first(session: bytes) -> str:
 
 
 def _busy(board: LoadBoard, address: str) -> None:
-    board.observe(address, ObservedLoad(at=NOW, backlog_s=60.0, waiting=30))
+    board.observe(address, ObservedLoad(at=NOW, backlog_s=60.0,
+                                         figures=EngineFigures.of(waiting=30)))
 
 
 async def test_the_gate_places_off_the_ring_while_etcd_is_reached() -> None:

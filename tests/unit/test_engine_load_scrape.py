@@ -88,7 +88,7 @@ async def test_an_engine_without_the_filtered_path_is_read_from_its_whole_page(
     assert asked[1:] == [FULL_PATH, FULL_PATH]
     load = board.observed(address, time.monotonic())
     assert load is not None
-    assert (load.waiting, load.running, load.kv_usage) == (3, 2, 0.5)
+    assert (load.figures.waiting, load.figures.running, load.figures.kv_usage) == (3, 2, 0.5)
     assert registry.get_sample_value("kvgate_ext_proc_engine_scrapes_total",
                                      {"result": "failed"}) == 1
 

@@ -84,8 +84,10 @@ async def test_the_collector_scrapes_each_engine_once_a_round_and_gives_ages() -
             clock.now += 0.25
             ages = {a.address: a for a in collector.ages()}
             assert [u.scrapes for u in ups] == [1, 1]
-            assert ages[ups[0].address].figures == EngineFigures(3, 2, 0.5)
-            assert ages[ups[1].address].figures == EngineFigures(0, 1, 0.25)
+            assert ages[ups[0].address].figures == EngineFigures.of(
+                waiting=3, running=2, kv_usage=0.5)
+            assert ages[ups[1].address].figures == EngineFigures.of(
+                waiting=0, running=1, kv_usage=0.25)
             assert {a.age_s for a in ages.values()} == {0.25}
             active.pop()  # the second engine leaves: its figures go with it
             await collector.collect_round(http)
@@ -140,7 +142,7 @@ def test_the_feed_ages_each_figure_by_what_the_collector_said(columns: bool) -> 
                       columns=columns))
     fresh = board.observed("10.0.0.1:1", clock.now)
     assert fresh is not None and fresh.at == pytest.approx(clock.now - 0.2)
-    assert (fresh.waiting, fresh.running, fresh.kv_usage) == (4, 2, 0.5)
+    assert (fresh.figures.waiting, fresh.figures.running, fresh.figures.kv_usage) == (4, 2, 0.5)
     assert fresh.backlog_s == pytest.approx(4 * mix.mean_s)  # priced as a scraped one is
     assert board.observed("10.0.0.2:1", clock.now) is None  # past max_age_s: counts for nothing
     assert feed.reachable() and feed.age_s() == pytest.approx(0.2)
@@ -192,7 +194,8 @@ async def test_the_stream_feeds_a_replica_until_its_control_plane_stops_leading(
             busy = ups[0].address
             seen = await eventually(lambda: board.observed(busy, time.monotonic()),
                                     what="the busy engine's figures at the replica")
-            assert seen is not None and (seen.waiting, seen.running, seen.kv_usage) == (5, 1, 0.75)
+            assert seen is not None and seen.figures == EngineFigures.of(waiting=5, running=1,
+                                                                         kv_usage=0.75)
             assert feed.following == address and collector.watchers == 1
             assert board.observed(ups[1].address, time.monotonic()) is not None
             settings.leading = False  # leadership lost: the stream ends, figures age out

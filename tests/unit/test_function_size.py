@@ -14,7 +14,6 @@ MOST = 60
 # Functions still over the limit, each with its length today and who is splitting it. It only
 # shrinks: a listed function may not grow, and one that is back within the limit must leave it.
 ALLOWED: dict[str, tuple[int, str]] = {
-    "ext_proc/service.py:ExtProcService.start": (61, "the helper reshaping ext_proc/service.py"),
 }
 
 

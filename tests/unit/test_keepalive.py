@@ -184,7 +184,8 @@ async def test_a_hung_engine_times_out_alone_and_counts_as_one_failed_scrape() -
         spent = await rounds.timed_round(client)
         assert 0.3 <= spent < 3
         # The engine that answered was read as its reply came, not at the deadline.
-        assert [(a, f) for a, f, _ in read] == [(fine.address, EngineFigures(3, 2, 0.5))]
+        assert [(a, f) for a, f, _ in read] == [
+            (fine.address, EngineFigures.of(waiting=3, running=2, kv_usage=0.5))]
         assert read[0][2] - started < 0.3
         await rounds.timed_round(client)  # the hung engine's connection was given up: a new one
     assert hung.connections == 2 and fine.connections == 1

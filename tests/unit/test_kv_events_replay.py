@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from emulator.kv_events import KvEventLog
 from emulator.kv_events_zmq import KvEventPublisher
+from kvgate.config.sections.placement import GateConfig
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.kv_events import END_SEQ, EventSubscription, replay, replay_endpoint
 from kvgate.fleet.residency import EngineResidency
@@ -160,15 +161,16 @@ async def test_replies_without_a_topic_frame_are_read_too() -> None:
 
 async def test_the_collector_gives_each_subscription_its_replay_socket() -> None:
     engine = "10.0.0.1:8000"
-    settings = CollectorSettings(True, True, 0.05, 0.05, kv_events_port=5557,
-                                 kv_events_replay_offset=1)
+    settings = CollectorSettings(True, True, 0.05, 0.05, GateConfig(
+        source="collector", kv_events_port=5557, kv_events_replay_offset=1))
     collector = FleetCollector(lambda: [engine], lambda: settings,
                                EngineScrapeMetrics(CollectorRegistry(), "control_plane"))
     try:
         collector._gather_residency(settings, {engine})
         sub = collector.events.engines[engine][0]
         assert (sub.endpoint, sub.replay) == ("tcp://10.0.0.1:5557", "tcp://10.0.0.1:5558")
-        collector._gather_residency(replace(settings, kv_events_replay_offset=2), {engine})
+        collector._gather_residency(
+            replace(settings, gate=replace(settings.gate, kv_events_replay_offset=2)), {engine})
         assert collector.events.engines[engine][0].replay == "tcp://10.0.0.1:5559"
         assert collector.residency_lost == [engine]  # subscribed again: what it knew is gone
     finally:

@@ -316,7 +316,7 @@ def test_the_tools_reach_the_decision_through_the_core(tree: Tree) -> None:
     # The simulator's kvgate modes are the pipeline itself.
     routing = {found.reached for found in tree.project_imports()
                if found.module == "simulator.routing"}
-    assert {"kvgate.routing.Pipeline", "kvgate.routing.GatedPolicy"} <= routing
+    assert {"kvgate.routing.Pipeline", "kvgate.routing.build_policy"} <= routing
 
 
 PLANTED = {

@@ -7,13 +7,14 @@ import json
 
 from ext_proc.metrics import ExtProcMetrics
 from kvgate.bindings.memory import MemoryBindingStore
-from kvgate.bindings.model import Binding
+from kvgate.bindings.model import Binding, MoveEstimate
 from kvgate.config import load_text
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract import vllm
 from kvgate.contract.states import MoveReason
+from kvgate.contract.vllm import EngineFigures
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.routing import GatedPolicy, Outcome, Pipeline
 from kvgate.routing.engine_load import LOAD_GAUGES
@@ -65,9 +66,11 @@ class RecordingStore(MemoryBindingStore):
         self.moves: list[Binding] = []
 
     async def move(self, current: Binding, endpoint: str,
-                   reason: MoveReason | None = None, *, optional: bool = False) -> Binding:
-        self.moves.append(current.moved_to(endpoint, reason))
-        return await super().move(current, endpoint, reason, optional=optional)
+                   reason: MoveReason | None = None, *, optional: bool = False,
+                   estimate: MoveEstimate | None = None) -> Binding:
+        self.moves.append(current.moved_to(endpoint, reason, estimate=estimate))
+        return await super().move(current, endpoint, reason, optional=optional,
+                                  estimate=estimate)
 
 
 class Clock:
@@ -103,11 +106,19 @@ async def test_a_session_on_a_busy_engine_moves_to_its_ddr_sibling_with_reason_l
     clock.now += 5.0
     assert (await decider.decide("p", b"s1", 2000)).outcome is Outcome.STICKY
     # Its engine reports 20 s of queued prefill; the sibling is idle: it moves.
-    board.observe(home, ObservedLoad(at=clock.now, backlog_s=20.0, waiting=10))
+    board.observe(home, ObservedLoad(at=clock.now, backlog_s=20.0,
+                                            figures=EngineFigures.of(waiting=10)))
     moved = await decider.decide("p", b"s1", 2000)
     assert (moved.outcome, moved.endpoints[0], moved.reason) == (
         Outcome.REBIND, sibling, MoveReason.LOAD)
     assert [(b.endpoint, b.move_reason) for b in store.moves] == [(sibling, MoveReason.LOAD)]
+    # The move's record says what the gate estimated: there, per term, and staying.
+    [record] = store.moves
+    assert record.estimate is not None and dict(record.estimate.terms).keys() == {
+        "queue_wait", "ddr_read", "prefill"}
+    assert record.estimate.stay_s > sum(dict(record.estimate.terms).values()) + 1.5
+    again = Binding.decode("p/s1", record.encode(), 9)
+    assert again.estimate == record.estimate
     # Hysteresis: its new engine becomes as busy, yet it stays during the cooldown.
     board.observe(sibling, ObservedLoad(at=clock.now, backlog_s=40.0))
     board.observe(home, ObservedLoad(at=clock.now, backlog_s=0.0))

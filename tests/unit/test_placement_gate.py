@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.states import EndpointState
 from kvgate.placement import session_hash
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import candidates
 from kvgate.placement.view import Member, PoolView

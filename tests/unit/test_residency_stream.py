@@ -15,6 +15,7 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
 from control_plane.admin.fleet_stream import FleetStream
+from kvgate.config.sections.placement import GateConfig
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
 from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.fleet.kv_events import decode, events_endpoint, replay_endpoint
@@ -65,7 +66,8 @@ class Clock:
 async def rig() -> AsyncIterator[tuple[FleetCollector, Publisher, CollectorSettings]]:
     (port,) = free_ports(1)
     publisher = Publisher(port)
-    settings = CollectorSettings(True, True, 0.05, 0.05, kv_events_port=port)
+    settings = CollectorSettings(True, True, 0.05, 0.05,
+                                 GateConfig(source="collector", kv_events_port=port))
     collector = FleetCollector(lambda: [ENGINE], lambda: settings,
                                EngineScrapeMetrics(CollectorRegistry(), "control_plane"),
                                clock=Clock())
@@ -192,7 +194,8 @@ async def test_residency_outlives_a_lost_and_regained_leadership() -> None:
     conversation already under way: its next blocks' parent was stored before.)"""
     (port,) = free_ports(1)
     publisher = Publisher(port)
-    settings = CollectorSettings(True, True, 0.02, 0.02, kv_events_port=port)
+    settings = CollectorSettings(True, True, 0.02, 0.02,
+                                 GateConfig(source="collector", kv_events_port=port))
     collector = FleetCollector(lambda: [ENGINE], lambda: settings,
                                EngineScrapeMetrics(CollectorRegistry(), "control_plane"))
     running = asyncio.create_task(collector.run())
@@ -214,17 +217,20 @@ async def test_residency_outlives_a_lost_and_regained_leadership() -> None:
         await eventually(heard, what="the leader's subscription hears the publisher")
         await publisher.send([stored([1, 2, 3], None, "alice")])
         await eventually(alice, until=lambda t: t == 3 * BS, what="alice's first turn")
-        settings = CollectorSettings(True, False, 0.02, 0.02, kv_events_port=port)
+        settings = CollectorSettings(True, False, 0.02, 0.02,
+                                     GateConfig(source="collector", kv_events_port=port))
         await eventually(lambda: not collector.collecting, what="it stops collecting")
         await publisher.send([stored([4, 5], 3, "alice")])  # her next turn, while it follows
         await eventually(alice, until=lambda t: t == 5 * BS, what="the follower hears it")
-        settings = CollectorSettings(True, True, 0.02, 0.02, kv_events_port=port)
+        settings = CollectorSettings(True, True, 0.02, 0.02,
+                                     GateConfig(source="collector", kv_events_port=port))
         await eventually(lambda: collector.collecting, what="it collects again")
         await publisher.send([stored([6], 5, "alice")])
         await eventually(alice, until=lambda t: t == 6 * BS, what="the leader knows her")
         assert collector.residency_lost == []
         # Unconfigured (the gate's source changed): the streams are dropped.
-        settings = CollectorSettings(False, True, 0.02, 0.02, kv_events_port=port)
+        settings = CollectorSettings(False, True, 0.02, 0.02,
+                                     GateConfig(source="collector", kv_events_port=port))
         await eventually(lambda: not collector.events.engines, what="streams dropped")
     finally:
         running.cancel()

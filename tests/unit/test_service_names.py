@@ -51,7 +51,7 @@ class Failing:
     """Stands in for Pipeline: every decision fails."""
 
     async def decide(self, pool: str, raw_session: bytes | None,
-                     prompt_tokens: int = 0) -> Decision:
+                     prompt_tokens: int = 0, *, ring: bytes | None = None) -> Decision:
         raise DecisionError("no such pool")
 
 
@@ -62,6 +62,9 @@ class Recorder:
         self.events: list[tuple[str, dict[str, Any]]] = []
 
     def warning(self, event: str, **fields: Any) -> None:
+        self.events.append((event, fields))
+
+    def exception(self, event: str, **fields: Any) -> None:
         self.events.append((event, fields))
 
 

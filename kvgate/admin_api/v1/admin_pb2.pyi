@@ -191,7 +191,14 @@ class FailEndpointResponse(_message.Message):
     def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ...) -> None: ...
 
 class SessionBinding(_message.Message):
-    __slots__ = ("session", "pool", "endpoint", "revision", "lease", "moved_at", "move_reason")
+    __slots__ = ("session", "pool", "endpoint", "revision", "lease", "moved_at", "move_reason", "move_terms", "stay_s")
+    class MoveTermsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     SESSION_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +206,8 @@ class SessionBinding(_message.Message):
     LEASE_FIELD_NUMBER: _ClassVar[int]
     MOVED_AT_FIELD_NUMBER: _ClassVar[int]
     MOVE_REASON_FIELD_NUMBER: _ClassVar[int]
+    MOVE_TERMS_FIELD_NUMBER: _ClassVar[int]
+    STAY_S_FIELD_NUMBER: _ClassVar[int]
     session: str
     pool: str
     endpoint: str
@@ -206,7 +215,9 @@ class SessionBinding(_message.Message):
     lease: int
     moved_at: float
     move_reason: str
-    def __init__(self, session: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., revision: _Optional[int] = ..., lease: _Optional[int] = ..., moved_at: _Optional[float] = ..., move_reason: _Optional[str] = ...) -> None: ...
+    move_terms: _containers.ScalarMap[str, float]
+    stay_s: float
+    def __init__(self, session: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., revision: _Optional[int] = ..., lease: _Optional[int] = ..., moved_at: _Optional[float] = ..., move_reason: _Optional[str] = ..., move_terms: _Optional[_Mapping[str, float]] = ..., stay_s: _Optional[float] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
     __slots__ = ("pool", "endpoint", "limit", "after")

@@ -1,12 +1,14 @@
 """`placement:` bounded load, the load gate and the engines' speed it prices with.
 
-The gate's thresholds take their defaults from kvgate.placement.gate.GateConfig and the
-engines' speed is kvgate.placement.cost.EngineCost itself (its keys described here).
+`GateConfig` is `placement.load_gate`, the one settings type of the gate: the gate itself
+(kvgate.routing.gated), its feeds (ext_proc, the collector) and the simulator's `--gate-*`
+flags (`DECISION_KEYS`) read it. The engines' speed is kvgate.placement.cost.EngineCost itself
+(its keys described here). Every bound is its key's, here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvgate.config.address import HostPort
 from kvgate.config.fields import Fields, Path
@@ -23,39 +25,45 @@ from kvgate.config.schema import (
     Section,
     Size,
     describe,
+    entries,
     key,
 )
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.gate import GateConfig
+from kvgate.placement.terms import DEFAULT_TERMS, TERMS
 
-_GATE = GateConfig()  # its defaults are the YAML's
 LOAD_SOURCES = ("scrape", "collector")
 
 
 @dataclass(frozen=True, slots=True)
-class LoadGateConfig:
-    """`placement.load_gate`: the gate's thresholds (kvgate.placement.gate.GateConfig) and how
+class GateConfig:
+    """`placement.load_gate`: the gate's thresholds and terms (what it decides with), and how
     ext_proc feeds it (live load from the engines' metrics, prompt size from content-length)."""
 
     enabled: bool = key(
         Boolean(), "the load gate: a bound session moves to a sibling in its DDR pool when that "
-        "answers sooner; new sessions go to the least estimated TTFT among their ring "
-        "candidates. `false`: static stickiness, exactly as before (nothing scraped, "
-        "`content-length` not forwarded)", default=_GATE.enabled)
+        "answers sooner; new sessions, and requests with no session but a `content-length`, go "
+        "to the least estimated TTFT among their ring candidates. `false`: static stickiness, "
+        "exactly as before (nothing scraped, `content-length` not forwarded)", default=True)
     min_saving_s: float = key(Duration(0.0, 3600.0), "a move must save at least this much "
-                              "estimated TTFT ...", default=_GATE.min_saving_s)
+                              "estimated TTFT (more than a user notices; docs/benchmarks.md) "
+                              "...", default=1.5)
     min_saving_ratio: float = key(Number(0.0, 1.0), "... and at least this share of the "
                                   "session's estimate on its own engine",
-                                  default=_GATE.min_saving_ratio)
+                                  default=0.3)
     cooldown_s: float = key(Duration(0.0, 86400.0), "a session the gate moved stays put this "
                             "long (no flapping between two busy siblings)",
-                            default=_GATE.cooldown_s)
+                            default=30.0)
     candidates: int = key(Integer(1, 1024), "endpoints scored per decision, in ring order (1: "
-                          "plain ring placement for new sessions)", default=_GATE.candidates)
+                          "plain ring placement for new sessions)", default=8)
     miss_safe: bool = key(
         Boolean(), "a move must also be no slower if the DDR pool has lost the session's "
         "context (evicted while it lived in HBM, or the pool is down) and the sibling prefills "
-        "it all; `false` prices every move as a DDR read", default=_GATE.miss_safe)
+        "it all; `false` prices every move as a DDR read", default=True)
+    terms: tuple[str, ...] = key(
+        ListOf(Choice(tuple(TERMS))), "the terms a request's estimated TTFT on an endpoint is "
+        "the sum of (the longest of those that overlap the queue wait, then the others): "
+        "`queue_wait` (the prefill queued there), `ddr_read` (its context read from the DDR "
+        "pool), `prefill` (what neither tier holds)", default=DEFAULT_TERMS)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
@@ -93,12 +101,30 @@ class LoadGateConfig:
     bytes_per_token: float = key(Number(0.1, 1000.0), "request body bytes per prompt token: the "
                                  "prompt-size estimate from `content-length`", default=4.0)
 
-    def gate(self) -> GateConfig:
-        return GateConfig(self.enabled, self.min_saving_s, self.min_saving_ratio,
-                          self.cooldown_s, self.candidates, self.miss_safe)
+    @property
+    def kv_events(self) -> bool:
+        """The engines publish KV cache events the collector reads."""
+        return bool(self.kv_events_port or self.kv_events_port_offset)
+
+    def at_time_scale(self, time_scale: float) -> GateConfig:
+        """For engines emulated at `time_scale` (> 0) and priced in wall seconds: the gate's
+        emulated seconds scaled with them; how often and how old a report stays wall time."""
+        return replace(self, min_saving_s=self.min_saving_s * time_scale,
+                       cooldown_s=self.cooldown_s * time_scale)
 
 
-def _check_gate(f: Fields, gate: LoadGateConfig, path: Path) -> None:
+# The keys that change a decision, not how the gate is fed: the simulator's `--gate-*` flags and
+# a result's `load_gate` (simulator.command).
+DECISION_KEYS = tuple(e for e in entries(GateConfig) if e.attr in (
+    "min_saving_s", "min_saving_ratio", "cooldown_s", "candidates", "miss_safe", "terms"))
+
+
+def _check_gate(f: Fields, gate: GateConfig, path: Path) -> None:
+    if not gate.terms:
+        f.error((*path, "terms"), "at least one term: an empty score ranks every endpoint "
+                "alike")
+    elif len(set(gate.terms)) != len(gate.terms):
+        f.error((*path, "terms"), f"a term listed twice: {list(gate.terms)}")
     if gate.kv_events_port and gate.kv_events_port_offset:
         f.error((*path, "kv_events_port_offset"), "set kv_events_port or kv_events_port_offset, "
                 "not both")
@@ -140,9 +166,8 @@ class Placement:
         Number(1.0, 100.0), "bounded load: no endpoint holds more than this × its weighted "
         "share of the pool's sessions (1.0 = perfectly even), also when sessions move",
         default=1.25)
-    load_gate: LoadGateConfig = key(Section(LoadGateConfig, check=_check_gate),
-                                    "the load gate's thresholds and feed",
-                                    factory=LoadGateConfig)
+    load_gate: GateConfig = key(Section(GateConfig, check=_check_gate),
+                                "the load gate's thresholds and feed", factory=GateConfig)
     engine_cost: EngineCost = key(
         Section(EngineCost), "the engines' speed the gate prices requests with. Defaults are "
         "the emulator's engine (a 32B-class model on one device). `kvgate up` with an emulated "

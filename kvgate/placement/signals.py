@@ -1,0 +1,75 @@
+"""What a decision knows of one engine at one instant: the signals a scoring term reads
+(kvgate.placement.terms).
+
+- `backlog_s`: seconds of prefill queued there (the load board's: this router's ledger, or the
+  engine's own report, whichever is larger);
+- `gauge(name)`: a gauge the engine reports (kvgate.contract.vllm.GAUGES), as last observed;
+- `hbm_tokens(...)`, `eviction_rate`: what its HBM holds of a session and how fast it evicts,
+  where the engines' KV events are read.
+
+Each is read when a term first asks, and the backlog is kept for the decision.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from kvgate.placement.live import LoadBoard, ObservedLoad
+
+
+class HbmResidency(Protocol):
+    """How much of a session's context an engine's HBM still holds, where that can be known
+    (the engine's KV cache events: kvgate.fleet.residency; the simulator's own engines)."""
+
+    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
+        """Leading tokens of the session's context `endpoint` would hit in its prefix cache now,
+        at most ``context_tokens``; None when not known (the gate then assumes it all there)."""
+        ...
+
+    def eviction_rate(self, endpoint: str) -> float | None:
+        """Blocks `endpoint`'s HBM evicted per second over about the last minute
+        (kvgate.placement.evictions); None when not known."""
+        ...
+
+
+class EngineSignals:
+    """One engine's signals at `now`, for one decision."""
+
+    __slots__ = ("_backlog", "_board", "_hbm", "address", "now")
+
+    def __init__(self, address: str, now: float, board: LoadBoard,
+                 hbm: HbmResidency | None = None, backlog_s: float | None = None) -> None:
+        """`backlog_s`: the board's backlog already read at `now` (else read on first use)."""
+        self.address = address
+        self.now = now
+        self._board = board
+        self._hbm = hbm
+        self._backlog = backlog_s
+
+    @property
+    def backlog_s(self) -> float:
+        """Seconds of prefill queued ahead of a request sent there now."""
+        backlog = self._backlog
+        if backlog is None:
+            backlog = self._backlog = self._board.backlog_s(self.address, self.now)
+        return backlog
+
+    @property
+    def observed(self) -> ObservedLoad | None:
+        """The engine's latest report, if fresh enough to count."""
+        return self._board.observed(self.address, self.now)
+
+    def gauge(self, name: str) -> float | None:
+        """Gauge `name` (kvgate.contract.vllm.GAUGES) as last reported; None: no fresh report."""
+        seen = self.observed
+        return None if seen is None else seen.figures.get(name)
+
+    @property
+    def eviction_rate(self) -> float | None:
+        """Blocks its HBM evicted per second lately; None: not known."""
+        return None if self._hbm is None else self._hbm.eviction_rate(self.address)
+
+    def hbm_tokens(self, session: str, context_tokens: int) -> int | None:
+        """Leading tokens of `session`'s context its HBM holds; None: not known."""
+        hbm = self._hbm
+        return None if hbm is None else hbm.hbm_tokens(self.address, session, context_tokens)

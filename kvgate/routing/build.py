@@ -1,0 +1,32 @@
+"""The routing policy from its settings: the one assembly ext_proc, the simulator and bench use."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from structlog.typing import FilteringBoundLogger
+
+from kvgate.config.sections.placement import GateConfig
+from kvgate.fleet.prefill_mix import PrefillMix
+from kvgate.placement.cost import EngineCost
+from kvgate.placement.live import LoadBoard
+from kvgate.routing.gated import GatedPolicy
+from kvgate.routing.policy import STATIC, HbmResidency, Policy, PoolResidency
+from kvgate.routing.recent import RecentSessions
+
+
+def build_policy(
+    gate: GateConfig, cost: EngineCost, board: LoadBoard, *,
+    clock: Callable[[], float] = time.monotonic, recent: RecentSessions | None = None,
+    mix: PrefillMix | None = None, residency: PoolResidency | None = None,
+    hbm: HbmResidency | None = None, log: FilteringBoundLogger | None = None,
+) -> Policy:
+    """`placement.load_gate` on: the load gate over `board` (on `clock`, its terms
+    `gate.terms` priced with `cost`), with what else its caller knows of the fleet: what
+    booked requests cost (`mix`, shared with whatever feeds the board), the DDR pool's and
+    the engines' residency; off: static stickiness."""
+    if not gate.enabled:
+        return STATIC
+    return GatedPolicy(cost, gate, board, clock=clock, recent=recent, mix=mix,
+                       residency=residency, hbm=hbm, log=log)
