@@ -18,6 +18,12 @@ SMALL_PAGE = 200
 A, B = "10.0.0.1:8000", "10.0.0.2:8000"
 
 
+# How long a test lets a store list its bindings at start: thousands of keys in small pages take
+# more than the product's 5 s start budget on a loaded machine (it then serves degraded, still
+# listing: test_degraded_mode_and_caps.py); these tests are about what comes after the list.
+LISTED_S = 60.0
+
+
 def small_client(endpoint: str) -> EtcdClient:
     """A client whose pages and messages are small, so that a few hundred keys need several."""
     return EtcdClient([endpoint], page_size=SMALL_PAGE, max_message_bytes=SMALL_MESSAGE)

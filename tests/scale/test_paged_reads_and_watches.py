@@ -24,6 +24,7 @@ from kvgate.etcd.mirror import MirrorState
 from kvgate.etcd.observed import MirrorMetrics
 from kvgate.routing import Outcome, Pipeline
 from tests.scale.scale_helpers import (
+    LISTED_S,
     SMALL_MESSAGE,
     A,
     B,
@@ -108,7 +109,7 @@ async def test_its_own_leases_expiring_thousands_of_sessions_are_applied_while_d
     client = small_client(etcd.endpoint)
     store = store_for(client, prefix)
     try:
-        await store.start()
+        await store.start(sync_timeout=LISTED_S)
         assert len(store) == COUNT
         with Probe(store, names[:50]) as probe, capture_logs() as logs:
             await eventually(lambda: len(probe.outcomes) > 20)
@@ -137,7 +138,7 @@ async def test_a_revision_larger_than_the_watch_can_carry_is_relisted_and_resume
     client = small_client(etcd.endpoint)
     store = store_for(client, prefix)
     try:
-        await store.start()
+        await store.start(sync_timeout=LISTED_S)
         assert store.synced and len(store) == COUNT
         with Probe(store, names[:50]) as probe, capture_logs() as logs:
             await eventually(lambda: len(probe.outcomes) > 20)
@@ -181,7 +182,7 @@ async def test_a_mirror_that_lost_its_watch_relists_and_drops_what_went_meanwhil
 
     monkeypatch.setattr(client, "watch_prefix", lost_once)
     try:
-        await store.start()
+        await store.start(sync_timeout=LISTED_S)
         assert len(store) == 3000
         await writer.revoke_lease(doomed_lease)  # gone while the mirror is not listening
         await bind(writer, prefix, sessions(500, "arrived"))
