@@ -23,8 +23,8 @@ COST = EngineCost()  # 5,000 prompt tokens a second
 def _handler(board: LoadBoard, gate: GateConfig | None = None) -> RequestHandler:
     policy = build_policy(gate or GateConfig(), COST, board, clock=lambda: 0.0)
     pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, policy=policy)
-    return RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics(), "p",
-                          bytes_per_token=None if policy is STATIC else 4.0)
+    return RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics("ext_proc"),
+                          "p", bytes_per_token=None if policy is STATIC else 4.0)
 
 
 async def test_a_large_sessionless_prompt_is_booked_where_the_gate_sends_it() -> None:
