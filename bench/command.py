@@ -29,6 +29,7 @@ from benchkit.modes import parse_modes
 from benchkit.report import markdown_table, result_document, write_outputs
 from emulator.command import time_scale
 from emulator.options import EmulatorOptions
+from kvgate.config.sections.placement import LOAD_SOURCES as FLEET_SOURCES
 from kvgate.runtime.children.child import ChildFailed
 from kvgate.runtime.children.ports import NoFreePorts, PortRange, parse_port_range
 from workload.cli import add_workload_arguments
@@ -72,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--emulator-processes", type=int, default=1, metavar="N",
       help="--compare: spread each mode's emulated engines over N processes, so the emulator's "
       "own CPU does not add to TTFT (%(default)s)")
+    a("--fleet-source", choices=FLEET_SOURCES, default="scrape",
+      help="--compare: how the load-aware modes learn the engines' state: each ext_proc "
+      "replica scrapes /metrics (scrape), or the control plane's collector does and also reads "
+      "each engine's KV cache events, so the gate knows which sessions' blocks are in HBM "
+      "(collector) (%(default)s)")
     a("--port-range", type=_port_range, metavar="LOW-HIGH",
       help="--compare: take every port the run listens on from LOW-HIGH, e.g. on a shared host "
       "(default: free ports from the OS)")
@@ -92,6 +98,9 @@ def run(args: argparse.Namespace) -> int:
         _check_port_range(args, engine.instances)
         if args.compare:
             check_modes(args.modes)
+        elif args.fleet_source != "scrape":
+            raise ValueError("--fleet-source applies to --compare only (a running gateway's "
+                             "config says where its fleet state comes from)")
     except (InputError, ValueError) as exc:
         print(f"kvgate bench: {exc}", file=sys.stderr)
         return 2
@@ -133,7 +142,7 @@ def _run_compare(args: argparse.Namespace, engine: EmulatorOptions, workload: Wo
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
     options = CompareOptions(engine, workdir, progress, header=args.session_header,
                              port_range=args.port_range, session_in=args.session_in,
-                             extra_headers=headers)
+                             extra_headers=headers, fleet_source=args.fleet_source)
     try:
         compared = asyncio.run(compare(workload, args.modes, options, say))
     except (NoFreePorts, ChildFailed) as exc:
@@ -172,6 +181,8 @@ def _describe(args: argparse.Namespace, workload: Workload, engine: EmulatorOpti
             "extra_headers": header_names(headers),  # names only: a value may be a secret
             **({"emulator_processes": engine.processes,
                 "pool_connector": engine.pool_connector} if args.compare else {}),
+            **({"fleet_source": args.fleet_source}
+               if args.compare and args.fleet_source != "scrape" else {}),
             "tool": "kvgate bench"
             + (" --compare" if args.compare else f" --gateway {redact_url(args.gateway)}")}
 
@@ -189,9 +200,10 @@ def _check_port_range(args: argparse.Namespace, engines: int) -> None:
     if not args.compare:
         raise ValueError("--port-range applies to --compare only (the runs it starts)")
     low, high = args.port_range
-    if high - low + 1 < ports_needed(engines):
+    needed = ports_needed(engines, args.fleet_source)
+    if high - low + 1 < needed:
         raise ValueError(f"--port-range {low}-{high} holds {high - low + 1} ports; --compare "
-                         f"with {engines} engines listens on {ports_needed(engines)}")
+                         f"with {engines} engines listens on {needed}")
 
 
 def _with_processes(args: argparse.Namespace, engine: EmulatorOptions) -> EmulatorOptions:

@@ -4,7 +4,8 @@ same workload through it, then everything stopped."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from benchkit.modes import ALL_MODES
 from emulator.options import EmulatorOptions
 from kvgate.config import Config, load_text
 from kvgate.contract.modes import RoutingMode
-from kvgate.runtime.children.ports import PortRange, ReservedPorts
+from kvgate.runtime.children.ports import NoFreePorts, PortRange, ReservedPorts, free_run
 from stack.engine_speed import for_emulated_fleet
 from stack.local import Stack
 from workload.model import Workload
@@ -30,6 +31,9 @@ class CompareOptions:
     port_range: PortRange | None = None  # every port the run listens on from here (shared hosts)
     session_in: str = "header"  # where the bench puts the session id (see bench.client)
     extra_headers: tuple[tuple[str, str], ...] = ()
+    # `scrape`: each ext_proc replica reads the engines' /metrics; `collector`: the control
+    # plane's collector does, and reads each engine's KV cache events (HBM residency)
+    fleet_source: str = "scrape"
 
 
 BENCH_BYTES_PER_TOKEN = 5.3  # the bench's request bodies per prompt token (bench/prompt_size.py)
@@ -37,9 +41,10 @@ GATEWAY_PORTS = 6  # listener, Envoy admin, xDS, admin API, ext_proc, ext_proc m
 OTHER_PORTS = 1 + GATEWAY_PORTS + 2  # + the DDR pool, + the embedded etcd's client and peer
 
 
-def ports_needed(engines: int) -> int:
-    """How many ports a comparison on ``engines`` engines listens on."""
-    return engines + OTHER_PORTS
+def ports_needed(engines: int, fleet_source: str = "scrape") -> int:
+    """How many ports a comparison on ``engines`` engines listens on: with the collector, each
+    engine also publishes KV cache events and serves their replay."""
+    return engines * (3 if fleet_source == "collector" else 1) + OTHER_PORTS
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +57,25 @@ class RunPorts:
     pool: int
     gateway: tuple[int, ...]  # GATEWAY_PORTS of them, in the order above
     etcd: tuple[int, int]
+    # With the collector: engine i publishes its KV events on events + i and serves their
+    # replay on replay + i; the engines are then consecutive, so that one offset from an
+    # engine's port finds its stream (`kv_events_port_offset`, kvgate.fleet.kv_events).
+    events: int = 0
+    replay: int = 0
 
     @classmethod
     def of(cls, engines: int, ports: Sequence[int]) -> RunPorts:
         rest = iter(ports[engines:])
         return cls(tuple(ports[:engines]), next(rest),
                    tuple(next(rest) for _ in range(GATEWAY_PORTS)), (next(rest), next(rest)))
+
+    @classmethod
+    def with_events(cls, engines: int, run: int, others: Sequence[int]) -> RunPorts:
+        """The engines on ``run``, ``run`` + 1, ...; their event streams and replay sockets on
+        the two runs after; the other ports from ``others``."""
+        ports = cls.of(0, others)
+        return replace(ports, engines=tuple(range(run, run + engines)),
+                       events=run + engines, replay=run + 2 * engines)
 
 
 def gateway_config(header: str, ports: RunPorts) -> Config:
@@ -88,6 +106,9 @@ def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> St
         args = (*args, "--no-ddr-pool")
     if engine.processes > 1:
         args = (*args, "--processes", str(engine.processes))
+    if ports.events:  # every mode's engines publish (the same work), only the gate reads them
+        args = (*args, "--kv-events-port", str(ports.events),
+                "--kv-events-replay-port", str(ports.replay))
     # ext_proc prices requests with the emulated engines' own figures; the gate is on only in
     # the load-aware modes (sticky+ddr is kvgate with it off). Its one replica's ledger knows
     # every request sent, so the scrapes (which would show other routers' traffic) only cost
@@ -98,6 +119,11 @@ def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> St
                                    enabled=mode.load_aware)
     placement = replace(placement, load_gate=replace(
         placement.load_gate, refresh_s=0.5, bytes_per_token=BENCH_BYTES_PER_TOKEN))
+    if options.fleet_source == "collector" and mode.load_aware:
+        placement = replace(placement, load_gate=replace(
+            placement.load_gate, source="collector",
+            kv_events_port_offset=ports.events - ports.engines[0] if ports.events else 0,
+            kv_events_replay_offset=ports.replay - ports.events if ports.events else 0))
     # One Envoy worker: its round robin is then one rotation over the engines, as in the
     # simulator; with two, each worker keeps its own and the kernel picks which connection
     # lands on which, so round robin's chance hits would differ from run to run.
@@ -121,14 +147,40 @@ async def compare(workload: Workload, modes: Sequence[RoutingMode], options: Com
                   say: Callable[[str], None] = lambda line: None) -> dict[RoutingMode, DriveResult]:
     check_modes(modes)
     results: dict[RoutingMode, DriveResult] = {}
-    # Free ports from the OS (or the range), reserved for the whole run so that nothing else on
-    # the host takes one between two modes; each mode's children listen on them in turn.
-    engines = options.engine.instances
-    with ReservedPorts(ports_needed(engines), within=options.port_range) as reserved:
-        ports = RunPorts.of(engines, reserved.ports)
+    with reserved_ports(options) as ports:
         for mode in modes:
             results[mode] = await _run_mode(workload, mode, options, ports, say)
     return results
+
+
+@contextmanager
+def reserved_ports(options: CompareOptions) -> Iterator[RunPorts]:
+    """Every port the comparison listens on (free ports from the OS, or from the range),
+    reserved for the whole run so that nothing else on the host takes one between two modes."""
+    engines = options.engine.instances
+    if options.fleet_source != "collector":
+        with ReservedPorts(ports_needed(engines), within=options.port_range) as reserved:
+            yield RunPorts.of(engines, reserved.ports)
+        return
+    with ReservedPorts(OTHER_PORTS, within=options.port_range) as others:
+        run = _free_run(3 * engines, others.ports, options.port_range)
+        with ReservedPorts(3 * engines, within=(run, run + 3 * engines - 1)):
+            yield RunPorts.with_events(engines, run, others.ports)
+
+
+def _free_run(count: int, taken: Sequence[int], within: PortRange | None) -> int:
+    """The first of ``count`` consecutive free ports, none in ``taken``, inside ``within`` if
+    given (tried from its low end)."""
+    if within is None:
+        return free_run(count, exclude=taken)
+    low, high = within
+    for base in range(low, high - count + 2):
+        try:
+            return free_run(count, exclude=taken, first=base, tries=0)
+        except NoFreePorts:
+            continue
+    raise NoFreePorts(f"no {count} consecutive free ports in {low}-{high} for the engines, "
+                      "their KV event streams and replay sockets")
 
 
 async def _run_mode(workload: Workload, mode: RoutingMode, options: CompareOptions, ports: RunPorts,

@@ -22,6 +22,7 @@ from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.config.model import HostPort
 from kvgate.session import normalize_session
+from tests.support.collector import residency_of
 from tests.support.polling import eventually
 from tests.support.ports import free_ports
 from tests.support.stack import gateway_config, running_stack
@@ -68,18 +69,6 @@ async def eviction_rates(admin: HostPort) -> dict[str, float]:
         async for frame in call:
             call.cancel()
             return dict(zip(frame.loads.endpoint, frame.loads.eviction_rate, strict=False))
-    return {}
-
-
-async def residency_of(admin: HostPort, session: str) -> dict[str, int | None]:
-    """What the collector's stream says of ``session``: engine → tokens (None: unknown)."""
-    async with grpc.aio.insecure_channel(str(admin)) as channel:
-        call = admin_pb2_grpc.AdminStub(channel).WatchFleetLoad(pb.WatchFleetLoadRequest())
-        async for frame in call:
-            assert frame.residency_full  # a stream's first message carries all of it
-            call.cancel()
-            return {r.endpoint: None if r.unknown else int(r.tokens) for r in frame.residency
-                    if r.session == session}
     return {}
 
 
