@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import KW_ONLY, dataclass, field, replace
 
 import structlog
 
@@ -31,25 +31,23 @@ FLUSH_PARALLEL = 8  # batched flush transactions in flight at once
 FLUSH_FAILED = "bindings_flush_failed"
 
 
+@dataclass(eq=False)  # one per store: compared by identity
 class PendingFlush:
     """Flushes `pending` to etcd when asked (`wanted`), retrying every `interval` seconds while
     etcd is away. `degraded`: whether the store counts etcd as away (etcd is probed first);
     `recovered`: told once a flush empties the queue after that."""
 
-    def __init__(self, client: EtcdClient, pending: PendingWrites, bindings: BindingMirror,
-                 reattachment: Reattachment, failures: BackgroundFailures, *,
-                 interval: float, degraded: Callable[[], bool],
-                 recovered: Callable[[], None]) -> None:
-        self._client = client
-        self._pending = pending
-        self._bindings = bindings
-        self._reattachment = reattachment
-        self._failures = failures
-        self._interval = interval
-        self._degraded = degraded
-        self._recovered = recovered
-        self.wanted = asyncio.Event()
-        self.writes = 0  # bindings flushed to etcd
+    client: EtcdClient
+    pending: PendingWrites
+    bindings: BindingMirror
+    reattachment: Reattachment
+    failures: BackgroundFailures
+    _: KW_ONLY
+    interval: float
+    degraded: Callable[[], bool]
+    recovered: Callable[[], None]
+    wanted: asyncio.Event = field(default_factory=asyncio.Event, init=False)
+    writes: int = field(default=0, init=False)  # bindings flushed to etcd
 
     async def run(self) -> None:
         while True:
@@ -58,48 +56,48 @@ class PendingFlush:
             try:
                 await self.flush()
             except EtcdError as exc:
-                self._failures.failed(FLUSH_FAILED, exc)
+                self.failures.failed(FLUSH_FAILED, exc)
                 self.wanted.set()
-                await asyncio.sleep(self._interval)
+                await asyncio.sleep(self.interval)
             except BaseException:
                 self.wanted.set()  # the restarted loop flushes what is left
                 raise
 
     async def flush(self) -> None:
-        if self._degraded():
-            await self._client.get(self._bindings.prefix)  # raises while etcd is still away
-        if self._pending and self._reattachment.lease is NO_LEASES:
-            await self._reattachment.renew()  # etcd was away since the start
-        while self._pending:
-            ops = self._pending.oldest(MAX_TXN_OPS * FLUSH_PARALLEL)
+        if self.degraded():
+            await self.client.get(self.bindings.prefix)  # raises while etcd is still away
+        if self.pending and self.reattachment.lease is NO_LEASES:
+            await self.reattachment.renew()  # etcd was away since the start
+        while self.pending:
+            ops = self.pending.oldest(MAX_TXN_OPS * FLUSH_PARALLEL)
             batches = [ops[i:i + MAX_TXN_OPS] for i in range(0, len(ops), MAX_TXN_OPS)]
             results = await asyncio.gather(*(self._batch(b) for b in batches),
                                            return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
-        if self._degraded():
-            self._recovered()
-            self._failures.forget(FLUSH_FAILED)
+        if self.degraded():
+            self.recovered()
+            self.failures.forget(FLUSH_FAILED)
             log.info("etcd_recovered", flushed=True)
-        self._failures.ok(FLUSH_FAILED)
+        self.failures.ok(FLUSH_FAILED)
 
     async def _batch(self, ops: list[PendingWrite]) -> None:
         def puts() -> list[GuardedPut]:
-            prefix, lease = self._bindings.prefix, self._reattachment.lease
+            prefix, lease = self.bindings.prefix, self.reattachment.lease
             return [GuardedPut(prefix + op.binding.key.encode(), op.binding.encode(),
                                lease.of(session_key(op.binding.session)),
                                op.expected_revision) for op in ops]
 
         try:
-            results, _ = await self._client.put_each(puts())
+            results, _ = await self.client.put_each(puts())
         except EtcdLeaseNotFound:
-            await self._reattachment.renew()
-            results, _ = await self._client.put_each(puts())
+            await self.reattachment.renew()
+            results, _ = await self.client.put_each(puts())
         for op, result in zip(ops, results, strict=True):
             current = result.current
             if current is None:  # replacing a binding that expired meanwhile: create it
-                self._pending.retry_as_create(op)
+                self.pending.retry_as_create(op)
                 continue
             if result.done:  # etcd holds what was sent
                 self.writes += 1
@@ -107,15 +105,15 @@ class PendingFlush:
             else:
                 stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
                 if (stored.endpoint != op.binding.endpoint
-                        and self._pending.landed_try(op, current.value)):
+                        and self.pending.landed_try(op, current.value)):
                     # Its own try landed late: the queued binding, answered from since, stands.
-                    self._pending.replace_landed(op, current.mod_revision)
+                    self.pending.replace_landed(op, current.mod_revision)
                     log.info("binding_late_write_replaced", binding=op.binding.key,
                              landed=stored.endpoint, kept=op.binding.endpoint)
                     continue
-            self._pending.written(op, current.mod_revision)
-            if op.binding.key not in self._pending:
-                self._bindings.put(stored, current.lease)
+            self.pending.written(op, current.mod_revision)
+            if op.binding.key not in self.pending:
+                self.bindings.put(stored, current.lease)
             if stored.endpoint != op.binding.endpoint:
                 log.info("binding_reconciled", binding=op.binding.key, kept=stored.endpoint,
                          dropped=op.binding.endpoint)
