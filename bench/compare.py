@@ -116,7 +116,7 @@ def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> St
     # prompts are 5.3 body bytes per token (bench/prompt_size.py).
     config = gateway_config(options.header, ports)
     placement = for_emulated_fleet(config.placement, engine, engine.time_scale,
-                                   enabled=mode.load_aware)
+                                   gate_on=mode.load_aware)
     placement = replace(placement, load_gate=replace(
         placement.load_gate, refresh_s=0.5, bytes_per_token=BENCH_BYTES_PER_TOKEN))
     if options.fleet_source == "collector" and mode.load_aware:

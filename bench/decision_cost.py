@@ -79,7 +79,7 @@ def resident(sessions: int) -> HbmBoard:
 async def per_decision(gate_on: bool, decisions: int, sessions: int,
                        figures: str = "none") -> float:
     """CPU seconds per sticky decision."""
-    policy = build_policy(GateConfig(enabled=gate_on),
+    policy = build_policy(GateConfig().turned(gate_on),
                           EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
                           board_with(figures),
                           hbm=resident(sessions) if figures == "round+hbm" else None)

@@ -32,7 +32,7 @@ class ControlPlaneCollector:
     def settings(self) -> CollectorSettings:
         gate = self._config().placement.load_gate
         return CollectorSettings(
-            configured=gate.enabled and gate.source == "collector", leading=self._leader.leading,
+            configured=gate.feed == "collector", leading=self._leader.leading,
             refresh_s=gate.refresh_s, timeout_s=scrape_timeout(gate.max_load_age_s,
                                                                gate.refresh_s), gate=gate)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 import structlog
@@ -48,21 +49,20 @@ def json_error(message: str, status: int, param: str | None = None) -> web.Respo
     return web.json_response(error_body(message, status, param), status=status)
 
 
+@dataclass(slots=True)
 class Completions:
     """Completions over one :class:`EngineModel`; ``engine_id`` names the instance in logs."""
 
-    def __init__(self, model: EngineModel, clock: EmulatedClock, pool: PoolClient | None,
-                 tokenizer: Tokenizer, *, index: int, seed: int, max_model_len: int,
-                 kv_events: KvEventLog | None, engine_id: Callable[[], str]) -> None:
-        self.model = model
-        self.index = index  # in the fleet: the pool's links are per instance
-        self.clock = clock
-        self.pool = pool
-        self.tokenizer = tokenizer
-        self.seed = seed
-        self.max_model_len = max_model_len
-        self.kv_events = kv_events
-        self._engine_id = engine_id
+    model: EngineModel
+    clock: EmulatedClock
+    pool: PoolClient | None
+    tokenizer: Tokenizer
+    _: KW_ONLY
+    index: int  # in the fleet: the pool's links are per instance
+    seed: int
+    max_model_len: int
+    kv_events: KvEventLog | None  # the cache's observer, told each request's tokens
+    engine_id: Callable[[], str]
 
     async def complete(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         try:
@@ -114,7 +114,7 @@ class Completions:
                 # Returns once the blocks found are in this instance's HBM (the pool's links).
                 ddr = await self.pool.load(probe.pool_hashes, self.index, probe.hbm_blocks)
             except Exception as exc:  # an unreachable pool is a miss, as with a real connector
-                log.warning("pool_lookup_failed", engine_id=self._engine_id(), error=str(exc))
+                log.warning("pool_lookup_failed", engine_id=self.engine_id(), error=str(exc))
                 ddr = 0
         output = self.tokenizer.encode("".join(pieces))
         answer = self.model.output_hashes(tokens, probe, output)
@@ -133,7 +133,7 @@ class Completions:
                 await self.pool.store(admission.to_pool, admission.hbm_blocks,
                                       admission.ddr_blocks)
             except Exception as exc:
-                log.warning("pool_insert_failed", engine_id=self._engine_id(), error=str(exc))
+                log.warning("pool_insert_failed", engine_id=self.engine_id(), error=str(exc))
 
     async def _finished(self, admission: Admission, whole: bool) -> None:
         """The request is over (``whole``: its answer was sent to its end) or its client went
@@ -143,13 +143,13 @@ class Completions:
             self.model.finish(admission)
         else:
             self.model.abort(admission, self.clock.now())
-            log.info("request_aborted", engine_id=self._engine_id(), reason="client gone")
+            log.info("request_aborted", engine_id=self.engine_id(), reason="client gone")
         if self.pool is not None:
             try:
                 await self.pool.finish(admission.to_pool, admission.answer, admission.hbm_blocks,
                                        admission.ddr_blocks)
             except Exception as exc:
-                log.warning("pool_finish_failed", engine_id=self._engine_id(), error=str(exc))
+                log.warning("pool_finish_failed", engine_id=self.engine_id(), error=str(exc))
 
     @staticmethod
     def _usage(admission: Admission) -> dict[str, Any]:

@@ -55,17 +55,12 @@ class EngineServer:
         kv_events: KvEventLog | None = None,
     ) -> None:
         self.model = model
-        self.kv_events = kv_events  # the cache's observer, told each request's tokens
         self.clock = clock
-        self.pool = pool
         self.host = host
         self.port = port
         self.index = index
-        self.seed = seed
         self.engine_id = ""
         self._template = engine_id_template
-        self.tokenizer = tokenizer or Tokenizer()
-        self.max_model_len = max_model_len
         self.fault = "none"
         self._fault_timer: asyncio.TimerHandle | None = None
         self._runner: web.AppRunner | None = None
@@ -75,7 +70,7 @@ class EngineServer:
         self._last_path = ""
         self._created = int(time.time())
         self.completions = Completions(
-            model, clock, pool, self.tokenizer, index=index, seed=seed,
+            model, clock, pool, tokenizer or Tokenizer(), index=index, seed=seed,
             max_model_len=max_model_len, kv_events=kv_events, engine_id=lambda: self.engine_id)
 
     @property
@@ -221,11 +216,12 @@ class EngineServer:
 
     async def _tokenize(self, request: web.Request) -> web.Response:
         return await self._tokenizer_call(request, lambda body: tokenize(
-            body, self.model.config.model, self.tokenizer, self.max_model_len))
+            body, self.model.config.model, self.completions.tokenizer,
+            self.completions.max_model_len))
 
     async def _detokenize(self, request: web.Request) -> web.Response:
         return await self._tokenizer_call(request, lambda body: detokenize(
-            body, self.model.config.model, self.tokenizer))
+            body, self.model.config.model, self.completions.tokenizer))
 
     async def _tokenizer_call(self, request: web.Request,
                               answer: Callable[[Any], dict[str, Any]]) -> web.Response:

@@ -73,7 +73,7 @@ class ExtProcService:
         # etcd.tls / etcd.auth: files and password read now (EtcdSecurityError: not started)
         self._etcd_security = etcd_security(config.etcd) if options.etcd_endpoints else None
         # The collector's stream over TLS, with the CA the CLI takes (TlsError: not started).
-        ca = os.environ.get(CA_ENV) if config.placement.load_gate.source == "collector" else None
+        ca = os.environ.get(CA_ENV) if config.placement.load_gate.feed == "collector" else None
         self._collector_tls = channel_credentials(ca) if ca else None
         self.store: BindingStore
         self._mirror: PrefixMirror | None = None
@@ -197,16 +197,16 @@ class ExtProcService:
         (nothing scraped)."""
         config = self._config
         settings = config.placement.load_gate
-        if not settings.enabled:
+        if settings.feed is None:
             return STATIC
         board = self.board = LoadBoard(settings.max_load_age_s)
         mix = PrefillMix()  # what this replica's booked requests cost: prices a waiting one
-        hbm = HbmBoard() if settings.source == "collector" and settings.kv_events else None
+        hbm = HbmBoard() if settings.feed == "collector" and settings.kv_events else None
         policy = build_policy(settings, config.placement.engine_cost, board,
                               recent=RecentSessions(max_age_s=config.session.idle_ttl), mix=mix,
                               hbm=hbm, log=log)
-        if settings.source == "collector":
-            addresses = [str(a) for a in settings.collector] or [str(config.control_plane.admin)]
+        if settings.feed == "collector":
+            addresses = [str(a) for a in settings.collectors(config.control_plane.admin)]
             token = load_token(READ_TOKEN_ENV) or load_token(TOKEN_ENV)
             self.feed = FleetFeed(addresses, board, mix,
                                   FleetFeedMetrics(self.metrics.registry, SERVICE, hbm), token,
@@ -232,7 +232,7 @@ class ExtProcService:
             store is not None and store.degraded, int(unbound), tuple(self.mirrors.statuses()),
             {pool: dict(self.store.load(pool)) for pool in self.directory.pools()},
             self._backlogs(),
-            "" if self.board is None else self._config.placement.load_gate.source,
+            "" if self.board is None else self._config.placement.load_gate.feed or "",
             None if self.feed is None else self.feed.age_s(),
             self.feed is not None and self.feed.reachable(),
         )

@@ -20,8 +20,9 @@ from benchkit.report import (
     write_outputs,
 )
 from emulator.options import EmulatorOptions
+from kvgate.config.sections.placement import decision_settings
 from kvgate.runtime.tasks.collector import collector_paused
-from simulator.gate_flags import add_gate_flags, gate_description, gate_settings
+from simulator.gate_flags import add_gate_flags, gate_settings
 from simulator.parallel import simulate_modes
 from simulator.run import LOAD_REFRESH_S, PROMPT_ERROR, FleetEvent, SimConfig
 from workload.cli import add_workload_arguments
@@ -206,7 +207,7 @@ def router_description(config: SimConfig) -> dict[str, Any]:
     """The routers' settings, for a result's JSON."""
     return {"load_refresh_s": config.load_refresh_s,
             "prompt_estimate_error": config.prompt_error,
-            "load_gate": gate_description(config.gate),
+            "load_gate": decision_settings(config.gate),
             "pool_residency": config.pool_residency,
             "hbm_residency": config.hbm_residency}
 

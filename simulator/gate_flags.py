@@ -52,13 +52,3 @@ def add_gate_flags(parser: argparse.ArgumentParser) -> None:
 def gate_settings(args: argparse.Namespace) -> GateConfig:
     """The gate the flags describe (every other key at its default)."""
     return GateConfig(**{e.attr: getattr(args, PREFIX + e.attr) for e in DECISION_KEYS})
-
-
-def gate_description(gate: GateConfig) -> dict[str, Any]:
-    """The decision keys, for a result's JSON: the terms only when not the default, so results
-    from before the key read as they did."""
-    described = {e.attr: getattr(gate, e.attr) for e in DECISION_KEYS}
-    if described["terms"] == GateConfig().terms:
-        del described["terms"]
-    return {name: list(value) if isinstance(value, tuple) else value
-            for name, value in described.items()}

@@ -6,7 +6,7 @@ static one) over an in-memory binding store on the simulation's clock. The peers
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
 from emulator.ddr_pool import DdrPool
@@ -276,7 +276,7 @@ def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[],
     board = ScrapedBoard(metrics, mix, setup.max_age_s)
     holdings = holdings if mode.ddr_pool and mode.load_aware else None
     hbm = hbm if mode.load_aware else None
-    policy = build_policy(replace(setup.gate, enabled=mode.load_aware), setup.cost, board,
+    policy = build_policy(setup.gate.turned(mode.load_aware), setup.cost, board,
                           clock=clock, mix=mix, residency=holdings, hbm=hbm)
     return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, policy, holdings,
                           hbm)

@@ -33,13 +33,13 @@ def emulated_cost(engine: EmulatorOptions, time_scale: float) -> EngineCost:
 
 
 def for_emulated_fleet(placement: Placement, engine: EmulatorOptions, time_scale: float,
-                       *, enabled: bool | None = None) -> Placement:
-    """`placement` priced for the emulated `engine` at `time_scale`; `enabled` overrides the
+                       *, gate_on: bool | None = None) -> Placement:
+    """`placement` priced for the emulated `engine` at `time_scale`; `gate_on` overrides the
     gate's switch (None: as configured). At a time scale of 0 the engines never wait: they are
     priced as instant, so no backlog ever builds and the gate moves nothing."""
     gate = placement.load_gate
-    if enabled is not None:
-        gate = replace(gate, enabled=enabled)
+    if gate_on is not None:
+        gate = gate.turned(gate_on)
     if time_scale <= 0:
         return replace(placement, load_gate=gate, engine_cost=INSTANT)
     return replace(placement, load_gate=gate.at_time_scale(time_scale),

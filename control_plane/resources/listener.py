@@ -145,7 +145,7 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
         forward_rules=ext_proc_pb2.HeaderForwardingRules(
             allowed_headers=_exact_names(
                 (*config.session.headers, SESSION_KEY_HEADER, *([POOL_HEADER] if http else []),
-                 *(["content-length"] if config.placement.load_gate.enabled else []))
+                 *config.placement.load_gate.request_headers)
             )
         ),
         metadata_options=ext_proc_pb2.MetadataOptions(

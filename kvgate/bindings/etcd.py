@@ -9,7 +9,8 @@ rewritten at most once per epoch however many replicas serve it (in steady use, 
 A binding is kept at least idle_ttl after its last use and gone by 1.75 × idle_ttl.
 
 Nothing here holds the event loop for long: the listing is applied page by page, watch events
-and re-attachment in slices, and the degraded-mode queue is flushed in batched transactions.
+and re-attachment in slices, and the degraded-mode queue is flushed in batched transactions
+(kvgate.bindings.flush).
 
 Its background tasks (the mirror, lease refresh, re-attach, the degraded-mode flush) run under the
 service's supervisor; an etcd failure of any kind only pauses them, named in the log.
@@ -26,15 +27,16 @@ from dataclasses import replace
 import structlog
 
 from kvgate.bindings.failures import BackgroundFailures
+from kvgate.bindings.flush import PendingFlush
 from kvgate.bindings.index import SessionKey, session_key, session_of
-from kvgate.bindings.leases import NO_LEASES, EpochLeases, EpochLeaseSet
+from kvgate.bindings.leases import EpochLeases, EpochLeaseSet
 from kvgate.bindings.mirror import BindingMirror
 from kvgate.bindings.model import Binding, MoveEstimate, binding_key
 from kvgate.bindings.pending import PendingWrite, PendingWrites
 from kvgate.bindings.reattach import Reattachment
 from kvgate.contract.states import MoveReason
 from kvgate.etcd import EtcdClient, EtcdError, KeyValue, PrefixMirror
-from kvgate.etcd.client import MAX_TXN_OPS, GuardedPut, WatchEvent
+from kvgate.etcd.client import WatchEvent
 from kvgate.etcd.errors import EtcdDeadline, EtcdLeaseNotFound, EtcdUnavailable
 from kvgate.etcd.mirror import MirrorState
 from kvgate.runtime.tasks.supervisor import Supervisor
@@ -43,7 +45,6 @@ log = structlog.get_logger("kvgate.bindings")
 
 DEFAULT_MAX_PENDING = 100_000
 SLOW_WRITES_TO_DEGRADE = 3  # hot-path writes past the deadline in a row: etcd counts as away
-FLUSH_PARALLEL = 8  # batched flush transactions in flight at once
 
 
 # After this replica was apart from etcd, new sessions stay on Envoy's ring this long: a peer
@@ -84,7 +85,6 @@ class EtcdBindingStore:
         self._degraded = False
         self._recovered_at = -math.inf  # monotonic: when it was last apart from etcd (above)
         self._slow_writes = 0
-        self._flush_interval = flush_interval
         # Hot-path writes must finish well inside Envoy's ext_proc message timeout; a slower
         # etcd is treated as away (the write is queued and flushed in the background).
         self._write_limit_s = write_limit_s
@@ -95,7 +95,9 @@ class EtcdBindingStore:
         self._on_etcd_error = on_etcd_error
         self._mirror = PrefixMirror(client, self._prefix, self, name="bindings")
         self._supervisor = supervisor
-        self._flush_wanted = asyncio.Event()
+        self.flush = PendingFlush(client, self._pending, self._bindings, self.reattachment,
+                                  self._failures, interval=flush_interval,
+                                  degraded=lambda: self._degraded, recovered=self._recovered)
         self._writes = 0  # bindings created or moved by this store
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -121,7 +123,7 @@ class EtcdBindingStore:
             "bindings-mirror": self._mirror.run,
             "bindings-refresh": self.reattachment.refresh_loop,
             "bindings-reattach": self.reattachment.reattach_loop,
-            "bindings-flush": self._flush_loop,
+            "bindings-flush": self.flush.run,
         }
 
     async def close(self) -> None:
@@ -151,7 +153,7 @@ class EtcdBindingStore:
     @property
     def writes(self) -> int:
         """Bindings this store wrote to etcd: created, moved, flushed and re-attached."""
-        return self._writes + self.reattachment.writes
+        return self._writes + self.flush.writes + self.reattachment.writes
 
     @property
     def synced(self) -> bool:
@@ -264,7 +266,7 @@ class EtcdBindingStore:
         self._pending.add(op, tried)  # raises Unbound when full
         local = replace(op.binding, revision=0)
         self._index.put(local)
-        self._flush_wanted.set()
+        self.flush.wanted.set()
         return local
 
     async def _commit(self, op: PendingWrite, limit_s: float | None = None) -> Binding:
@@ -328,78 +330,6 @@ class EtcdBindingStore:
             return  # a queued local write stands until it is flushed
         self._bindings.apply(event)
 
-    # -- background: the degraded-mode flush -----------------------------------------------
-
-    async def _flush_loop(self) -> None:
-        while True:
-            await self._flush_wanted.wait()
-            self._flush_wanted.clear()
-            try:
-                await self._flush()
-            except EtcdError as exc:
-                self._failures.failed("bindings_flush_failed", exc)
-                self._flush_wanted.set()
-                await asyncio.sleep(self._flush_interval)
-            except BaseException:
-                self._flush_wanted.set()  # the restarted loop flushes what is left
-                raise
-
-    async def _flush(self) -> None:
-        if self._degraded:
-            await self._client.get(self._prefix)  # raises while etcd is still away
-        if self._pending and self.reattachment.lease is NO_LEASES:
-            await self._renew_lease()  # etcd was away since the start
-        while self._pending:
-            ops = self._pending.oldest(MAX_TXN_OPS * FLUSH_PARALLEL)
-            batches = [ops[i:i + MAX_TXN_OPS] for i in range(0, len(ops), MAX_TXN_OPS)]
-            results = await asyncio.gather(*(self._flush_batch(b) for b in batches),
-                                           return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-        if self._degraded:
-            self._degraded = False
-            self._recovered_at = time.monotonic()
-            self._slow_writes = 0
-            self._failures.forget("bindings_flush_failed")
-            log.info("etcd_recovered", flushed=True)
-        self._failures.ok("bindings_flush_failed")
-
-    async def _flush_batch(self, ops: list[PendingWrite]) -> None:
-        def puts() -> list[GuardedPut]:
-            return [GuardedPut(self._key(op.binding.key), op.binding.encode(),
-                               self.reattachment.lease.of(session_key(op.binding.session)),
-                               op.expected_revision) for op in ops]
-
-        try:
-            results, _ = await self._client.put_each(puts())
-        except EtcdLeaseNotFound:
-            await self._renew_lease()
-            results, _ = await self._client.put_each(puts())
-        for op, result in zip(ops, results, strict=True):
-            current = result.current
-            if current is None:  # replacing a binding that expired meanwhile: create it
-                self._pending.retry_as_create(op)
-                continue
-            if result.done:  # etcd holds what was sent
-                self._writes += 1
-                stored = replace(op.binding, revision=current.mod_revision)
-            else:
-                stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
-                if (stored.endpoint != op.binding.endpoint
-                        and self._pending.landed_try(op, current.value)):
-                    # Its own try landed late: the queued binding, answered from since, stands.
-                    self._pending.replace_landed(op, current.mod_revision)
-                    log.info("binding_late_write_replaced", binding=op.binding.key,
-                             landed=stored.endpoint, kept=op.binding.endpoint)
-                    continue
-            self._pending.written(op, current.mod_revision)
-            if op.binding.key not in self._pending:
-                self._bindings.put(stored, current.lease)
-            if stored.endpoint != op.binding.endpoint:
-                log.info("binding_reconciled", binding=op.binding.key, kept=stored.endpoint,
-                         dropped=op.binding.endpoint)
-
     # -- helpers ---------------------------------------------------------------------------
 
     def _key(self, binding_key: str) -> bytes:
@@ -407,6 +337,12 @@ class EtcdBindingStore:
 
     def _session_etcd_key(self, pool: str, key: SessionKey) -> bytes:
         return self._key(binding_key(pool, session_of(key)))
+
+    def _recovered(self) -> None:
+        """The flush emptied the queue: etcd is back."""
+        self._degraded = False
+        self._recovered_at = time.monotonic()
+        self._slow_writes = 0
 
     def _set_degraded(self, error: EtcdError) -> None:
         if not self._degraded:

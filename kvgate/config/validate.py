@@ -126,7 +126,7 @@ def _check_collector(f: Fields, config: Config) -> None:
     wildcard there is where the control plane listens, not where a replica can reach it."""
     gate, admin = config.placement.load_gate, config.control_plane.admin
     path = ("placement", "load_gate", "collector")
-    if (gate.enabled and gate.source == "collector" and not gate.collector
+    if (gate.feed == "collector" and not gate.collector
             and not f.failed(path) and admin.host.strip("[]") in ("0.0.0.0", "::")):
         f.warn(path, f"empty, so ext_proc replicas ask control_plane.admin ({admin}) for the "
                "engines' load: a wildcard address there reaches each replica's own host, not "

@@ -162,8 +162,7 @@ class FleetCollector:
         is gone since (dropped, or subscribed again from nothing)."""
         gate = None if settings is None else settings.gate
         wanted = ((0, 0, 0), frozenset()) if gate is None or not gate.kv_events else (
-            (gate.kv_events_port, gate.kv_events_port_offset, gate.kv_events_replay_offset),
-            frozenset(active))
+            gate.kv_event_ports, frozenset(active))
         if wanted != self._followed:  # the endpoints are made again only when these change
             self._followed = wanted
             (port, offset, replay), engines = wanted

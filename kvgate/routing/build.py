@@ -22,11 +22,11 @@ def build_policy(
     mix: PrefillMix | None = None, residency: PoolResidency | None = None,
     hbm: HbmResidency | None = None, log: FilteringBoundLogger | None = None,
 ) -> Policy:
-    """`placement.load_gate` on: the load gate over `board` (on `clock`, its terms
+    """The load gate on: the load gate over `board` (on `clock`, its terms
     `gate.terms` priced with `cost`), with what else its caller knows of the fleet: what
     booked requests cost (`mix`, shared with whatever feeds the board), the DDR pool's and
     the engines' residency; off: static stickiness."""
-    if not gate.enabled:
+    if gate.feed is None:  # off
         return STATIC
     return GatedPolicy(cost, gate, board, clock=clock, recent=recent, mix=mix,
                        residency=residency, hbm=hbm, log=log)

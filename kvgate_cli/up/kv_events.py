@@ -41,14 +41,13 @@ def with_event_streams(config: Config, events_port: int,
     events have no other reader), and a line saying how they are wired."""
     gate = config.placement.load_gate
     offset = events_port - ports.engine_port
-    if not (gate.enabled and gate.source == "collector"):
+    if gate.feed != "collector":
         return config, (f"  KV events: engine i publishes on {events_port}+i; nothing reads "
                         "them (placement.load_gate.source: collector does)")
-    wired = replace(gate, kv_events_port=0, kv_events_port_offset=offset,
-                    kv_events_replay_offset=ports.replay_port - events_port)
+    wired = gate.events_at_offsets(offset, ports.replay_port - events_port)
     config = replace(config, placement=replace(config.placement, load_gate=wired))
     note = (" (the YAML's kv_events_port would read every engine at one port: replaced)"
-            if gate.kv_events_port else "")
+            if gate.kv_event_ports[0] else "")
     return config, (f"  KV events: engine i publishes on {events_port}+i, read by the "
                     f"collector (kv_events_port_offset {offset}, replay on "
                     f"{ports.replay_port}+i){note}")

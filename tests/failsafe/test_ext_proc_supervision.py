@@ -102,7 +102,7 @@ async def test_degraded_mode_flush_recovers(replicas, prefix: str,
     # task, whose first attempt then hits a bug.
     fail_once(monkeypatch, replica.client, "create", EtcdUnavailable("away", operation="Txn"),
               calls_failed=2)
-    fail_once(monkeypatch, replica.store, "_flush", RuntimeError("flush bug"))
+    fail_once(monkeypatch, replica.store.flush, "flush", RuntimeError("flush bug"))
     local = await replica.store.create(Binding("s-3", "coder", B))
     assert local.revision == 0 and replica.store.degraded
     await eventually(lambda: replica.restarts("bindings-flush") == 1)

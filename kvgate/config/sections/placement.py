@@ -9,6 +9,7 @@ flags (`DECISION_KEYS`) read it. The engines' speed is kvgate.placement.cost.Eng
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from kvgate.config.address import HostPort
 from kvgate.config.fields import Fields, Path
@@ -102,9 +103,42 @@ class GateConfig:
                                  "prompt-size estimate from `content-length`", default=4.0)
 
     @property
+    def feed(self) -> str | None:
+        """Where ext_proc gets the engines' load (`source`); None: the gate is off, so nothing
+        feeds or scores (static stickiness)."""
+        return self.source if self.enabled else None
+
+    @property
+    def request_headers(self) -> tuple[str, ...]:
+        """The request headers the gate reads besides the session's: `content-length`, its
+        estimate of the prompt's size, when on."""
+        return ("content-length",) if self.enabled else ()
+
+    def turned(self, on: bool) -> GateConfig:
+        """These settings with the gate on or off."""
+        return replace(self, enabled=on)
+
+    @property
     def kv_events(self) -> bool:
         """The engines publish KV cache events the collector reads."""
         return bool(self.kv_events_port or self.kv_events_port_offset)
+
+    @property
+    def kv_event_ports(self) -> tuple[int, int, int]:
+        """Where each engine publishes its KV events: (`kv_events_port`, `_port_offset`,
+        `_replay_offset`)."""
+        return self.kv_events_port, self.kv_events_port_offset, self.kv_events_replay_offset
+
+    def events_at_offsets(self, offset: int, replay_offset: int) -> GateConfig:
+        """These settings reading each engine's KV events at its own port plus `offset`, its
+        replay socket at that plus `replay_offset`."""
+        return replace(self, kv_events_port=0, kv_events_port_offset=offset,
+                       kv_events_replay_offset=replay_offset)
+
+    def collectors(self, admin: HostPort) -> tuple[HostPort, ...]:
+        """The admin APIs a replica asks for the collector's stream: `collector`, else
+        `admin` (`control_plane.admin`)."""
+        return self.collector or (admin,)
 
     def at_time_scale(self, time_scale: float) -> GateConfig:
         """For engines emulated at `time_scale` (> 0) and priced in wall seconds: the gate's
@@ -117,6 +151,15 @@ class GateConfig:
 # a result's `load_gate` (simulator.command).
 DECISION_KEYS = tuple(e for e in entries(GateConfig) if e.attr in (
     "min_saving_s", "min_saving_ratio", "cooldown_s", "candidates", "miss_safe", "terms"))
+
+
+def decision_settings(gate: GateConfig) -> dict[str, Any]:
+    """`gate`'s decision keys, for a result's JSON: the terms only when not the default, so
+    results from before the key read as they did."""
+    described = {e.attr: getattr(gate, e.attr) for e in DECISION_KEYS
+                 if e.attr != "terms" or gate.terms != DEFAULT_TERMS}
+    return {name: list(value) if isinstance(value, tuple) else value
+            for name, value in described.items()}
 
 
 def _check_gate(f: Fields, gate: GateConfig, path: Path) -> None:
