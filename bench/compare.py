@@ -61,8 +61,12 @@ class RunPorts:
 
 
 def gateway_config(header: str, ports: RunPorts) -> Config:
-    """No pools, so the Stack starts the emulated fleet itself."""
-    return load_text(json.dumps(gateway_settings(header, ports.gateway)), require_pools=False)
+    """No pools, so the Stack starts the emulated fleet itself; ext_proc scrapes the engines
+    every 500 ms and sizes prompts at the bench's bytes per token (stack_for says why)."""
+    settings = gateway_settings(header, ports.gateway)
+    settings["placement"] = {"load_gate": {"refresh_s": 0.5,
+                                           "bytes_per_token": BENCH_BYTES_PER_TOKEN}}
+    return load_text(json.dumps(settings), require_pools=False)
 
 
 def gateway_settings(header: str, ports: Sequence[int]) -> dict[str, Any]:
@@ -96,8 +100,6 @@ def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> St
     config = gateway_config(options.header, ports)
     placement = for_emulated_fleet(config.placement, engine, engine.time_scale,
                                    gate_on=mode.load_aware)
-    placement = replace(placement, load_gate=replace(
-        placement.load_gate, refresh_s=0.5, bytes_per_token=BENCH_BYTES_PER_TOKEN))
     # One Envoy worker: its round robin is then one rotation over the engines, as in the
     # simulator; with two, each worker keeps its own and the kernel picks which connection
     # lands on which, so round robin's chance hits would differ from run to run.
