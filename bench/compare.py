@@ -78,9 +78,18 @@ class RunPorts:
                        events=run + engines, replay=run + 2 * engines)
 
 
-def gateway_config(header: str, ports: RunPorts) -> Config:
-    """No pools, so the Stack starts the emulated fleet itself."""
-    return load_text(json.dumps(gateway_settings(header, ports.gateway)), require_pools=False)
+def gateway_config(header: str, ports: RunPorts, fleet_source: str = "scrape") -> Config:
+    """No pools, so the Stack starts the emulated fleet itself; ext_proc (or the collector)
+    reads the engines every 500 ms and sizes prompts at the bench's bytes per token (stack_for
+    says why); with the collector, it reads each engine's own KV event stream too."""
+    settings = gateway_settings(header, ports.gateway)
+    gate: dict[str, Any] = {"refresh_s": 0.5, "bytes_per_token": BENCH_BYTES_PER_TOKEN}
+    if fleet_source == "collector":
+        gate |= {"source": "collector",
+                 "kv_events_port_offset": ports.events - ports.engines[0],
+                 "kv_events_replay_offset": ports.replay - ports.events}
+    settings["placement"] = {"load_gate": gate}
+    return load_text(json.dumps(settings), require_pools=False)
 
 
 def gateway_settings(header: str, ports: Sequence[int]) -> dict[str, Any]:
@@ -114,16 +123,9 @@ def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> St
     # every request sent, so the scrapes (which would show other routers' traffic) only cost
     # the emulator CPU here, which it counts as engine time: every 500 ms wall. The bench's
     # prompts are 5.3 body bytes per token (bench/prompt_size.py).
-    config = gateway_config(options.header, ports)
+    config = gateway_config(options.header, ports, options.fleet_source)
     placement = for_emulated_fleet(config.placement, engine, engine.time_scale,
                                    gate_on=mode.load_aware)
-    placement = replace(placement, load_gate=replace(
-        placement.load_gate, refresh_s=0.5, bytes_per_token=BENCH_BYTES_PER_TOKEN))
-    if options.fleet_source == "collector" and mode.load_aware:
-        placement = replace(placement, load_gate=replace(
-            placement.load_gate, source="collector",
-            kv_events_port_offset=ports.events - ports.engines[0] if ports.events else 0,
-            kv_events_replay_offset=ports.replay - ports.events if ports.events else 0))
     # One Envoy worker: its round robin is then one rotation over the engines, as in the
     # simulator; with two, each worker keeps its own and the kernel picks which connection
     # lands on which, so round robin's chance hits would differ from run to run.

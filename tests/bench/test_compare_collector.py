@@ -40,11 +40,12 @@ def test_every_mode_publishes_kv_events_and_only_the_gate_reads_them(tmp_path: P
             args = " ".join(stack.emulator_args)
             assert f"--kv-events-port {ports.events}" in args, mode
             assert f"--kv-events-replay-port {ports.replay}" in args, mode
-            gate = stack.config.placement.load_gate
-            assert (gate.source == "collector") is mode.load_aware, mode
+            feed = stack.config.placement.load_gate.feed
+            assert feed == ("collector" if mode.load_aware else None), mode
         gate = stack_for(RoutingMode.AFFINITY_DDR, options, ports).config.placement.load_gate
-        assert ports.engines[0] + gate.kv_events_port_offset == ports.events
-        assert ports.events + gate.kv_events_replay_offset == ports.replay
+        _, offset, replay_offset = gate.kv_event_ports
+        assert ports.engines[0] + offset == ports.events
+        assert ports.events + replay_offset == ports.replay
 
 
 async def test_the_gated_stack_learns_each_sessions_hbm_from_its_engines_events(

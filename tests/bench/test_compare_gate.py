@@ -28,6 +28,8 @@ def test_each_mode_gets_the_gate_it_names_priced_for_the_emulated_engines(
     assert on.engine_cost.prefill_tokens_per_s == pytest.approx(5000.0 * 20)
     assert on.engine_cost.prefill_overhead_s == pytest.approx(0.020 / 20)
     assert on.load_gate.min_saving_s == pytest.approx(GateConfig().min_saving_s / 20)
+    # Scraped every 500 ms wall; prompts sized at the bench's own bytes per token.
+    assert (on.load_gate.refresh_s, on.load_gate.bytes_per_token) == (0.5, 5.3)
 
 
 def test_simulated_only_modes_are_refused_by_name(capsys: pytest.CaptureFixture[str]) -> None:
