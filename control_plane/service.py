@@ -22,6 +22,8 @@ from grpc_health.v1 import health
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from control_plane.admin.server import AdminServer, ServerTls
+from control_plane.discovery import Discovery, with_discovered
+from control_plane.discovery.metrics import DiscoveryMetrics
 from control_plane.failover import Failover
 from control_plane.fleet import ControlPlaneCollector
 from control_plane.health import HealthChecker
@@ -126,6 +128,11 @@ class ControlPlaneService:
         # load_gate.source: collector: the leader scrapes each engine once for every ext_proc.
         self.fleet = ControlPlaneCollector(lambda: self.config, self.leader, self.directory,
                                            self.registry)
+        # pools[].discover: engines from DNS and registrations, written to the records.
+        self.discovery = Discovery(self._etcd, self.directory, self.supervisor,
+                                   DiscoveryMetrics(self.registry),
+                                   leading=lambda: self.leader.leading, fence=self.leader.fence)
+        self._probed = self._probe_set(config)
         self._seen_mtime = _mtime(options.config_path)  # kept across restarts of the reload task
         self._reload_retry_at: float | None = None  # loop time; set after etcd refused a reload
         self._reload_backoff = 1.0
@@ -182,9 +189,12 @@ class ControlPlaneService:
         self.supervisor.spawn("endpoints-mirror", endpoints.run)
         self.supervisor.spawn("membership-mirror", membership.run)
         await asyncio.wait_for(endpoints.synced.wait(), etcd_wait)
+        self.discovery.configure(self.config)
         await self._publish()
         await self._xds.start()
         await self.checker.start()
+        await self._probe_discovered()
+        await self.discovery.start()
         for name, run in (("leader-election", self.leader.run), ("snapshot", self._snapshot_loop),
                           ("failover", self._failover_loop), ("reload", self._reload_loop),
                           ("etcd-alarms", self.etcd_alarms.run),
@@ -229,6 +239,7 @@ class ControlPlaneService:
             membership_warning=self._membership_warning(),
             mirrors=tuple(self.mirrors.statuses()),
             fleet_collector=self.fleet.status(),
+            discovery=self.discovery.views(),
         )
 
     def _membership_fields(self) -> dict[str, object]:
@@ -256,7 +267,7 @@ class ControlPlaneService:
             for address, state in members.items():
                 self._endpoint_state.labels(pool, address, state).set(1)
         try:
-            snapshot = await self.cache.publish(gateway_resources(self.config, states))
+            snapshot = await self.cache.publish(gateway_resources(self._serving(), states))
         except InconsistentSnapshot as exc:
             log.error("snapshot_inconsistent", error=str(exc))
             return
@@ -268,6 +279,7 @@ class ControlPlaneService:
             self._states_changed.clear()
             try:
                 await self._publish()
+                await self._probe_discovered()
             except BaseException:
                 self._states_changed.set()  # not published: the restarted loop tries again
                 raise
@@ -284,8 +296,25 @@ class ControlPlaneService:
                 await asyncio.wait_for(self._failover_wanted.wait(), 0.25)
             self._failover_wanted.clear()
 
+    def _serving(self) -> Config:
+        """The file's config with the discovered engines etcd's records hold."""
+        return with_discovered(self.config, self.directory)
+
+    @staticmethod
+    def _probe_set(config: Config) -> frozenset[tuple[str, str]]:
+        return frozenset((p.name, e.key) for p in config.pools for e in p.endpoints)
+
+    async def _probe_discovered(self) -> None:
+        """Health checks follow the discovered engines as they come and go."""
+        serving = self._serving()
+        probed = self._probe_set(serving)
+        if probed != self._probed:
+            self._probed = probed
+            await self.checker.reconfigure(serving)
+
     def _on_leadership(self, leading: bool) -> None:
         if leading:
+            self.discovery.seed()
             self.failover.forget()
             self.supervisor.cancel("publish-health")
             self.supervisor.spawn("publish-health", self.checker.publish_all, once=True)
@@ -339,7 +368,10 @@ class ControlPlaneService:
         self.config = config
         self.last_reload_error = None
         self.directory.reconfigure(config)
-        await self.checker.reconfigure(config)
+        self.discovery.configure(config)
+        await self.discovery.start()
+        self._probed = self._probe_set(self._serving())
+        await self.checker.reconfigure(self._serving())
         self._states_changed.set()
         log.info("config_reloaded", pools=len(config.pools),
                  endpoints=sum(len(p.endpoints) for p in config.pools),

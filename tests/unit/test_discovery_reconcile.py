@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from kvgate.contract.roles import EngineRole
 from kvgate.discovery.reconcile import Found, Reconciler, Resolution
 
@@ -123,3 +125,23 @@ def test_attributes_follow_the_source() -> None:
     changed = Found("127.0.0.1:8000", "b", 2, EngineRole.DECODE)
     changes = r.observe(Resolution("dns", (changed,), 1))
     assert changes.updated and changes.updated[0].found == changed
+
+
+def test_records_follow_the_reconciler_keeping_the_operators_word() -> None:
+    from control_plane.discovery.records import follow, wanted
+    from kvgate.contract.states import EndpointState
+
+    r = _reconciler(misses={"dns": 1})
+    _dns(r, 100, 1, 2)
+    engine = r.engines["127.0.0.2:8000"]
+    record = wanted(engine, None, "coder")
+    assert (record.source, record.admin, record.discovered) == ("dns", EndpointState.ACTIVE, True)
+    _dns(r, 101, 1)
+    drained = follow(record, engine, r.deadline(engine))
+    assert (drained.admin, drained.drain_deadline, drained.left_at) == (
+        EndpointState.DRAINING, 161.0, 101)
+    failed = follow(replace(record, admin=EndpointState.FAILED), engine, r.deadline(engine))
+    assert failed.admin is EndpointState.FAILED and failed.left_at == 101  # the operator's word
+    _dns(r, 102, 1, 2)
+    back = follow(drained, engine, r.deadline(engine))
+    assert (back.admin, back.drain_deadline, back.left_at) == (EndpointState.ACTIVE, None, None)

@@ -1,0 +1,193 @@
+"""Engines found by DNS, under session traffic: a real DNS server (dnsmasq) whose records the
+test changes, the real stack (etcd, control plane, ext_proc, Envoy), emulated engines on
+127.0.0.x. Scale-out, scale-in and a DNS server that stops answering, in one run.
+
+Targets (issue 44): a new engine gets its first new session within 2 resolution intervals and
+no existing session moves; a leaving engine's sessions stay until its drain's deadline, then
+end on engines of its kv_pool, with no failed request; a DNS server that does not answer
+removes no engine and fails no request.
+
+    python -m pytest -m chaos tests/chaos/test_discovery_dns.py -s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvgate.endpoints import EndpointRecord, EndpointRecords
+from kvgate.etcd import EtcdClient
+from tests.support.dnsmasq import Dnsmasq, available
+from tests.support.hosted_engines import HostedEngines
+from tests.support.polling import eventually
+from tests.support.stack import gateway_config, running_stack
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600),
+              pytest.mark.skipif(not available(), reason="dnsmasq is not installed "
+                                 "(apt-get install dnsmasq-base)")]
+
+EVERY = 1.0  # seconds between resolutions
+DRAIN = 3.0  # seconds a leaving engine keeps its sessions
+NAME = "engines.test"
+SESSIONS = 24
+
+
+def _chat(session: str, turn: int) -> dict[str, object]:
+    return {"messages": [{"role": "system", "content": f"# the repository of {session}\n" * 40},
+                         {"role": "user", "content": f"question {turn}"}], "max_tokens": 2}
+
+
+@dataclass
+class Traffic:
+    """Sessions talking in turns; every answer noted as (time, session, engine)."""
+
+    http: httpx.AsyncClient
+    answers: list[tuple[float, str, str]] = field(default_factory=list)
+    failures: list[str] = field(default_factory=list)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def ask(self, session: str, turn: int) -> str:
+        reply = await self.http.post("/v1/chat/completions", json=_chat(session, turn),
+                                     headers={"x-session-id": session})
+        if reply.status_code != 200:
+            self.failures.append(f"{session}: {reply.status_code} {reply.text[:200]}")
+            return ""
+        engine = reply.headers["x-engine-id"]
+        self.answers.append((time.monotonic(), session, engine))
+        return engine
+
+    async def talk(self, session: str) -> None:
+        turn = 0
+        while not self.stop.is_set():
+            await self.ask(session, turn)
+            turn += 1
+
+    def engines_of(self, session: str, since: float = 0.0) -> list[str]:
+        return [e for t, s, e in self.answers if s == session and t >= since]
+
+
+@pytest.fixture
+async def dnsmasq(tmp_path: Path) -> AsyncIterator[Dnsmasq]:
+    server = Dnsmasq(tmp_path)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def engines(tmp_path: Path) -> AsyncIterator[HostedEngines]:
+    hosted = HostedEngines(tmp_path / "engines")
+    await hosted.start()
+    yield hosted
+    await hosted.stop()
+
+
+async def _records(client: EtcdClient, prefix: str) -> dict[str, EndpointRecord]:
+    return {r.address: r for r in await EndpointRecords(client, prefix).list("coder")}
+
+
+async def test_dns_scale_out_scale_in_and_outage(tmp_path: Path, dnsmasq: Dnsmasq,
+                                                 engines: HostedEngines, prefix: str) -> None:
+    for host in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"):
+        await engines.add(host)
+    a2, a3, a4, static = (engines.address(f"127.0.0.{h}") for h in (2, 3, 4, 5))
+    await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3"]})
+    # Beside the discovered engines (kv_pool kv-a), one from the file in another DDR pool: a
+    # leaving engine's sessions must not end there.
+    config = gateway_config(
+        [{"address": static, "kv_pool": "kv-b"}], kv_pool="kv-a", prefix=prefix,
+        placement={"load_gate": {"enabled": False}},
+        pool_extra={"discover": {"dns": {"name": NAME, "port": engines.port,
+                                         "every": f"{EVERY}s", "server": dnsmasq.server},
+                                 "drain": f"{DRAIN}s", "misses": 3}})
+    async with running_stack(config, tmp_path / "stack") as stack, \
+            httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
+        etcd = EtcdClient(stack.etcd_endpoints)
+        try:
+            await eventually(lambda: _records(etcd, prefix), until=lambda r: {a2, a3} <= set(r),
+                             what="the discovered engines' records")
+            traffic = Traffic(http)
+            sessions = [f"dev-{i}" for i in range(SESSIONS)]
+            talkers = [asyncio.create_task(traffic.talk(s)) for s in sessions]
+            try:
+                await eventually(lambda: {s for _, s, _ in traffic.answers} == set(sessions),
+                                 what="every session answered")
+                homes = {s: traffic.engines_of(s)[0] for s in sessions}
+                assert set(homes.values()) <= {a2, a3, static}
+                await _scale_out(traffic, dnsmasq, homes, a4)
+                await _scale_in(traffic, dnsmasq, etcd, prefix, homes, a3, {a2, a4})
+                await _outage(traffic, dnsmasq, etcd, prefix, {a2, a4})
+            finally:
+                traffic.stop.set()
+                await asyncio.gather(*talkers)
+            assert traffic.failures == []
+        finally:
+            await etcd.close()
+
+
+async def _scale_out(traffic: Traffic, dnsmasq: Dnsmasq, homes: dict[str, str],
+                     new: str) -> None:
+    await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3", "127.0.0.4"]})
+    start = time.monotonic()
+    first: float | None = None
+    index = 0
+    while first is None and time.monotonic() - start < 10 * EVERY:
+        index += 1
+        if await traffic.ask(f"new-{index}", 0) == new:
+            first = time.monotonic() - start
+    print(f"scale-out: first new session on the new engine after {first} s "
+          f"({index} new sessions asked)")
+    assert first is not None and first <= 2 * EVERY
+    since = time.monotonic()
+    await eventually(lambda: all(traffic.engines_of(s, since) for s in homes),
+                     what="every session answered again")
+    moved = {s: set(traffic.engines_of(s)) - {home} for s, home in homes.items()}
+    assert {s: m for s, m in moved.items() if m} == {}
+
+
+async def _scale_in(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix: str,
+                    homes: dict[str, str], leaving: str, siblings: set[str]) -> None:
+    orphans = [s for s, home in homes.items() if home == leaving]
+    assert orphans, homes
+    await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.4"]})
+    records = await eventually(lambda: _records(etcd, prefix), within=30,
+                               until=lambda r: r[leaving].drain_deadline is not None,
+                               what=f"{leaving} draining")
+    deadline = records[leaving].drain_deadline
+    assert deadline is not None
+    # Wall clock to monotonic: the record's deadline is unix time.
+    deadline_mono = time.monotonic() + (deadline - time.time())
+    await eventually(lambda: _records(etcd, prefix), within=30,
+                     until=lambda r: leaving not in r, what=f"{leaving}'s record removed")
+    since = time.monotonic()
+    await eventually(lambda: all(traffic.engines_of(s, since) for s in orphans),
+                     what="the leaving engine's sessions answered elsewhere")
+    early = [(t, s, e) for t, s, e in traffic.answers
+             if s in orphans and e != leaving and t < deadline_mono - 0.2]
+    assert early == [], "a session moved before its drain's deadline"
+    ends = {s: traffic.engines_of(s, since)[-1] for s in orphans}
+    assert set(ends.values()) <= siblings, ends
+    print(f"scale-in: {len(orphans)} sessions of {leaving} moved to {sorted(set(ends.values()))}"
+          f" after the drain; failures so far {len(traffic.failures)}")
+
+
+async def _outage(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix: str,
+                  serving: set[str]) -> None:
+    before = await _records(etcd, prefix)
+    dnsmasq.pause()
+    try:
+        answered = len(traffic.answers)
+        # Several resolutions' worth (each fails after its own lifetime, about EVERY).
+        await asyncio.sleep(6 * EVERY)  # the outage's length, not a wait for readiness
+        after = await _records(etcd, prefix)
+        assert len(traffic.answers) > answered
+    finally:
+        dnsmasq.resume()
+    assert {a: r.state for a, r in after.items()} == {a: r.state for a, r in before.items()}
+    assert serving <= set(after)
