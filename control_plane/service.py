@@ -85,6 +85,8 @@ class _Notifying:
 
 
 class ControlPlaneService:
+    _probed: frozenset[tuple[str, str]] = frozenset()  # the engines the health checks probe
+
     def __init__(self, config: Config, options: ControlPlaneOptions) -> None:
         self.config = config
         self._options = options
@@ -128,11 +130,7 @@ class ControlPlaneService:
         # load_gate.source: collector: the leader scrapes each engine once for every ext_proc.
         self.fleet = ControlPlaneCollector(lambda: self.config, self.leader, self.directory,
                                            self.registry)
-        # pools[].discover: engines from DNS and registrations, written to the records.
-        self.discovery = Discovery(self._etcd, self.directory, self.supervisor,
-                                   DiscoveryMetrics(self.registry),
-                                   leading=lambda: self.leader.leading, fence=self.leader.fence)
-        self._probed = self._probe_set(config)
+        self.discovery = self._discovery()
         self._seen_mtime = _mtime(options.config_path)  # kept across restarts of the reload task
         self._reload_retry_at: float | None = None  # loop time; set after etcd refused a reload
         self._reload_backoff = 1.0
@@ -149,6 +147,12 @@ class ControlPlaneService:
         )
         Gauge("kvgate_control_plane_leader", "1 while this replica leads",
               registry=self.registry).set_function(lambda: 1.0 if self.leader.leading else 0.0)
+
+    def _discovery(self) -> Discovery:
+        """pools[].discover: engines from DNS and registrations, written by the leader."""
+        return Discovery(self._etcd, self.directory, self.supervisor,
+                         DiscoveryMetrics(self.registry), leading=lambda: self.leader.leading,
+                         fence=self.leader.fence)
 
     async def start(self, etcd_wait: float = 10.0) -> None:
         # Validate, then act: whatever can refuse the start (the admin token, a port in use, a
@@ -190,6 +194,10 @@ class ControlPlaneService:
         self.supervisor.spawn("membership-mirror", membership.run)
         await asyncio.wait_for(endpoints.synced.wait(), etcd_wait)
         self.discovery.configure(self.config)
+        self._probed = self._probe_set(self.config)  # what the checker starts with
+        if self.discovery.mirror is not None and any(
+                p.discover is not None and p.discover.etcd is not None for p in self.config.pools):
+            self.mirrors.track(self.discovery.mirror)
         await self._publish()
         await self._xds.start()
         await self.checker.start()

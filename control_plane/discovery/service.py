@@ -24,15 +24,18 @@ from kvgate.config.sections.discover import Discover
 from kvgate.discovery.dns import SOURCE as DNS
 from kvgate.discovery.dns import DnsFailure, DnsResolver
 from kvgate.discovery.reconcile import Changes, Engine, Found, Reconciler, Resolution
+from kvgate.discovery.registrations import SOURCE as REGISTRATIONS
+from kvgate.discovery.registrations import RegistrationTable
 from kvgate.endpoints import EndpointDirectory
-from kvgate.etcd import EtcdClient, EtcdError
+from kvgate.etcd import EtcdClient, EtcdError, PrefixMirror
 from kvgate.etcd.records import Fence
 from kvgate.runtime.tasks.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.discovery")
 
-REGISTRATIONS = "etcd"
 EXPIRE_EVERY = 0.5  # seconds between looks for drains that are over
+REGISTRATIONS_EVERY = 0.1  # seconds between looks at the registrations mirror
+REGISTRATIONS_REFRESH = 1.0  # an unchanged, synced mirror still counts as an answer this often
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,11 +96,17 @@ class Discovery:
         self._settings: dict[str, tuple[Discover, float, frozenset[str]]] = {}
         self._tasks: list[str] = []
         self._pools: dict[str, Pool] = {}
+        self.registrations: RegistrationTable | None = None
+        self.mirror: PrefixMirror | None = None  # of registrations/, made by configure
 
     def configure(self, config: Config) -> None:
         """Reconcilers for the config's discovering pools; one whose settings are unchanged
         keeps its engines. Call `start` (again) to run its sources."""
         self._writer = RecordWriter(self._client, config.etcd.prefix)
+        if self.registrations is None:
+            self.registrations = RegistrationTable(config.etcd.prefix)
+            self.mirror = PrefixMirror(self._client, self.registrations.prefix,
+                                       self.registrations, "registrations")
         kept: dict[str, Reconciler] = {}
         for pool in config.pools:
             if pool.discover is None:
@@ -135,6 +144,11 @@ class Discovery:
             assert pool.discover is not None
             if pool.discover.dns is not None:
                 self._spawn(f"discover-dns:{pool.name}", partial(self._dns_loop, pool))
+        if any(p.discover is not None and p.discover.etcd is not None
+               for p in self._pools.values()):
+            assert self.mirror is not None
+            self._spawn("registrations-mirror", self.mirror.run)
+            self._spawn("discover-etcd", self._registrations_loop)
         self._spawn("discover-expire", self._expire_loop)
 
     def _spawn(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
@@ -157,6 +171,31 @@ class Discovery:
                 log.warning("discovery_failed", pool=pool.name, source=DNS, error=error)
             await self.observe(pool.name, Resolution(DNS, found, self._clock(), error))
             await asyncio.sleep(pool.discover.dns.every)
+
+    async def _registrations_loop(self) -> None:
+        """Each change of the registrations mirror is an answer of every pool's `etcd` source;
+        a mirror out of sync (etcd unreachable) is a failure, which changes nothing."""
+        assert self.mirror is not None and self.registrations is not None
+        seen, last = -1, 0.0
+        while True:
+            now = self._clock()
+            table = self.registrations
+            if table.changes != seen or now - last >= REGISTRATIONS_REFRESH:
+                seen, last = table.changes, now
+                for pool in self._pools.values():
+                    if pool.discover is None or pool.discover.etcd is None:
+                        continue
+                    source = pool.discover.etcd
+                    if self.mirror.connected:
+                        found: tuple[Found, ...] | None = tuple(
+                            r.found(source, pool.kv_pool)
+                            for _, r in sorted(table.pools.get(pool.name, {}).items()))
+                        error = ""
+                    else:
+                        found = None
+                        error = str(self.mirror.last_error or "registrations not in sync")
+                    await self.observe(pool.name, Resolution(REGISTRATIONS, found, now, error))
+            await asyncio.sleep(REGISTRATIONS_EVERY)
 
     async def observe(self, pool: str, resolution: Resolution) -> None:
         reconciler = self.reconcilers.get(pool)

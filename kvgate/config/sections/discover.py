@@ -19,6 +19,7 @@ from kvgate.config.schema import (
     key,
     read_section,
 )
+from kvgate.config.sections.names import NAME_KIND
 from kvgate.contract.roles import EngineRole
 
 # Labels of letters, digits and '-', or '_'-led (SRV's `_service._proto`), dot-separated.
@@ -30,12 +31,6 @@ def _role(f: Fields, value: Any, path: Path) -> EngineRole | None:
         return EngineRole(value)
     f.error(path, f"must be one of {', '.join(r.value for r in EngineRole)}, got {value!r}")
     return None
-
-
-def _kv_pool(f: Fields, value: Any, path: Path) -> str | None:
-    from kvgate.config.sections.pools import name  # the pools' own rule for names
-
-    return name(f, value, path)
 
 
 def _dns_name(f: Fields, value: Any, path: Path) -> str | None:
@@ -60,7 +55,7 @@ def _server(f: Fields, value: Any, path: Path) -> HostPort | None:
 
 
 ROLE = Custom(_role, "`both`, `prefill` or `decode`", lambda role: str(role.value))
-KV_POOL = Custom(_kv_pool, "lower-case name (letters, digits, `-`, `_`, `.`)")
+KV_POOL = NAME_KIND
 
 
 def is_srv(name: str) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,19 +20,9 @@ from kvgate.config.schema import (
     read_section,
 )
 from kvgate.config.sections.discover import Discover, read_discover
+from kvgate.config.sections.names import NAME_KIND, name
 
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
-
-
-def name(f: Fields, value: Any, path: Path) -> str | None:
-    text = f.string(value, path)
-    if text is not None and not _NAME.fullmatch(text):
-        f.error(path, f"must be lower-case letters, digits, '-', '_' or '.', got {text!r}")
-        return None
-    return text
-
-
-_NAME_KIND = Custom(name, "lower-case name (letters, digits, `-`, `_`, `.`)")
+_NAME_KIND = NAME_KIND
 
 
 def _health_path(f: Fields, value: Any, path: Path) -> str | None:

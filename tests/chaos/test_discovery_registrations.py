@@ -1,0 +1,123 @@
+"""Engines that register themselves (`kvgate register`, real processes) under session traffic,
+against the real stack: a registered engine takes new sessions within a second and moves none;
+one whose register stops is drained, its sessions move to its DDR pool after the drain, and no
+request fails.
+
+    python -m pytest -m chaos tests/chaos/test_discovery_registrations.py -s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvgate.endpoints import EndpointRecord, EndpointRecords
+from kvgate.etcd import EtcdClient
+from kvgate.runtime.children.child import Child
+from tests.support.discovery_traffic import Traffic
+from tests.support.hosted_engines import HostedEngines
+from tests.support.polling import eventually
+from tests.support.stack import gateway_config, running_stack
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
+
+DRAIN = 2.0
+SESSIONS = 12
+
+
+@pytest.fixture
+async def engines(tmp_path: Path) -> AsyncIterator[HostedEngines]:
+    hosted = HostedEngines(tmp_path / "engines")
+    await hosted.start()
+    yield hosted
+    await hosted.stop()
+
+
+async def _records(client: EtcdClient, prefix: str) -> dict[str, EndpointRecord]:
+    return {r.address: r for r in await EndpointRecords(client, prefix).list("coder")}
+
+
+def _register(workdir: Path, etcd: list[str], prefix: str, engine: str) -> Child:
+    name = f"register-{engine.replace(':', '-')}"
+    return Child(name, [sys.executable, "-m", "kvgate_cli", "register", "--pool", "coder",
+                        "--engine", f"http://{engine}", "--ttl", "5s",
+                        "--etcd", ",".join(etcd), "--prefix", prefix],
+                 workdir / f"{name}.log")
+
+
+async def test_registered_engines_come_and_go(tmp_path: Path, engines: HostedEngines,
+                                              prefix: str) -> None:
+    a, b = await engines.add("127.0.0.2"), await engines.add("127.0.0.3")
+    config = gateway_config([], kv_pool="kv-a", prefix=prefix,
+                            placement={"load_gate": {"enabled": False}},
+                            pool_extra={"discover": {"etcd": {}, "drain": f"{DRAIN}s"}})
+    async with running_stack(config, tmp_path / "stack") as stack, \
+            httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
+        etcd = EtcdClient(stack.etcd_endpoints)
+        first = _register(tmp_path, stack.etcd_endpoints, prefix, a)
+        second = _register(tmp_path, stack.etcd_endpoints, prefix, b)
+        traffic = Traffic(http)
+        talkers: list[asyncio.Task[None]] = []
+        try:
+            await first.start()
+            await eventually(lambda: _records(etcd, prefix), until=lambda r: a in r,
+                             what="the first registration's record")
+            sessions = [f"dev-{i}" for i in range(SESSIONS)]
+            talkers = [asyncio.create_task(traffic.talk(s)) for s in sessions]
+            await eventually(lambda: {s for _, s, _ in traffic.answers} == set(sessions),
+                             what="every session answered")
+            assert {e for _, _, e in traffic.answers} == {a}
+            await second.start()
+            await eventually(lambda: "registered" in second.tail(), what="registered")
+            registered = time.monotonic()
+            took = await _first_new_session_on(traffic, b, within=10.0)
+            print(f"registration: first new session on the new engine {took:.2f} s after "
+                  "`kvgate register` said registered")
+            assert took <= 1.0
+            assert {e for s in sessions for e in traffic.engines_of(s)} == {a}  # none moved
+            # b takes sessions of its own, then its register stops: drained, then removed.
+            own = [f"b-{i}" for i in range(40)]
+            homes = {s: await traffic.ask(s, 0) for s in own}
+            mine = [s for s, home in homes.items() if home == b]
+            assert mine
+            talkers += [asyncio.create_task(traffic.talk(s)) for s in mine]
+            await second.stop()
+            record = await eventually(lambda: _records(etcd, prefix),
+                                      until=lambda r: r[b].drain_deadline is not None,
+                                      what=f"{b} draining")
+            deadline = record[b].drain_deadline
+            assert deadline is not None
+            deadline_mono = time.monotonic() + (deadline - time.time())
+            await eventually(lambda: _records(etcd, prefix), until=lambda r: b not in r,
+                             what=f"{b}'s record removed")
+            since = time.monotonic()
+            await eventually(lambda: all(traffic.engines_of(s, since) for s in mine),
+                             what="b's sessions answered after the drain")
+            assert [s for s in mine if traffic.engines_of(s, since)[-1] != a] == []
+            early = [(t, s, e) for t, s, e in traffic.answers
+                     if s in mine and e != b and t < deadline_mono - 0.2]
+            assert early == [], "a session moved before its drain's deadline"
+            assert registered > 0
+        finally:
+            traffic.stop.set()
+            await asyncio.gather(*talkers)
+            await first.stop()
+            await second.stop()
+            await etcd.close()
+        assert traffic.failures == []
+
+
+async def _first_new_session_on(traffic: Traffic, engine: str, within: float) -> float:
+    start = time.monotonic()
+    index = 0
+    while time.monotonic() - start < within:
+        index += 1
+        if await traffic.ask(f"new-{index}", 0) == engine:
+            return time.monotonic() - start
+    raise AssertionError(f"no new session reached {engine} within {within} s")
