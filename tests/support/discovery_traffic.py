@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -44,3 +45,20 @@ class Traffic:
         return [e for t, s, e in self.answers if s == session and t >= since]
 
 
+
+
+async def first_new_session_on(traffic: Traffic, engine: str,
+                               change: Callable[[], Awaitable[float]],
+                               within: float) -> tuple[float, float] | None:
+    """After `change` (which returns the monotonic time of the change it made), new sessions one
+    after the other until one lands on `engine`: the seconds from the change to when that one
+    was sent and to when it was answered (its placement happened between the two). None if
+    none got there within `within`."""
+    changed = await change()
+    index = 0
+    while time.monotonic() - changed < within:
+        index += 1
+        sent = time.monotonic()
+        if await traffic.ask(f"new-{engine}-{index}", 0) == engine:
+            return sent - changed, time.monotonic() - changed
+    return None

@@ -11,6 +11,7 @@ import asyncio
 import os
 import shutil
 import signal
+import time
 from collections.abc import Iterable
 from functools import partial
 from pathlib import Path
@@ -77,16 +78,19 @@ class Dnsmasq:
         except (dns.resolver.NXDOMAIN, dns.resolver.NoAnswer):
             return []
 
-    async def set(self, records: dict[str, list[str]]) -> None:
-        """Makes `name → IPs` its records (names under `.test`), and waits until it says so."""
+    async def set(self, records: dict[str, list[str]]) -> float:
+        """Makes `name → IPs` its records (names under `.test`), and waits until it says so;
+        returns when (monotonic) it was told to re-read them."""
         lines = [f"{ip} {name}" for name, ips in records.items() for ip in ips]
         self.hosts.write_text("".join(f"{line}\n" for line in lines))
         assert self.child is not None and self.child.pid is not None
         os.kill(self.child.pid, signal.SIGHUP)
+        told = time.monotonic()
         for name, ips in records.items():
             wanted = sorted(ips)
             await eventually(partial(self.resolve, name), until=wanted.__eq__,
                              what=f"dnsmasq to give {name} as {ips}")
+        return told
 
     def pause(self) -> None:
         """Stops answering (SIGSTOP): queries time out, as with a server that is away."""
