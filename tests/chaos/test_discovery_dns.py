@@ -129,8 +129,11 @@ async def _scale_in(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix
     await eventually(lambda: _records(etcd, prefix), within=30,
                      until=lambda r: leaving not in r, what=f"{leaving}'s record removed")
     since = time.monotonic()
-    await eventually(lambda: all(traffic.engines_of(s, since) for s in orphans),
-                     what="the leaving engine's sessions answered elsewhere")
+    # Answers in flight when the record went may still come from the leaving engine: the
+    # sessions end on its siblings.
+    await eventually(lambda: all(traffic.engines_of(s, since)[-1:] and traffic.engines_of(
+        s, since)[-1] in siblings for s in orphans), what="the leaving engine's sessions ending "
+        "on its siblings")
     early = [(t, s, e) for t, s, e in traffic.answers
              if s in orphans and e != leaving and t < deadline_mono - 0.2]
     assert early == [], "a session moved before its drain's deadline"
