@@ -13,9 +13,12 @@ removes no engine and fails no request.
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -87,8 +90,13 @@ async def test_dns_scale_out_scale_in_and_outage(tmp_path: Path, dnsmasq: Dnsmas
                 homes = {s: traffic.engines_of(s)[0] for s in sessions}
                 assert set(homes.values()) <= {a2, a3, static}
                 await _scale_out(traffic, dnsmasq, homes, a4)
+                await _flapping(traffic, dnsmasq, etcd, prefix, homes, a4)
                 await _scale_in(traffic, dnsmasq, etcd, prefix, homes, a3, {a2, a4})
-                await _outage(traffic, dnsmasq, etcd, prefix, {a2, a4})
+                admin = str(config.control_plane.admin)
+                await _outage(traffic, dnsmasq, etcd, prefix, {a2, a4}, admin)
+                listed = {e["address"]: e["source"]
+                          for e in await _cli(admin, "endpoints", "list")}
+                assert listed == {a2: "dns", a4: "dns", static: "static"}
             finally:
                 traffic.stop.set()
                 await asyncio.gather(*talkers)
@@ -112,6 +120,33 @@ async def _scale_out(traffic: Traffic, dnsmasq: Dnsmasq, homes: dict[str, str],
                      what="every session answered again")
     moved = {s: set(traffic.engines_of(s)) - {home} for s, home in homes.items()}
     assert {s: m for s, m in moved.items() if m} == {}
+
+
+async def _flapping(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix: str,
+                    homes: dict[str, str], flapping: str) -> None:
+    """The new engine's record missing from about one resolution in three: never drained."""
+    since = time.monotonic()
+    for _ in range(4):
+        await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3"]})
+        await asyncio.sleep(EVERY)  # missing for one interval (the schedule, not readiness)
+        await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3", "127.0.0.4"]})
+        await asyncio.sleep(2 * EVERY)  # present for two
+        record = (await _records(etcd, prefix))[flapping]
+        assert record.left_at is None and record.drain_deadline is None
+    moved = {s: set(traffic.engines_of(s, since)) - {home} for s, home in homes.items()}
+    assert {s: m for s, m in moved.items() if m} == {}
+    print(f"flapping: {flapping} missing about one resolution in three for "
+          f"{time.monotonic() - since:.0f} s: not drained, 0 sessions moved")
+
+
+async def _cli(admin: str, *args: str) -> Any:
+    """`kvgate ... --json` against the control plane's admin API (read-only: no token)."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvgate_cli", *args, "--json", "--admin", admin,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == 0, err.decode()
+    return json.loads(out)
 
 
 async def _scale_in(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix: str,
@@ -144,16 +179,21 @@ async def _scale_in(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix
 
 
 async def _outage(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix: str,
-                  serving: set[str]) -> None:
+                  serving: set[str], admin: str) -> None:
     before = await _records(etcd, prefix)
+    failures = len(traffic.failures)
     dnsmasq.pause()
     try:
         answered = len(traffic.answers)
         # Several resolutions' worth (each fails after its own lifetime, about EVERY).
         await asyncio.sleep(6 * EVERY)  # the outage's length, not a wait for readiness
+        (source,) = (await _cli(admin, "status"))["discovery"]
         after = await _records(etcd, prefix)
         assert len(traffic.answers) > answered
     finally:
         dnsmasq.resume()
+    print(f"DNS server stopped {6 * EVERY:g} s: status says {source}")
+    assert source["error"] and source["age_s"] >= 4 * EVERY and source["engines"] == 2
+    assert len(traffic.failures) == failures
     assert {a: r.state for a, r in after.items()} == {a: r.state for a, r in before.items()}
     assert serving <= set(after)
