@@ -17,7 +17,7 @@ from control_plane.discovery.metrics import DiscoveryMetrics
 from kvgate.config import load_text
 from kvgate.contract.roles import EngineRole
 from kvgate.contract.states import EndpointState
-from kvgate.discovery.registrations import Registration
+from kvgate.discovery.registrations import Registration, registration_key
 from kvgate.endpoints import EndpointDirectory, EndpointRecord
 from kvgate.etcd import EtcdClient, PrefixMirror
 from kvgate.runtime.tasks.supervisor import Supervisor
@@ -96,3 +96,27 @@ async def test_registrations_come_survive_a_partition_and_go(
         await supervisor.stop()
         await plane.close()
         await engine_side.close()
+
+
+async def test_register_writes_again_after_losing_its_lease(etcd: EtcdServer, prefix: str) -> None:
+    client = EtcdClient([etcd.endpoint])
+    stop = asyncio.Event()
+    said: list[str] = []
+    registration = Registration("coder", ENGINE, weight=2)
+    key = registration_key(prefix, "coder", ENGINE)
+    register = asyncio.create_task(keep_registered(client, prefix, registration, 3, stop,
+                                                   said.append))
+    try:
+        first = await eventually(lambda: client.get(key), what="registered")
+        await client.revoke_lease(first.lease)  # as if etcd had expired it
+        again = await eventually(lambda: client.get(key), until=lambda kv: kv is not None
+                                 and kv.lease != first.lease, what="registered again")
+        assert Registration.decode("coder", ENGINE, again.value) == registration
+        assert any("registering" in line for line in said), said
+        stop.set()
+        await register
+        assert await client.get(key) is None  # revoked on the way out: the engine left
+    finally:
+        stop.set()
+        await register
+        await client.close()
