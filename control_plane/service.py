@@ -22,6 +22,8 @@ from grpc_health.v1 import health
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from control_plane.admin.server import AdminServer, ServerTls
+from control_plane.discovery import Discovery, with_discovered
+from control_plane.discovery.metrics import DiscoveryMetrics
 from control_plane.failover import Failover
 from control_plane.fleet import ControlPlaneCollector
 from control_plane.health import HealthChecker
@@ -83,6 +85,8 @@ class _Notifying:
 
 
 class ControlPlaneService:
+    _probed: frozenset[tuple[str, str]] = frozenset()  # the engines the health checks probe
+
     def __init__(self, config: Config, options: ControlPlaneOptions) -> None:
         self.config = config
         self._options = options
@@ -126,6 +130,7 @@ class ControlPlaneService:
         # load_gate.source: collector: the leader scrapes each engine once for every ext_proc.
         self.fleet = ControlPlaneCollector(lambda: self.config, self.leader, self.directory,
                                            self.registry)
+        self.discovery = self._discovery()
         self._seen_mtime = _mtime(options.config_path)  # kept across restarts of the reload task
         self._reload_retry_at: float | None = None  # loop time; set after etcd refused a reload
         self._reload_backoff = 1.0
@@ -142,6 +147,12 @@ class ControlPlaneService:
         )
         Gauge("kvgate_control_plane_leader", "1 while this replica leads",
               registry=self.registry).set_function(lambda: 1.0 if self.leader.leading else 0.0)
+
+    def _discovery(self) -> Discovery:
+        """pools[].discover: engines from DNS and registrations, written by the leader."""
+        return Discovery(self._etcd, self.directory, self.supervisor,
+                         DiscoveryMetrics(self.registry), leading=lambda: self.leader.leading,
+                         fence=self.leader.fence)
 
     async def start(self, etcd_wait: float = 10.0) -> None:
         # Validate, then act: whatever can refuse the start (the admin token, a port in use, a
@@ -182,9 +193,16 @@ class ControlPlaneService:
         self.supervisor.spawn("endpoints-mirror", endpoints.run)
         self.supervisor.spawn("membership-mirror", membership.run)
         await asyncio.wait_for(endpoints.synced.wait(), etcd_wait)
+        self.discovery.configure(self.config)
+        self._probed = self._probe_set(self.config)  # what the checker starts with
+        if self.discovery.mirror is not None and any(
+                p.discover is not None and p.discover.etcd is not None for p in self.config.pools):
+            self.mirrors.track(self.discovery.mirror)
         await self._publish()
         await self._xds.start()
         await self.checker.start()
+        await self._probe_discovered()
+        await self.discovery.start()
         for name, run in (("leader-election", self.leader.run), ("snapshot", self._snapshot_loop),
                           ("failover", self._failover_loop), ("reload", self._reload_loop),
                           ("etcd-alarms", self.etcd_alarms.run),
@@ -229,6 +247,7 @@ class ControlPlaneService:
             membership_warning=self._membership_warning(),
             mirrors=tuple(self.mirrors.statuses()),
             fleet_collector=self.fleet.status(),
+            discovery=self.discovery.views(),
         )
 
     def _membership_fields(self) -> dict[str, object]:
@@ -256,7 +275,7 @@ class ControlPlaneService:
             for address, state in members.items():
                 self._endpoint_state.labels(pool, address, state).set(1)
         try:
-            snapshot = await self.cache.publish(gateway_resources(self.config, states))
+            snapshot = await self.cache.publish(gateway_resources(self._serving(), states))
         except InconsistentSnapshot as exc:
             log.error("snapshot_inconsistent", error=str(exc))
             return
@@ -268,6 +287,7 @@ class ControlPlaneService:
             self._states_changed.clear()
             try:
                 await self._publish()
+                await self._probe_discovered()
             except BaseException:
                 self._states_changed.set()  # not published: the restarted loop tries again
                 raise
@@ -284,8 +304,25 @@ class ControlPlaneService:
                 await asyncio.wait_for(self._failover_wanted.wait(), 0.25)
             self._failover_wanted.clear()
 
+    def _serving(self) -> Config:
+        """The file's config with the discovered engines etcd's records hold."""
+        return with_discovered(self.config, self.directory)
+
+    @staticmethod
+    def _probe_set(config: Config) -> frozenset[tuple[str, str]]:
+        return frozenset((p.name, e.key) for p in config.pools for e in p.endpoints)
+
+    async def _probe_discovered(self) -> None:
+        """Health checks follow the discovered engines as they come and go."""
+        serving = self._serving()
+        probed = self._probe_set(serving)
+        if probed != self._probed:
+            self._probed = probed
+            await self.checker.reconfigure(serving)
+
     def _on_leadership(self, leading: bool) -> None:
         if leading:
+            self.discovery.seed()
             self.failover.forget()
             self.supervisor.cancel("publish-health")
             self.supervisor.spawn("publish-health", self.checker.publish_all, once=True)
@@ -339,7 +376,10 @@ class ControlPlaneService:
         self.config = config
         self.last_reload_error = None
         self.directory.reconfigure(config)
-        await self.checker.reconfigure(config)
+        self.discovery.configure(config)
+        await self.discovery.start()
+        self._probed = self._probe_set(self._serving())
+        await self.checker.reconfigure(self._serving())
         self._states_changed.set()
         log.info("config_reloaded", pools=len(config.pools),
                  endpoints=sum(len(p.endpoints) for p in config.pools),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from control_plane.discovery import SourceView
 from kvgate.etcd.mirror import MirrorStatus
 from kvgate.etcd.observed import EtcdErrorSeen
 from kvgate.runtime.tasks.supervisor import TaskFailure
@@ -47,3 +48,4 @@ class ControlPlaneStatus:
     membership_warning: str | None = None  # this replica's file is not etcd's membership
     mirrors: tuple[MirrorStatus, ...] = ()  # this replica's etcd mirrors
     fleet_collector: CollectorStatus | None = None  # None: the load gate uses no collector
+    discovery: tuple[SourceView, ...] = ()  # pools[].discover's sources, with their answers' age

@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "endpoints": ("kvgate_cli.admin.endpoints", "list, drain, undrain or fail endpoints"),
     "sessions": ("kvgate_cli.admin.sessions", "list, show or move session bindings"),
     "status": ("kvgate_cli.admin.status", "control plane, Envoy nodes and endpoints at a glance"),
+    "register": ("kvgate_cli.register", "keep an engine registered in etcd while it runs "
+                 "(pools[].discover.etcd)"),
     "bench": ("bench.command", "benchmark a gateway, or compare routing modes"),
     "simulate": ("simulator.command", "simulate a fleet behind each routing mode"),
     "plan": ("simulator.plan_command", "find the smallest fleet that meets a TTFT goal"),

@@ -12,6 +12,7 @@ import structlog
 from google.protobuf.message import Message
 
 from control_plane.admin.fleet_stream import FleetStream
+from control_plane.discovery import SourceView
 from control_plane.operations import (
     EndpointStatus,
     Invalid,
@@ -227,6 +228,9 @@ def endpoint(record: EndpointRecord) -> pb.Endpoint:
     )
     if record.drain_deadline is not None:
         message.drain_deadline = record.drain_deadline
+    message.source = record.source
+    if record.left_at is not None:
+        message.left_at = record.left_at
     return message
 
 
@@ -316,4 +320,13 @@ def control_plane_status(status: ControlPlaneStatus) -> pb.StatusResponse:
         message.membership_warning = status.membership_warning
     if status.fleet_collector is not None:
         message.fleet_collector.CopyFrom(collector_status(status.fleet_collector))
+    message.discovery.extend(discovery_source(v) for v in status.discovery)
+    return message
+
+
+def discovery_source(view: SourceView) -> pb.DiscoverySource:
+    message = pb.DiscoverySource(pool=view.pool, source=view.source, engines=view.engines,
+                                 error=view.error)
+    if view.age_s is not None:
+        message.age_seconds = view.age_s
     return message

@@ -59,8 +59,51 @@ def default_of(cls: type, attr: str) -> Any:
     return None
 
 
+DISCOVERY = """
+## Discovery (`pools[].discover`)
+
+Engines found while running, beside or instead of `endpoints`. Every control-plane replica
+resolves; the leader writes each engine to etcd's endpoint records, which Envoy (EDS), the
+health checks and ext_proc follow.
+
+```yaml
+pools:
+  - name: coder
+    kv_pool: memcache-a
+    discover:
+      dns: {name: vllm.llm.svc.cluster.local, port: 8000, every: 5s}   # a headless Service
+      etcd: {}                 # registrations: kvgate register --pool coder --engine http://ip:port
+      drain: 5m
+      misses: 3
+```
+
+- `dns`: the name's A and AAAA records, at `port`; a name starting with `_` is read as SRV
+  (targets and ports from DNS). `server: ip:port` asks that server instead of the system's.
+  NXDOMAIN or no records is an answer (no engines); a timeout, SERVFAIL or refusal is a failure.
+- `etcd`: keys `{etcd.prefix}registrations/{pool}/{ip:port}`, each on a lease that `kvgate
+  register` keeps alive (`--ttl`, default 10s) and revokes when it stops. The key's `kv_pool`,
+  `weight` and `role` apply unless the source sets them.
+- A new engine takes new sessions at once; no existing session moves.
+- An engine its sources stop naming is drained, not failed: its sessions stay for `drain` (or
+  until idle), then move within its DDR KV pool, and its record goes. Probes that fail first fail
+  it as usual. An address that comes back while draining is the same engine, undrained.
+- Hysteresis: a DNS address must be missing from `misses` resolutions in a row (default 3); a
+  registration leaves when its lease ends (the TTL is its hysteresis).
+- One round never starts more engines leaving than `floor(engines x health.max_failed_fraction)`,
+  counting those already leaving; a pool of one keeps its engine unless the fraction is 1.
+- A source that fails changes nothing. `kvgate status` shows each source's engines, the age of
+  its last good answer and its error; `kvgate endpoints list` shows each engine's `SOURCE`
+  (`static`, `dns`, `etcd`).
+- Metrics: `kvgate_discovery_engines`, `kvgate_discovery_added_total`,
+  `kvgate_discovery_removed_total{stage=leaving|removed}`, `kvgate_discovery_failures_total`,
+  `kvgate_discovery_held_total`, `kvgate_discovery_last_good_timestamp_seconds`, each by
+  `pool` and `source`.
+- A reload keeps discovered records; the YAML's `endpoints` win over a discovered address.
+"""
+
+
 def render() -> str:
-    return HEADER + "\n".join(rows()) + "\n"
+    return HEADER + "\n".join(rows()) + "\n" + DISCOVERY
 
 
 def main(argv: list[str] | None = None) -> int:

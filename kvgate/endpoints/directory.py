@@ -61,6 +61,10 @@ class EndpointDirectory:
         gate reads."""
         return sorted({m.address for pool in self.pools() for m in self.view(pool).active})
 
+    def records(self, pool: str) -> list[EndpointRecord]:
+        """The pool's records as etcd holds them (none: the pool runs on its YAML alone)."""
+        return list(self._records.get(pool, {}).values())
+
     def record(self, pool: str, address: str) -> EndpointRecord | None:
         return self._records.get(pool, {}).get(address)
 

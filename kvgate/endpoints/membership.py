@@ -167,6 +167,7 @@ def _record_changes(config: Config, kvs: list[KeyValue]) -> tuple[list[Write], l
     writes: list[Write] = []
     guards: list[Guard] = []
     wanted: set[bytes] = set()
+    discovering = {pool.name for pool in config.pools if pool.discover is not None}
     for pool in config.pools:
         for endpoint in pool.endpoints:
             key = record_key(prefix, pool.name, endpoint.key)
@@ -180,6 +181,9 @@ def _record_changes(config: Config, kvs: list[KeyValue]) -> tuple[list[Write], l
                 writes.append(Write(key, record.encode()))
                 guards.append(Guard(key, revision))
     for key in sorted(current.keys() - wanted):
+        found = current[key][0]
+        if found is not None and found.discovered and found.pool in discovering:
+            continue  # discovery's, not the file's (control_plane.discovery)
         writes.append(Write(key, None))
         guards.append(Guard(key, current[key][1]))
     return writes, guards

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from kvgate.contract.states import EndpointState
 
+STATIC = "static"  # an endpoint the YAML lists (its record's source)
+
 
 @dataclass(frozen=True, slots=True)
 class EndpointRecord:
@@ -22,6 +24,8 @@ class EndpointRecord:
     admin: EndpointState = EndpointState.ACTIVE  # the operator's word
     healthy: bool = True  # the health checks' word
     drain_deadline: float | None = None  # unix time; past it a draining endpoint's sessions move
+    source: str = STATIC  # where the engine came from: the file, or a discovery source
+    left_at: float | None = None  # unix time its source stopped naming it (drained for that)
 
     @property
     def state(self) -> EndpointState:
@@ -29,11 +33,18 @@ class EndpointRecord:
             return EndpointState.FAILED
         return self.admin
 
+    @property
+    def discovered(self) -> bool:
+        return self.source != STATIC
+
     def encode(self) -> bytes:
-        return json.dumps({
+        data: dict[str, object] = {
             "state": self.state, "admin": self.admin, "healthy": self.healthy,
             "drain_deadline": self.drain_deadline, "kv_pool": self.kv_pool, "weight": self.weight,
-        }).encode()
+        }
+        if self.discovered:  # a file's record keeps its old shape
+            data |= {"source": self.source, "left_at": self.left_at}
+        return json.dumps(data).encode()
 
     @classmethod
     def decode(cls, pool: str, address: str, value: bytes) -> EndpointRecord:
@@ -49,8 +60,10 @@ class EndpointRecord:
         healthy = bool(data.get("healthy", state != EndpointState.FAILED
                                 or operator is EndpointState.FAILED))
         deadline = data.get("drain_deadline")
+        left = data.get("left_at")
         return cls(pool, address, str(data["kv_pool"]), int(data.get("weight", 1)), operator,
-                   healthy, None if deadline is None else float(deadline))
+                   healthy, None if deadline is None else float(deadline),
+                   str(data.get("source", STATIC)), None if left is None else float(left))
 
 
 def endpoints_prefix(prefix: str) -> bytes:

@@ -21,7 +21,8 @@ def endpoint_dict(e: pb.Endpoint) -> dict[str, Any]:
     return {
         "pool": e.pool, "address": e.address, "kv_pool": e.kv_pool, "weight": e.weight,
         "state": e.state, "admin": e.admin, "healthy": e.healthy,
-        "drain_deadline": _opt(e, "drain_deadline"),
+        "drain_deadline": _opt(e, "drain_deadline"), "source": e.source or "static",
+        "left_at": _opt(e, "left_at"),
     }
 
 
@@ -71,6 +72,9 @@ def status_dict(s: pb.StatusResponse) -> dict[str, Any]:
         "etcd_db_bytes": _opt(s, "etcd_db_bytes"),
         "etcd_db_in_use_bytes": _opt(s, "etcd_db_in_use_bytes"),
         "sessions_note": _opt(s, "sessions_note"),
+        "discovery": [{"pool": d.pool, "source": d.source, "engines": d.engines,
+                       "age_s": _opt(d, "age_seconds"), "error": d.error or None}
+                      for d in s.discovery],
     }
 
 
@@ -127,6 +131,8 @@ def endpoints_table(found: Sequence[pb.EndpointStatus]) -> str:
     for s in found:
         e = s.endpoint
         note = f"deadline {moment(e.drain_deadline)}" if e.HasField("drain_deadline") else ""
+        if e.HasField("left_at"):
+            note = f"left {e.source} {moment(e.left_at)}, {note or 'draining'}"
         if e.state == EndpointState.FAILED and e.admin != EndpointState.FAILED:
             note = "failing health checks"
         elif s.held:
@@ -138,10 +144,10 @@ def endpoints_table(found: Sequence[pb.EndpointStatus]) -> str:
             _number(_opt(s.load, "running")), _number(_opt(s.load, "waiting")),
             _number(_opt(s.load, "kv_cache_usage"), percent=True),
             _number(_opt(s.load, "hit_rate"), percent=True), _seconds(_opt(s.load, "backlog_s")),
-            note,
+            e.source or "static", note,
         ])
     return table(["POOL", "ENDPOINT", "KV_POOL", "STATE", "SESSIONS", "RUNNING", "WAITING",
-                  "KV_USAGE", "HIT_RATE", "BACKLOG", "NOTE"], rows)
+                  "KV_USAGE", "HIT_RATE", "BACKLOG", "SOURCE", "NOTE"], rows)
 
 
 def _seconds(value: float | None) -> str:
@@ -224,6 +230,19 @@ def collector_line(s: pb.StatusResponse) -> str | None:
             f"{c.watchers} ext_proc streams, {c.rounds} rounds")
 
 
+def discovery_lines(s: pb.StatusResponse) -> list[str]:
+    """Each discovery source: its engines and how old its last good answer is."""
+    lines = []
+    for d in s.discovery:
+        age = (f"last answer {duration(d.age_seconds)} ago" if d.HasField("age_seconds")
+               else "no answer yet")
+        line = f"discovery      {d.pool} {d.source}: {d.engines} engines, {age}"
+        if d.error:
+            line += f"; FAILING (the last set stands): {d.error}"
+        lines.append(line)
+    return lines
+
+
 def _trouble_lines(s: pb.StatusResponse) -> list[str]:
     """etcd alarms, etcd errors by kind and failing background tasks: nothing when all is well."""
     lines = [f"etcd alarm     {alarm}: etcd refuses writes until it is disarmed "
@@ -253,6 +272,7 @@ def status_text(s: pb.StatusResponse) -> str:
     collector = collector_line(s)
     if collector is not None:
         lines.append(collector)
+    lines.extend(discovery_lines(s))
     lines.extend(_trouble_lines(s))
     lines.append("")
     lines.append(mirrors_table(s))

@@ -53,7 +53,7 @@ def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def kvgate_services(services: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     found = {n: s for n, s in services.items() if s.get("image", "").startswith("kvgate:")}
-    assert set(found) == {"engines", "control-plane", "ext-proc-1", "ext-proc-2"}
+    assert set(found) == {"ddr-pool", "engine", "control-plane", "ext-proc-1", "ext-proc-2"}
     return found
 
 
@@ -157,7 +157,8 @@ def test_commands_ports_and_addresses_match_the_mounted_config(
     compose: dict[str, Any], services: dict[str, dict[str, Any]], config: Config
 ) -> None:
     subnet = ipaddress.ip_network(compose["networks"]["kvgate"]["ipam"]["config"][0]["subnet"])
-    ips = [ip_of(s) for s in services.values() if "networks" in s]
+    # A scaled service (the engines) has no fixed address: its replicas get theirs.
+    ips = [ip_of(s) for s in services.values() if isinstance(s.get("networks"), dict)]
     assert len(ips) == len(set(ips))
     assert all(ipaddress.ip_address(ip) in subnet for ip in ips)
     etcd_endpoints = ",".join(str(e) for e in config.etcd.endpoints or ())
@@ -191,13 +192,17 @@ def test_commands_ports_and_addresses_match_the_mounted_config(
         assert str(host_port(option(command, "--listen"))[1]) in (
             service["healthcheck"]["test"][-1]), name
 
-    # engines: the pool lists exactly the emulated instances, by IP:port
-    engines = services["engines"]
-    args = parse_kvgate(engines["command"], "engines")
-    instances = {(ip_of(engines), args.port + i) for i in range(args.instances)}
-    listed = {(e.address.host, e.address.port) for p in config.pools for e in p.endpoints}
-    assert listed == instances
-    assert args.host == "0.0.0.0"
+    # engines: found by the engine service's name (Compose's DNS gives each replica's address),
+    # one instance each on the port the pool resolves; they join the ddr-pool service's pool
+    engine, pool_host = services["engine"], services["ddr-pool"]
+    args = parse_kvgate(engine["command"], "engine")
+    (pool,) = config.pools
+    assert pool.endpoints == () and pool.discover is not None and pool.discover.dns is not None
+    assert (pool.discover.dns.name, pool.discover.dns.port) == ("engine", args.port)
+    assert (args.instances, args.host) == (1, "0.0.0.0")
+    assert engine["deploy"]["replicas"] >= 2 and "container_name" not in engine
+    pool_args = parse_kvgate(pool_host["command"], "ddr-pool")
+    assert args.pool_url == f"http://{ip_of(pool_host)}:{pool_args.pool_port}"
 
     # Envoy publishes the gateway listener
     assert f"{config.listener.port}:{config.listener.port}" in services["envoy"]["ports"]

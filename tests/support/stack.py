@@ -45,6 +45,7 @@ def gateway_config(
     transport: str = "grpc",
     placement: dict[str, object] | None = None,
     extra: dict[str, object] | None = None,
+    pool_extra: dict[str, object] | None = None,
 ) -> Config:
     """A one-pool config on free ports. Every path goes to the pool, unless `default_routes`:
     then no `routes:` key, so the gateway serves only the inference API. `message_timeout`
@@ -52,7 +53,8 @@ def gateway_config(
     ext_proc would look like a moved session. `health` defaults to :data:`CALM_HEALTH`.
     `session`: extra `session:` keys (body_fields, implicit, body_limit). `transport`:
     ext_proc.transport (grpc or http). `placement`: extra `placement:` keys (load_gate, ...).
-    `extra`: more top-level keys (max_request_bytes, ...)."""
+    `extra`: more top-level keys (max_request_bytes, ...); `pool_extra`: more keys of the pool
+    (discover, ...)."""
     ports = iter(free_ports(5 + ext_procs))
     data: dict[str, object] = {
         "listener": {"address": "127.0.0.1", "port": next(ports)},
@@ -71,7 +73,7 @@ def gateway_config(
         "placement": {"load_factor": load_factor, **(placement or {})},
         "pools": [{
             "name": "coder", "kv_pool": kv_pool, "endpoints": list(endpoints),
-            "health": dict(CALM_HEALTH if health is None else health),
+            "health": dict(CALM_HEALTH if health is None else health), **(pool_extra or {}),
         }],
         "routes": [{"match": {"prefix": "/"}, "pool": "coder"}],
     }

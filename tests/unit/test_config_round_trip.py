@@ -216,8 +216,33 @@ def _pools(draw: Draw) -> list[dict[str, Any]]:
         health.add("healthy_threshold", st.integers(1, 100))
         health.add("max_failed_fraction", number(0.0, 1.0))
         pool.add("health", st.just(health.data))
+        pool.add("discover", st.just(_discover(draw)))
         pools.append(pool.data)
     return pools
+
+
+ROLES = st.sampled_from(["both", "prefill", "decode"])
+
+
+def _discover(draw: Draw) -> dict[str, Any]:
+    discover = Keys(draw, "pools[].discover")
+    dns = Keys(draw, "pools[].discover.dns")
+    srv = draw(st.booleans())
+    dns.add("name", st.just("_http._tcp.engines.svc" if srv else "engines.default.svc"),
+            always=True)
+    dns.add("port", st.integers(1, 65535), always=not srv)
+    dns.add("every", duration(0.1, 3600))
+    dns.add("server", st.tuples(IP, st.integers(1, 65535)).map(lambda a: _address(*a)))
+    etcd = Keys(draw, "pools[].discover.etcd")
+    for source in (dns, etcd):
+        source.add("kv_pool", NAME)
+        source.add("weight", st.integers(1, 128))
+        source.add("role", ROLES)
+    discover.add("dns", st.just(dns.data), always=True)
+    discover.add("etcd", st.just(etcd.data))
+    discover.add("drain", duration(0, 7 * 86400))
+    discover.add("misses", st.integers(1, 100))
+    return discover.data
 
 
 def _routes(draw: Draw, pools: list[str]) -> list[dict[str, Any]]:

@@ -44,7 +44,7 @@ TIERS: Tiers = (
     # what is stored and what is observed: bindings, endpoint records, replica reports; the
     # engines' load and HBM residency (scraper, collector, feed)
     ("core: state and signals", ("kvgate.bindings", "kvgate.endpoints", "kvgate.replicas",
-                                 "kvgate.fleet")),
+                                 "kvgate.fleet", "kvgate.discovery")),
     ("core: routing", ("kvgate.routing",)),  # the decision: session, filter, score, pick, commit
     ("components", ("ext_proc", "control_plane", "emulator", "workload")),
     ("assemblies", ("stack", "benchkit")),  # the stack as processes; what bench+simulator share

@@ -87,7 +87,7 @@ class FleetCollectorStatus(_message.Message):
     def __init__(self, collecting: _Optional[bool] = ..., engines: _Optional[int] = ..., watchers: _Optional[int] = ..., interval_s: _Optional[float] = ..., rounds: _Optional[int] = ...) -> None: ...
 
 class Endpoint(_message.Message):
-    __slots__ = ("pool", "address", "kv_pool", "weight", "admin", "healthy", "state", "drain_deadline")
+    __slots__ = ("pool", "address", "kv_pool", "weight", "admin", "healthy", "state", "drain_deadline", "source", "left_at")
     POOL_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     KV_POOL_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,8 @@ class Endpoint(_message.Message):
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    LEFT_AT_FIELD_NUMBER: _ClassVar[int]
     pool: str
     address: str
     kv_pool: str
@@ -104,7 +106,9 @@ class Endpoint(_message.Message):
     healthy: bool
     state: str
     drain_deadline: float
-    def __init__(self, pool: _Optional[str] = ..., address: _Optional[str] = ..., kv_pool: _Optional[str] = ..., weight: _Optional[int] = ..., admin: _Optional[str] = ..., healthy: _Optional[bool] = ..., state: _Optional[str] = ..., drain_deadline: _Optional[float] = ...) -> None: ...
+    source: str
+    left_at: float
+    def __init__(self, pool: _Optional[str] = ..., address: _Optional[str] = ..., kv_pool: _Optional[str] = ..., weight: _Optional[int] = ..., admin: _Optional[str] = ..., healthy: _Optional[bool] = ..., state: _Optional[str] = ..., drain_deadline: _Optional[float] = ..., source: _Optional[str] = ..., left_at: _Optional[float] = ...) -> None: ...
 
 class Load(_message.Message):
     __slots__ = ("running", "waiting", "kv_cache_usage", "hit_rate", "backlog_s")
@@ -297,7 +301,7 @@ class NodeStatus(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., cluster: _Optional[str] = ..., connected_at: _Optional[float] = ..., acked: _Optional[_Mapping[str, str]] = ..., nacks: _Optional[int] = ..., last_nack: _Optional[str] = ..., last_nack_version: _Optional[str] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
-    __slots__ = ("identity", "leader", "config_version", "config_source", "nodes", "last_reload_error", "endpoints", "endpoints_error", "failing_tasks", "etcd_errors", "etcd_alarms", "membership_generation", "membership_warning", "mirrors", "ext_procs", "etcd_db_bytes", "etcd_db_in_use_bytes", "sessions_note", "fleet_collector")
+    __slots__ = ("identity", "leader", "config_version", "config_source", "nodes", "last_reload_error", "endpoints", "endpoints_error", "failing_tasks", "etcd_errors", "etcd_alarms", "membership_generation", "membership_warning", "mirrors", "ext_procs", "etcd_db_bytes", "etcd_db_in_use_bytes", "sessions_note", "fleet_collector", "discovery")
     IDENTITY_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     CONFIG_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -317,6 +321,7 @@ class StatusResponse(_message.Message):
     ETCD_DB_IN_USE_BYTES_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_NOTE_FIELD_NUMBER: _ClassVar[int]
     FLEET_COLLECTOR_FIELD_NUMBER: _ClassVar[int]
+    DISCOVERY_FIELD_NUMBER: _ClassVar[int]
     identity: str
     leader: str
     config_version: str
@@ -336,7 +341,22 @@ class StatusResponse(_message.Message):
     etcd_db_in_use_bytes: int
     sessions_note: str
     fleet_collector: FleetCollectorStatus
-    def __init__(self, identity: _Optional[str] = ..., leader: _Optional[str] = ..., config_version: _Optional[str] = ..., config_source: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., last_reload_error: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ..., endpoints_error: _Optional[str] = ..., failing_tasks: _Optional[_Iterable[_Union[TaskFailure, _Mapping]]] = ..., etcd_errors: _Optional[_Iterable[_Union[EtcdErrorSeen, _Mapping]]] = ..., etcd_alarms: _Optional[_Iterable[str]] = ..., membership_generation: _Optional[int] = ..., membership_warning: _Optional[str] = ..., mirrors: _Optional[_Iterable[_Union[MirrorStatus, _Mapping]]] = ..., ext_procs: _Optional[_Iterable[_Union[ExtProcStatus, _Mapping]]] = ..., etcd_db_bytes: _Optional[int] = ..., etcd_db_in_use_bytes: _Optional[int] = ..., sessions_note: _Optional[str] = ..., fleet_collector: _Optional[_Union[FleetCollectorStatus, _Mapping]] = ...) -> None: ...
+    discovery: _containers.RepeatedCompositeFieldContainer[DiscoverySource]
+    def __init__(self, identity: _Optional[str] = ..., leader: _Optional[str] = ..., config_version: _Optional[str] = ..., config_source: _Optional[str] = ..., nodes: _Optional[_Iterable[_Union[NodeStatus, _Mapping]]] = ..., last_reload_error: _Optional[str] = ..., endpoints: _Optional[_Iterable[_Union[EndpointStatus, _Mapping]]] = ..., endpoints_error: _Optional[str] = ..., failing_tasks: _Optional[_Iterable[_Union[TaskFailure, _Mapping]]] = ..., etcd_errors: _Optional[_Iterable[_Union[EtcdErrorSeen, _Mapping]]] = ..., etcd_alarms: _Optional[_Iterable[str]] = ..., membership_generation: _Optional[int] = ..., membership_warning: _Optional[str] = ..., mirrors: _Optional[_Iterable[_Union[MirrorStatus, _Mapping]]] = ..., ext_procs: _Optional[_Iterable[_Union[ExtProcStatus, _Mapping]]] = ..., etcd_db_bytes: _Optional[int] = ..., etcd_db_in_use_bytes: _Optional[int] = ..., sessions_note: _Optional[str] = ..., fleet_collector: _Optional[_Union[FleetCollectorStatus, _Mapping]] = ..., discovery: _Optional[_Iterable[_Union[DiscoverySource, _Mapping]]] = ...) -> None: ...
+
+class DiscoverySource(_message.Message):
+    __slots__ = ("pool", "source", "engines", "age_seconds", "error")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    ENGINES_FIELD_NUMBER: _ClassVar[int]
+    AGE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    source: str
+    engines: int
+    age_seconds: float
+    error: str
+    def __init__(self, pool: _Optional[str] = ..., source: _Optional[str] = ..., engines: _Optional[int] = ..., age_seconds: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
 
 class MirrorStatus(_message.Message):
     __slots__ = ("replica", "name", "state", "since", "revision", "relists", "error")

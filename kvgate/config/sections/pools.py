@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,19 +19,10 @@ from kvgate.config.schema import (
     key_names,
     read_section,
 )
+from kvgate.config.sections.discover import Discover, read_discover
+from kvgate.config.sections.names import NAME_KIND, name
 
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
-
-
-def name(f: Fields, value: Any, path: Path) -> str | None:
-    text = f.string(value, path)
-    if text is not None and not _NAME.fullmatch(text):
-        f.error(path, f"must be lower-case letters, digits, '-', '_' or '.', got {text!r}")
-        return None
-    return text
-
-
-_NAME_KIND = Custom(name, "lower-case name (letters, digits, `-`, `_`, `.`)")
+_NAME_KIND = NAME_KIND
 
 
 def _health_path(f: Fields, value: Any, path: Path) -> str | None:
@@ -93,8 +83,9 @@ def _read_pool(f: Fields, value: Any, path: Path) -> Pool | None:
     pool_name = name(f, raw["name"], (*path, "name"))
     kv_pool = f.optional(raw, "kv_pool", path, lambda v, p: name(f, v, p), pool_name or "")
     items = f.sequence(raw.get("endpoints"), (*path, "endpoints"))
-    if not items:
-        f.error((*path, "endpoints"), "required: at least one endpoint")
+    discover = f.optional(raw, "discover", path, lambda v, p: read_discover(f, v, p), None)
+    if not items and discover is None and not f.failed((*path, "discover")):
+        f.error((*path, "endpoints"), "required: at least one endpoint (or `discover:`)")
     endpoints = tuple(
         ep
         for i, item in enumerate(items)
@@ -104,7 +95,8 @@ def _read_pool(f: Fields, value: Any, path: Path) -> Pool | None:
                         lambda v, p: read_section(f, Health, v, p), Health())
     if pool_name is None:
         return None
-    return Pool(name=pool_name, kv_pool=kv_pool, endpoints=endpoints, health=health)
+    return Pool(name=pool_name, kv_pool=kv_pool, endpoints=endpoints, health=health,
+                discover=discover)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,9 +107,12 @@ class Pool:
                        "endpoints", default_doc="the pool's name")
     endpoints: tuple[Endpoint, ...] = key(
         ListOf(Section(Endpoint)), "`ip:port` (or `http://ip:port`), or `{address, kv_pool, "
-        "weight}`", default_doc="required")
+        "weight}`", default=(), default_doc="required unless `discover`")
     health: Health = key(Section(Health), "how the control plane probes its engines",
                          factory=Health)
+    discover: Discover | None = key(Section(Discover, read_discover), "engines found while "
+                                    "running, beside or instead of `endpoints`", default=None,
+                                    default_doc="*(off)*")
 
 
 def read_pools(f: Fields, value: Any, path: Path) -> tuple[Pool, ...]:

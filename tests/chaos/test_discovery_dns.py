@@ -1,0 +1,199 @@
+"""Engines found by DNS, under session traffic: a real DNS server (dnsmasq) whose records the
+test changes, the real stack (etcd, control plane, ext_proc, Envoy), emulated engines on
+127.0.0.x. Scale-out, scale-in and a DNS server that stops answering, in one run.
+
+Targets (issue 44): a new engine gets its first new session within 2 resolution intervals and
+no existing session moves; a leaving engine's sessions stay until its drain's deadline, then
+end on engines of its kv_pool, with no failed request; a DNS server that does not answer
+removes no engine and fails no request.
+
+    python -m pytest -m chaos tests/chaos/test_discovery_dns.py -s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from kvgate.endpoints import EndpointRecord, EndpointRecords
+from kvgate.etcd import EtcdClient
+from tests.support.discovery_traffic import Traffic, first_new_session_on
+from tests.support.dnsmasq import Dnsmasq, available
+from tests.support.hosted_engines import HostedEngines
+from tests.support.polling import eventually
+from tests.support.stack import gateway_config, running_stack
+
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600),
+              pytest.mark.skipif(not available(), reason="dnsmasq is not installed "
+                                 "(apt-get install dnsmasq-base)")]
+
+EVERY = 1.0  # seconds between resolutions
+DRAIN = 3.0  # seconds a leaving engine keeps its sessions
+NAME = "engines.test"
+SESSIONS = 24
+
+
+@pytest.fixture
+async def dnsmasq(tmp_path: Path) -> AsyncIterator[Dnsmasq]:
+    server = Dnsmasq(tmp_path)
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def engines(tmp_path: Path) -> AsyncIterator[HostedEngines]:
+    hosted = HostedEngines(tmp_path / "engines")
+    await hosted.start()
+    yield hosted
+    await hosted.stop()
+
+
+async def _records(client: EtcdClient, prefix: str) -> dict[str, EndpointRecord]:
+    return {r.address: r for r in await EndpointRecords(client, prefix).list("coder")}
+
+
+async def test_dns_scale_out_scale_in_and_outage(tmp_path: Path, dnsmasq: Dnsmasq,
+                                                 engines: HostedEngines, prefix: str) -> None:
+    for host in ("127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"):
+        await engines.add(host)
+    a2, a3, a4, static = (engines.address(f"127.0.0.{h}") for h in (2, 3, 4, 5))
+    await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3"]})
+    # Beside the discovered engines (kv_pool kv-a), one from the file in another DDR pool: a
+    # leaving engine's sessions must not end there.
+    config = gateway_config(
+        [{"address": static, "kv_pool": "kv-b"}], kv_pool="kv-a", prefix=prefix,
+        placement={"load_gate": {"enabled": False}},
+        pool_extra={"discover": {"dns": {"name": NAME, "port": engines.port,
+                                         "every": f"{EVERY}s", "server": dnsmasq.server},
+                                 "drain": f"{DRAIN}s", "misses": 3}})
+    async with running_stack(config, tmp_path / "stack") as stack, \
+            httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
+        etcd = EtcdClient(stack.etcd_endpoints)
+        try:
+            await eventually(lambda: _records(etcd, prefix), until=lambda r: {a2, a3} <= set(r),
+                             what="the discovered engines' records")
+            traffic = Traffic(http)
+            sessions = [f"dev-{i}" for i in range(SESSIONS)]
+            talkers = [asyncio.create_task(traffic.talk(s)) for s in sessions]
+            try:
+                await eventually(lambda: {s for _, s, _ in traffic.answers} == set(sessions),
+                                 what="every session answered")
+                homes = {s: traffic.engines_of(s)[0] for s in sessions}
+                assert set(homes.values()) <= {a2, a3, static}
+                await _scale_out(traffic, dnsmasq, homes, a4)
+                await _flapping(traffic, dnsmasq, etcd, prefix, homes, a4)
+                await _scale_in(traffic, dnsmasq, etcd, prefix, homes, a3, {a2, a4})
+                admin = str(config.control_plane.admin)
+                await _outage(traffic, dnsmasq, etcd, prefix, {a2, a4}, admin)
+                listed = {e["address"]: e["source"]
+                          for e in await _cli(admin, "endpoints", "list")}
+                assert listed == {a2: "dns", a4: "dns", static: "static"}
+            finally:
+                traffic.stop.set()
+                await asyncio.gather(*talkers)
+            assert traffic.failures == []
+        finally:
+            await etcd.close()
+
+
+async def _scale_out(traffic: Traffic, dnsmasq: Dnsmasq, homes: dict[str, str],
+                     new: str) -> None:
+    first = await first_new_session_on(
+        traffic, new, lambda: dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3", "127.0.0.4"]}),
+        within=10 * EVERY)
+    assert first is not None
+    print(f"scale-out: the first new session on the new engine was placed {first[0]:.2f}.."
+          f"{first[1]:.2f} s after the record changed (target: within 2 resolution intervals, "
+          f"{2 * EVERY:g} s)")
+    assert first[1] <= 2 * EVERY
+    since = time.monotonic()
+    await eventually(lambda: all(traffic.engines_of(s, since) for s in homes),
+                     what="every session answered again")
+    moved = {s: set(traffic.engines_of(s)) - {home} for s, home in homes.items()}
+    assert {s: m for s, m in moved.items() if m} == {}
+
+
+async def _flapping(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix: str,
+                    homes: dict[str, str], flapping: str) -> None:
+    """The new engine's record missing from about one resolution in three: never drained."""
+    since = time.monotonic()
+    for _ in range(4):
+        await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3"]})
+        await asyncio.sleep(EVERY)  # missing for one interval (the schedule, not readiness)
+        await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3", "127.0.0.4"]})
+        await asyncio.sleep(2 * EVERY)  # present for two
+        record = (await _records(etcd, prefix))[flapping]
+        assert record.left_at is None and record.drain_deadline is None
+    moved = {s: set(traffic.engines_of(s, since)) - {home} for s, home in homes.items()}
+    assert {s: m for s, m in moved.items() if m} == {}
+    print(f"flapping: {flapping} missing about one resolution in three for "
+          f"{time.monotonic() - since:.0f} s: not drained, 0 sessions moved")
+
+
+async def _cli(admin: str, *args: str) -> Any:
+    """`kvgate ... --json` against the control plane's admin API (read-only: no token)."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvgate_cli", *args, "--json", "--admin", admin,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == 0, err.decode()
+    return json.loads(out)
+
+
+async def _scale_in(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix: str,
+                    homes: dict[str, str], leaving: str, siblings: set[str]) -> None:
+    orphans = [s for s, home in homes.items() if home == leaving]
+    assert orphans, homes
+    await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.4"]})
+    records = await eventually(lambda: _records(etcd, prefix), within=30,
+                               until=lambda r: r[leaving].drain_deadline is not None,
+                               what=f"{leaving} draining")
+    deadline = records[leaving].drain_deadline
+    assert deadline is not None
+    # Wall clock to monotonic: the record's deadline is unix time.
+    deadline_mono = time.monotonic() + (deadline - time.time())
+    await eventually(lambda: _records(etcd, prefix), within=30,
+                     until=lambda r: leaving not in r, what=f"{leaving}'s record removed")
+    since = time.monotonic()
+    # Answers in flight when the record went may still come from the leaving engine: the
+    # sessions end on its siblings.
+    await eventually(lambda: all(traffic.engines_of(s, since)[-1:] and traffic.engines_of(
+        s, since)[-1] in siblings for s in orphans), what="the leaving engine's sessions ending "
+        "on its siblings")
+    early = [(t, s, e) for t, s, e in traffic.answers
+             if s in orphans and e != leaving and t < deadline_mono - 0.2]
+    assert early == [], "a session moved before its drain's deadline"
+    ends = {s: traffic.engines_of(s, since)[-1] for s in orphans}
+    assert set(ends.values()) <= siblings, ends
+    print(f"scale-in: {len(orphans)} sessions of {leaving} moved to {sorted(set(ends.values()))}"
+          f" after the drain; failures so far {len(traffic.failures)}")
+
+
+async def _outage(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix: str,
+                  serving: set[str], admin: str) -> None:
+    before = await _records(etcd, prefix)
+    failures = len(traffic.failures)
+    dnsmasq.pause()
+    try:
+        answered = len(traffic.answers)
+        # Several resolutions' worth (each fails after its own lifetime, about EVERY).
+        await asyncio.sleep(6 * EVERY)  # the outage's length, not a wait for readiness
+        (source,) = (await _cli(admin, "status"))["discovery"]
+        after = await _records(etcd, prefix)
+        assert len(traffic.answers) > answered
+    finally:
+        dnsmasq.resume()
+    print(f"DNS server stopped {6 * EVERY:g} s: status says {source}")
+    assert source["error"] and source["age_s"] >= 4 * EVERY and source["engines"] == 2
+    assert len(traffic.failures) == failures
+    assert {a: r.state for a, r in after.items()} == {a: r.state for a, r in before.items()}
+    assert serving <= set(after)
