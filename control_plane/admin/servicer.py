@@ -223,7 +223,7 @@ def _address(request: object) -> str:
 def endpoint(record: EndpointRecord) -> pb.Endpoint:
     message = pb.Endpoint(
         pool=record.pool, address=record.address, kv_pool=record.kv_pool, weight=record.weight,
-        admin=record.admin, healthy=record.healthy, state=record.state,
+        admin=record.admin, healthy=record.healthy, state=record.state, role=record.role,
     )
     if record.drain_deadline is not None:
         message.drain_deadline = record.drain_deadline

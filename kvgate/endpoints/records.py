@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from kvgate.contract.states import EndpointState
+from kvgate.contract.states import EndpointState, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +22,7 @@ class EndpointRecord:
     admin: EndpointState = EndpointState.ACTIVE  # the operator's word
     healthy: bool = True  # the health checks' word
     drain_deadline: float | None = None  # unix time; past it a draining endpoint's sessions move
+    role: Role = Role.BOTH  # prefill engines hold no sessions (kvgate.contract.states.Role)
 
     @property
     def state(self) -> EndpointState:
@@ -33,6 +34,7 @@ class EndpointRecord:
         return json.dumps({
             "state": self.state, "admin": self.admin, "healthy": self.healthy,
             "drain_deadline": self.drain_deadline, "kv_pool": self.kv_pool, "weight": self.weight,
+            **({} if self.role is Role.BOTH else {"role": str(self.role)}),
         }).encode()
 
     @classmethod
@@ -49,8 +51,12 @@ class EndpointRecord:
         healthy = bool(data.get("healthy", state != EndpointState.FAILED
                                 or operator is EndpointState.FAILED))
         deadline = data.get("drain_deadline")
+        try:
+            role = Role(str(data.get("role", Role.BOTH)))
+        except ValueError:
+            raise ValueError(f"unknown endpoint role {data.get('role')!r}") from None
         return cls(pool, address, str(data["kv_pool"]), int(data.get("weight", 1)), operator,
-                   healthy, None if deadline is None else float(deadline))
+                   healthy, None if deadline is None else float(deadline), role)
 
 
 def endpoints_prefix(prefix: str) -> bytes:

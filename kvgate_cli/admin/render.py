@@ -20,7 +20,7 @@ def _opt(message: Any, name: str) -> Any:
 def endpoint_dict(e: pb.Endpoint) -> dict[str, Any]:
     return {
         "pool": e.pool, "address": e.address, "kv_pool": e.kv_pool, "weight": e.weight,
-        "state": e.state, "admin": e.admin, "healthy": e.healthy,
+        "role": e.role or "both", "state": e.state, "admin": e.admin, "healthy": e.healthy,
         "drain_deadline": _opt(e, "drain_deadline"),
     }
 
@@ -134,13 +134,13 @@ def endpoints_table(found: Sequence[pb.EndpointStatus]) -> str:
         elif not e.healthy and e.state != EndpointState.FAILED:
             note = "failing probes"
         rows.append([
-            e.pool, e.address, e.kv_pool, e.state, str(s.sessions),
+            e.pool, e.address, e.kv_pool, e.role or "both", e.state, str(s.sessions),
             _number(_opt(s.load, "running")), _number(_opt(s.load, "waiting")),
             _number(_opt(s.load, "kv_cache_usage"), percent=True),
             _number(_opt(s.load, "hit_rate"), percent=True), _seconds(_opt(s.load, "backlog_s")),
             note,
         ])
-    return table(["POOL", "ENDPOINT", "KV_POOL", "STATE", "SESSIONS", "RUNNING", "WAITING",
+    return table(["POOL", "ENDPOINT", "KV_POOL", "ROLE", "STATE", "SESSIONS", "RUNNING", "WAITING",
                   "KV_USAGE", "HIT_RATE", "BACKLOG", "NOTE"], rows)
 
 

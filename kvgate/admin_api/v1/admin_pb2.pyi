@@ -87,7 +87,7 @@ class FleetCollectorStatus(_message.Message):
     def __init__(self, collecting: _Optional[bool] = ..., engines: _Optional[int] = ..., watchers: _Optional[int] = ..., interval_s: _Optional[float] = ..., rounds: _Optional[int] = ...) -> None: ...
 
 class Endpoint(_message.Message):
-    __slots__ = ("pool", "address", "kv_pool", "weight", "admin", "healthy", "state", "drain_deadline")
+    __slots__ = ("pool", "address", "kv_pool", "weight", "admin", "healthy", "state", "drain_deadline", "role")
     POOL_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     KV_POOL_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class Endpoint(_message.Message):
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     pool: str
     address: str
     kv_pool: str
@@ -104,7 +105,8 @@ class Endpoint(_message.Message):
     healthy: bool
     state: str
     drain_deadline: float
-    def __init__(self, pool: _Optional[str] = ..., address: _Optional[str] = ..., kv_pool: _Optional[str] = ..., weight: _Optional[int] = ..., admin: _Optional[str] = ..., healthy: _Optional[bool] = ..., state: _Optional[str] = ..., drain_deadline: _Optional[float] = ...) -> None: ...
+    role: str
+    def __init__(self, pool: _Optional[str] = ..., address: _Optional[str] = ..., kv_pool: _Optional[str] = ..., weight: _Optional[int] = ..., admin: _Optional[str] = ..., healthy: _Optional[bool] = ..., state: _Optional[str] = ..., drain_deadline: _Optional[float] = ..., role: _Optional[str] = ...) -> None: ...
 
 class Load(_message.Message):
     __slots__ = ("running", "waiting", "kv_cache_usage", "hit_rate", "backlog_s")

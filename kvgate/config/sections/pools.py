@@ -10,6 +10,7 @@ from kvgate.config.address import HostPort
 from kvgate.config.fields import Fields, Path
 from kvgate.config.schema import (
     Address,
+    Choice,
     Custom,
     Duration,
     Integer,
@@ -20,6 +21,7 @@ from kvgate.config.schema import (
     key_names,
     read_section,
 )
+from kvgate.contract.states import Role
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
 
@@ -33,6 +35,13 @@ def name(f: Fields, value: Any, path: Path) -> str | None:
 
 
 _NAME_KIND = Custom(name, "lower-case name (letters, digits, `-`, `_`, `.`)")
+ROLE_KIND = Choice(tuple(r.value for r in Role))
+
+
+def role(f: Fields, value: Any, path: Path) -> Role | None:
+    """An engine's `role` (kvgate.contract.states.Role), for every source that may set one."""
+    word = ROLE_KIND.read(f, value, path)
+    return None if word is None else Role(word)
 
 
 def _health_path(f: Fields, value: Any, path: Path) -> str | None:
@@ -63,6 +72,9 @@ class Endpoint:
     kv_pool: str = key(_NAME_KIND, "the DDR KV pool this engine shares",
                        default_doc="the pool's `kv_pool`")
     weight: int = key(Integer(1, 128), "its share of the pool's sessions, relative", default=1)
+    role: Role = key(ROLE_KIND, "`both`: colocated; `prefill`: prefills turns a decode engine "
+                     "then answers (vLLM's kv_transfer_params); `decode`: holds sessions",
+                     default=Role.BOTH)
 
     @property
     def key(self) -> str:
@@ -82,7 +94,8 @@ def _endpoint(f: Fields, value: Any, path: Path, pool_kv: str) -> Endpoint | Non
     address = f.host_port(raw["address"], (*path, "address"), require_ip=True)
     kv_pool = f.optional(raw, "kv_pool", path, lambda v, p: name(f, v, p), pool_kv)
     weight = f.optional(raw, "weight", path, lambda v, p: f.integer(v, p, 1, 128), 1)
-    return None if address is None else Endpoint(address, kv_pool, weight)
+    endpoint_role = f.optional(raw, "role", path, lambda v, p: role(f, v, p), Role.BOTH)
+    return None if address is None else Endpoint(address, kv_pool, weight, endpoint_role)
 
 
 def _read_pool(f: Fields, value: Any, path: Path) -> Pool | None:
@@ -115,7 +128,7 @@ class Pool:
                        "endpoints", default_doc="the pool's name")
     endpoints: tuple[Endpoint, ...] = key(
         ListOf(Section(Endpoint)), "`ip:port` (or `http://ip:port`), or `{address, kv_pool, "
-        "weight}`", default_doc="required")
+        "weight, role}`", default_doc="required")
     health: Health = key(Section(Health), "how the control plane probes its engines",
                          factory=Health)
 
