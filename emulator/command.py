@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from emulator.fleet import Fleet
-from emulator.options import EmulatorOptions
+from emulator.options import ROLES, EmulatorOptions
 from emulator.pool_faults import pool_window
 from emulator.pool_profiles import PROFILES
 from emulator.processes import Workers, share_options, shares
@@ -48,6 +48,15 @@ def port_list(text: str) -> tuple[int, ...]:
             f"expected comma-separated port numbers, got {text!r}") from None
 
 
+def role_list(text: str) -> tuple[str, ...]:
+    roles = tuple(r.strip() for r in text.split(","))
+    bad = [r for r in roles if r not in ROLES]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated roles ({', '.join(ROLES)}), got {', '.join(bad)}")
+    return roles
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's options (defaults: DESIGN.md's published figures)."""
     d = EmulatorOptions()
@@ -55,6 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--ports", type=port_list, default=(), metavar="P1,P2,...",
       help="one port per instance, in order (instead of --port)")
+    roles = parser.add_mutually_exclusive_group()
+    roles.add_argument("--roles", type=role_list, default=(), metavar="R1,R2,...",
+                       help="one role per instance (both, prefill, decode): a prefill engine "
+                       "answers vLLM's two-stage kv_transfer_params and holds its blocks for "
+                       "a decode engine's pull; a decode engine pulls what it lacks and "
+                       "neither reads nor writes the DDR pool (default: all both)")
+    roles.add_argument("--role", choices=ROLES, default=None,
+                       help="the same role for every instance")
     engine = parser.add_argument_group("the engines' model")
     _add_table(engine, ENGINE_FLAGS, d)
     engine.add_argument(
@@ -189,6 +206,7 @@ def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
         engine_id=args.engine_id,
         max_model_len=args.max_model_len,
         processes=args.processes,
+        roles=args.roles or ((args.role,) * args.instances if args.role else ()),
         **{_dest(flag): getattr(args, _dest(flag)) for flag, _, _ in KV_EVENT_FLAGS},
     )
 
