@@ -132,6 +132,11 @@ class Pool:
     health: Health = key(Section(Health), "how the control plane probes its engines",
                          factory=Health)
 
+    @property
+    def disaggregated(self) -> bool:
+        """It has prefill engines: its turns take the two-stage wire (kvgate.pd)."""
+        return any(ep.role is Role.PREFILL for ep in self.endpoints)
+
 
 def read_pools(f: Fields, value: Any, path: Path) -> tuple[Pool, ...]:
     return tuple(pool for i, item in enumerate(f.sequence(value, path))
