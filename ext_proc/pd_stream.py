@@ -30,8 +30,10 @@ from ext_proc.answers import Answers, protobuf_answer
 from ext_proc.server import body_fields, pool_of
 from kvgate.config.model import Config
 from kvgate.endpoints import EndpointDirectory
+from kvgate.etcd import EtcdClient
 from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.pd.decider import Path, Plan, PrefillDecider
+from kvgate.pd.turns import TurnLog, TurnRecord
 from kvgate.pd.wire import PrefillFailed, decode_request, parse, prefill
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.handler import RequestHandler
@@ -62,8 +64,9 @@ class PdMetrics:
 class PdProcessor:
     def __init__(self, handler: RequestHandler, decider: PrefillDecider, metrics: PdMetrics,
                  *, timeout_s: float, bytes_per_token: float,
-                 session_headers: tuple[str, ...]) -> None:
+                 session_headers: tuple[str, ...], turns: TurnLog | None = None) -> None:
         self._handler = handler
+        self._turns = turns  # each session's latest turn, for `kvgate sessions show`
         self._decider = decider
         self._metrics = metrics
         self._timeout_s = timeout_s
@@ -73,6 +76,8 @@ class PdProcessor:
         self._http: aiohttp.ClientSession | None = None
 
     async def close(self) -> None:
+        if self._turns is not None:
+            await self._turns.close()
         if self._http is not None:
             await self._http.close()
             self._http = None
@@ -110,6 +115,9 @@ class PdProcessor:
         log.info("pd_turn", pool=pool, session=decision.session, decode=decode,
                  prefill=plan.prefill, path=plan.path.value, lacking_tokens=plan.lacking_tokens,
                  estimate=plan.source)
+        if self._turns is not None and pool and decision.session and decode:
+            self._turns.note(pool, decision.session, TurnRecord(
+                plan.path.value, decode, plan.prefill, plan.lacking_tokens, time.time()))
         yield _body_answer(replaced)
 
     async def _prefill(self, client: dict[str, Any], plan: Plan,
@@ -157,7 +165,7 @@ def _body_answer(body: bytes | None) -> bytes:
 
 def build_pd(config: Config, handler: RequestHandler, directory: EndpointDirectory,
              registry: CollectorRegistry, *, hbm: HbmBoard | None,
-             board: LoadBoard | None) -> PdProcessor | None:
+             board: LoadBoard | None, etcd: EtcdClient | None) -> PdProcessor | None:
     """The P/D stream's processor when a pool has prefill engines (None: colocated only)."""
     if not any(pool.disaggregated for pool in config.pools):
         return None
@@ -173,4 +181,6 @@ def build_pd(config: Config, handler: RequestHandler, directory: EndpointDirecto
     return PdProcessor(handler, decider, PdMetrics(registry),
                        timeout_s=settings.prefill_timeout,
                        bytes_per_token=config.placement.load_gate.bytes_per_token,
-                       session_headers=config.session.headers)
+                       session_headers=config.session.headers,
+                       turns=None if etcd is None else TurnLog(etcd, config.etcd.prefix,
+                                                               config.session.idle_ttl))

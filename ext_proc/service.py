@@ -176,7 +176,7 @@ class ExtProcService:
             return
         assert self._server is not None
         self._pd = build_pd(self._config, handler, self.directory, self.metrics.registry,
-                            hbm=self._hbm, board=self.board)
+                            hbm=self._hbm, board=self.board, etcd=self._etcd)
         processor = ExternalProcessor(handler, None if self._pd is None else self._pd.process)
         self._server.add_generic_rpc_handlers((processor.generic_handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)

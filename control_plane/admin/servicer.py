@@ -253,6 +253,11 @@ def session_binding(found: SessionBinding) -> pb.SessionBinding:
     if b.estimate is not None:
         message.move_terms.update(dict(b.estimate.terms))
         message.stay_s = b.estimate.stay_s
+    turn = found.last_turn
+    if turn is not None:
+        message.last_turn.CopyFrom(pb.PdTurn(
+            path=turn.path, decode=turn.decode, prefill=turn.prefill or "",
+            lacking_tokens=turn.lacking_tokens, at=turn.at))
     return message
 
 

@@ -36,7 +36,11 @@ def binding_dict(b: pb.SessionBinding) -> dict[str, Any]:
     return {"session": b.session, "pool": b.pool, "endpoint": b.endpoint,
             "revision": b.revision, "lease": b.lease, "moved_at": _opt(b, "moved_at"),
             "move_reason": b.move_reason or None, "move_terms": dict(b.move_terms) or None,
-            "stay_s": _opt(b, "stay_s")}
+            "stay_s": _opt(b, "stay_s"),
+            "last_turn": None if not b.HasField("last_turn") else {
+                "path": b.last_turn.path, "decode": b.last_turn.decode,
+                "prefill": b.last_turn.prefill or None,
+                "lacking_tokens": b.last_turn.lacking_tokens, "at": b.last_turn.at}}
 
 
 def status_dict(s: pb.StatusResponse) -> dict[str, Any]:
@@ -166,6 +170,24 @@ def sessions_table(found: Sequence[pb.SessionBinding]) -> str:
              f"{b.move_reason}, {moment(b.moved_at)}{_estimate(b)}" if b.move_reason else "-"]
             for b in found]
     return table(["POOL", "SESSION", "ENDPOINT", "REVISION", "LEASE", "LAST MOVED"], rows)
+
+
+def turn_lines(found: Sequence[pb.SessionBinding]) -> list[str]:
+    """Prefill/decode pools: how each session's latest turn was prefilled."""
+    lines = []
+    for b in found:
+        if not b.HasField("last_turn"):
+            continue
+        t = b.last_turn
+        lacked = f"its decode engine lacked ~{t.lacking_tokens} tokens"
+        if t.path == "remote":
+            how = f"prefilled on {t.prefill}, decoded on {t.decode} ({lacked})"
+        elif t.path == "prefill_failed":
+            how = f"prefill on {t.prefill} failed: prefilled and decoded on {t.decode}"
+        else:
+            how = f"no prefill engine ({t.path}: {lacked}), prefilled and decoded on {t.decode}"
+        lines.append(f"{b.pool} {b.session} last turn {moment(t.at)}: {how}")
+    return lines
 
 
 def _estimate(b: pb.SessionBinding) -> str:

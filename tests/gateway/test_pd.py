@@ -6,6 +6,7 @@ killed under traffic fails no request."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.config import Config
+from tests.admin.admin_helpers import run_cli
 from tests.support.fleet import EngineProcesses
+from tests.support.polling import eventually
 from tests.support.stack import gateway_config, running_stack
 
 ROLES = ("prefill", "prefill", "decode", "decode")
@@ -44,6 +47,14 @@ class PdGateway:
         async with self.http.get(f"http://{engine}/admin/stats") as reply:
             found: dict[str, Any] = await reply.json()
             return found
+
+    async def last_turn(self, session: str) -> dict[str, Any] | None:
+        """`kvgate sessions show SESSION --json`'s record of the session's latest turn."""
+        shown = await run_cli("sessions", "show", session, "--json",
+                              admin=str(self.config.control_plane.admin))
+        assert shown.code == 0, shown.err
+        turn: dict[str, Any] | None = json.loads(shown.out)[0]["last_turn"]
+        return turn
 
     async def turns(self) -> dict[str, float]:
         async with self.http.get(f"http://{self.config.ext_proc.metrics}/metrics") as reply:
@@ -95,6 +106,10 @@ async def test_long_turn_prefilled_remotely_short_turn_stays_on_decode(
     pulled = [(await gateway.stats(p))["kv_transfer"]["pulled"] for p in gateway.prefills]
     assert sum(pulled) == 1
     assert (await gateway.turns())["remote"] == 1
+    turn = await eventually(lambda: gateway.last_turn("pd-session-1"), what="a recorded turn")
+    assert turn is not None
+    assert (turn["path"], turn["decode"]) == ("remote", decode)
+    assert turn["prefill"] in gateway.prefills and turn["lacking_tokens"] > 4000
     seen = [(await gateway.stats(p))["requests"] for p in gateway.prefills]
 
     # The next short turn: its decode engine holds the conversation, no prefill engine is asked.
@@ -106,6 +121,14 @@ async def test_long_turn_prefilled_remotely_short_turn_stays_on_decode(
     assert raw.headers["x-engine-id"] == decode
     assert [(await gateway.stats(p))["requests"] for p in gateway.prefills] == seen
     assert (await gateway.turns())["skipped_cached"] == 1
+    turn = await eventually(lambda: gateway.last_turn("pd-session-1"),
+                            until=lambda t: t is not None and t["path"] != "remote",
+                            what="the short turn recorded")
+    assert turn is not None and turn["path"] == "skipped_cached" and turn["prefill"] is None
+    assert turn["lacking_tokens"] < 2048
+    shown = await run_cli("sessions", "show", "pd-session-1",
+                          admin=str(gateway.config.control_plane.admin))
+    assert "no prefill engine (skipped_cached: its decode engine lacked" in shown.out
 
     # A new session's long turn, streamed: prefilled remotely, streamed from its decode engine.
     stream = await client.chat.completions.with_raw_response.create(

@@ -193,7 +193,7 @@ class FailEndpointResponse(_message.Message):
     def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ...) -> None: ...
 
 class SessionBinding(_message.Message):
-    __slots__ = ("session", "pool", "endpoint", "revision", "lease", "moved_at", "move_reason", "move_terms", "stay_s")
+    __slots__ = ("session", "pool", "endpoint", "revision", "lease", "moved_at", "move_reason", "move_terms", "stay_s", "last_turn")
     class MoveTermsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -210,6 +210,7 @@ class SessionBinding(_message.Message):
     MOVE_REASON_FIELD_NUMBER: _ClassVar[int]
     MOVE_TERMS_FIELD_NUMBER: _ClassVar[int]
     STAY_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_TURN_FIELD_NUMBER: _ClassVar[int]
     session: str
     pool: str
     endpoint: str
@@ -219,7 +220,22 @@ class SessionBinding(_message.Message):
     move_reason: str
     move_terms: _containers.ScalarMap[str, float]
     stay_s: float
-    def __init__(self, session: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., revision: _Optional[int] = ..., lease: _Optional[int] = ..., moved_at: _Optional[float] = ..., move_reason: _Optional[str] = ..., move_terms: _Optional[_Mapping[str, float]] = ..., stay_s: _Optional[float] = ...) -> None: ...
+    last_turn: PdTurn
+    def __init__(self, session: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., revision: _Optional[int] = ..., lease: _Optional[int] = ..., moved_at: _Optional[float] = ..., move_reason: _Optional[str] = ..., move_terms: _Optional[_Mapping[str, float]] = ..., stay_s: _Optional[float] = ..., last_turn: _Optional[_Union[PdTurn, _Mapping]] = ...) -> None: ...
+
+class PdTurn(_message.Message):
+    __slots__ = ("path", "decode", "prefill", "lacking_tokens", "at")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    LACKING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    decode: str
+    prefill: str
+    lacking_tokens: int
+    at: float
+    def __init__(self, path: _Optional[str] = ..., decode: _Optional[str] = ..., prefill: _Optional[str] = ..., lacking_tokens: _Optional[int] = ..., at: _Optional[float] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
     __slots__ = ("pool", "endpoint", "limit", "after")
