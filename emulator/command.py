@@ -226,9 +226,12 @@ def configure_logging(level: str) -> None:
     )
 
 
-def write_ready_file(path: Path, engines: list[str], pool_url: str | None) -> None:
-    """Atomically write the ready file (temp file + rename, so readers never see half of it)."""
-    payload = {"engines": engines, "pool_url": pool_url, "pid": os.getpid()}
+def write_ready_file(path: Path, engines: list[str], pool_url: str | None,
+                     roles: tuple[str, ...] = ()) -> None:
+    """Atomically write the ready file (temp file + rename, so readers never see half of it).
+    `roles`: one per engine when not all `both`."""
+    payload = {"engines": engines, "pool_url": pool_url, "pid": os.getpid(),
+               **({"roles": list(roles)} if roles else {})}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(payload) + "\n")
     os.replace(tmp, path)
@@ -258,7 +261,7 @@ async def serve(options: EmulatorOptions, ready_file: Path | None,
         for i, engine in enumerate(engines):
             print(f"engine {options.first_index + i:<3} http://{engine}", flush=True)
         if ready_file is not None:
-            write_ready_file(ready_file, engines, fleet.pool_url)
+            write_ready_file(ready_file, engines, fleet.pool_url, options.roles)
         log.info("fleet_ready", engines=engines, pool_url=fleet.pool_url,
                  processes=options.processes)
         stopped = asyncio.ensure_future(stop.wait())
