@@ -143,6 +143,20 @@ async def test_long_turn_prefilled_remotely_short_turn_stays_on_decode(
     assert last.prompt_tokens_details.cached_tokens >= 0.9 * last.prompt_tokens
     assert (await gateway.turns())["remote"] == 2
 
+    # Prefill engines that refuse (503): the decode engine prefills the turn, nothing fails.
+    for engine in gateway.prefills:
+        async with gateway.http.post(f"http://{engine}/admin/fault",
+                                     json={"mode": "error503"}) as reply:
+            assert reply.status == 200
+    refused = await client.chat.completions.with_raw_response.create(
+        model=gateway.model, messages=opening("refusals"), max_tokens=8,  # type: ignore[arg-type]
+        extra_headers={"x-session-id": "pd-session-3"})
+    assert refused.headers["x-engine-id"] in gateway.decodes
+    answer = refused.parse()
+    assert answer.choices[0].message.content and answer.usage is not None
+    assert answer.usage.prompt_tokens > 4000
+    assert (await gateway.turns())["prefill_failed"] == 1
+
 
 async def test_a_prefill_engine_killed_under_traffic_fails_nothing(gateway: PdGateway) -> None:
     failures: list[str] = []
