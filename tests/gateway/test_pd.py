@@ -167,9 +167,10 @@ async def test_a_prefill_engine_killed_under_traffic_fails_nothing(gateway: PdGa
         nonlocal done
         for turn in range(6):  # a new long session per turn: every turn wants a prefill
             try:
+                # The session in the body (prompt_cache_key): Envoy reads it before ext_proc.
                 answer = await gateway.client.chat.completions.create(
                     model=gateway.model, messages=opening(f"c{n}t{turn}"),  # type: ignore[arg-type]
-                    max_tokens=8, extra_headers={"x-session-id": f"kill-{n}-{turn}"})
+                    max_tokens=8, prompt_cache_key=f"kill-{n}-{turn}")
                 assert answer.choices[0].message.content
             except Exception as exc:  # any failure counts; the test reports them all
                 failures.append(f"{n}/{turn}: {type(exc).__name__}: {exc}")
@@ -187,5 +188,6 @@ async def test_a_prefill_engine_killed_under_traffic_fails_nothing(gateway: PdGa
     assert done == 36
     turns = await gateway.turns()
     assert turns["remote"] >= 6  # prefill engines did prefill before and after the kill
+    assert turns["skipped_unplaced"] == 0  # every turn had its session and decode engine
     survivor = (await gateway.stats(gateway.prefills[1]))["kv_transfer"]["pulled"]
     assert survivor >= 1
