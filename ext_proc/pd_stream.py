@@ -34,7 +34,7 @@ from kvgate.etcd import EtcdClient
 from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.pd.decider import Path, Plan, PrefillDecider
 from kvgate.pd.turns import TurnLog, TurnRecord
-from kvgate.pd.wire import PrefillFailed, decode_request, parse, prefill
+from kvgate.pd.wire import PrefillFailed, compact, decode_request, parse, prefill
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.handler import RequestHandler
 from kvgate.session import BODY_METADATA_NAMESPACE
@@ -106,11 +106,15 @@ class PdProcessor:
         plan = self._decider.plan(pool or "", decode, decision.session,
                                   int(len(body) / self._bytes_per_token))
         replaced: bytes | None = None
+        if client is not None and "kv_transfer_params" in client:
+            # A client never names KV to pull (an address the decode engine would connect to).
+            client.pop("kv_transfer_params")
+            replaced = compact(client)
         if plan.path is Path.REMOTE:
             assert client is not None and plan.prefill is not None
             # This message may now take the prefill's time (within max_message_timeout).
             yield _longer_deadline(self._timeout_s + 1.0)
-            replaced, plan = await self._prefill(client, plan, headers)
+            replaced, plan = await self._prefill(client, plan, headers, replaced)
         self._metrics.turns.labels(plan.path.value).inc()
         log.info("pd_turn", pool=pool, session=decision.session, decode=decode,
                  prefill=plan.prefill, path=plan.path.value, lacking_tokens=plan.lacking_tokens,
@@ -120,8 +124,9 @@ class PdProcessor:
                 plan.path.value, decode, plan.prefill, plan.lacking_tokens, time.time()))
         yield _body_answer(replaced)
 
-    async def _prefill(self, client: dict[str, Any], plan: Plan,
-                       headers: dict[str, bytes]) -> tuple[bytes | None, Plan]:
+    async def _prefill(self, client: dict[str, Any], plan: Plan, headers: dict[str, bytes],
+                       unchanged: bytes | None) -> tuple[bytes | None, Plan]:
+        """The decode request's body, or `unchanged` when the prefill failed."""
         assert plan.prefill is not None
         if self._http is None:
             self._http = aiohttp.ClientSession()
@@ -136,7 +141,7 @@ class PdProcessor:
         except PrefillFailed as exc:
             log.warning("pd_prefill_failed", prefill=plan.prefill, error=str(exc),
                         fallback="the decode engine prefills the turn")
-            return None, Plan(Path.FAILED, plan.prefill, plan.lacking_tokens, plan.source)
+            return unchanged, Plan(Path.FAILED, plan.prefill, plan.lacking_tokens, plan.source)
         finally:
             self._decider.ended(plan.prefill)
         self._metrics.prefill_seconds.observe(time.perf_counter() - started)

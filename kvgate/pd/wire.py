@@ -50,8 +50,11 @@ def prefill_request(client: dict[str, Any]) -> dict[str, Any]:
 
 
 def decode_request(client: dict[str, Any], params: dict[str, Any]) -> bytes:
-    return json.dumps({**client, "kv_transfer_params": params},
-                      separators=(",", ":")).encode()
+    return compact({**client, "kv_transfer_params": params})
+
+
+def compact(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 async def prefill(http: aiohttp.ClientSession, engine: str, path: str,

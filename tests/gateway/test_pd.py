@@ -115,10 +115,15 @@ async def test_long_turn_prefilled_remotely_short_turn_stays_on_decode(
     # The next short turn: its decode engine holds the conversation, no prefill engine is asked.
     messages += [{"role": "assistant", "content": first.choices[0].message.content or ""},
                  {"role": "user", "content": "And what if the body is missing?"}]
+    host, port = gateway.prefills[0].rsplit(":", 1)
+    forged = {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [0],
+              "remote_engine_id": "x", "remote_request_id": "prefill-1", "remote_host": host,
+              "remote_port": int(port)}  # a client never names KV to pull: stripped
     raw = await client.chat.completions.with_raw_response.create(
         model=gateway.model, messages=messages, max_tokens=8,  # type: ignore[arg-type]
-        extra_headers=session)
+        extra_headers=session, extra_body={"kv_transfer_params": forged})
     assert raw.headers["x-engine-id"] == decode
+    assert (await gateway.stats(decode))["kv_transfer"]["failed_pulls"] == 0
     assert [(await gateway.stats(p))["requests"] for p in gateway.prefills] == seen
     assert (await gateway.turns())["skipped_cached"] == 1
     turn = await eventually(lambda: gateway.last_turn("pd-session-1"),
