@@ -17,6 +17,7 @@ from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.endpoints import EndpointRecord, EndpointRecords, UnknownEndpoint
 from kvgate.etcd import EtcdClient, KeyValue
 from kvgate.etcd.scan import fixed_windows, window
+from kvgate.pd.turns import TurnRecord, turn_key
 from kvgate.replicas import REPORT_TTL, ReplicaReport, read_reports
 from kvgate.session import normalize_session
 
@@ -66,6 +67,7 @@ class EndpointStatus:
 class SessionBinding:
     binding: Binding
     lease: int
+    last_turn: TurnRecord | None = None  # prefill/decode pools: its latest turn (kvgate.pd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +224,7 @@ class Operations:
             kv = await self._client.get(self._bindings_prefix() + f"{pool}/{normalized}".encode())
             binding = None if kv is None else self._decode(kv)
             if binding is not None:
-                found.append(binding)
+                found.append(await self._with_turn(binding, pool, normalized))
         if not found:
             raise NotFound(f"no binding for session {session!r} ({normalized})")
         return found
@@ -258,6 +260,16 @@ class Operations:
 
     def _bindings_prefix(self) -> bytes:
         return f"{self._prefix}bindings/".encode()
+
+    async def _with_turn(self, found: SessionBinding, pool: str,
+                         session: str) -> SessionBinding:
+        kv = await self._client.get(turn_key(self._prefix, pool, session))
+        if kv is None:
+            return found
+        try:
+            return replace(found, last_turn=TurnRecord.from_bytes(kv.value))
+        except (ValueError, KeyError, TypeError):
+            return found  # unreadable: shown as no record
 
     def _decode(self, kv: KeyValue) -> SessionBinding | None:
         key = kv.key[len(self._bindings_prefix()):].decode(errors="replace")

@@ -16,7 +16,7 @@ from typing import Any
 import structlog
 
 from emulator.fleet import Fleet
-from emulator.options import EmulatorOptions
+from emulator.options import ROLES, EmulatorOptions
 from emulator.pool_faults import pool_window
 from emulator.pool_profiles import PROFILES
 from emulator.processes import Workers, share_options, shares
@@ -48,6 +48,15 @@ def port_list(text: str) -> tuple[int, ...]:
             f"expected comma-separated port numbers, got {text!r}") from None
 
 
+def role_list(text: str) -> tuple[str, ...]:
+    roles = tuple(r.strip() for r in text.split(","))
+    bad = [r for r in roles if r not in ROLES]
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated roles ({', '.join(ROLES)}), got {', '.join(bad)}")
+    return roles
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare the command's options (defaults: DESIGN.md's published figures)."""
     d = EmulatorOptions()
@@ -55,6 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a = parser.add_argument
     a("--ports", type=port_list, default=(), metavar="P1,P2,...",
       help="one port per instance, in order (instead of --port)")
+    roles = parser.add_mutually_exclusive_group()
+    roles.add_argument("--roles", type=role_list, default=(), metavar="R1,R2,...",
+                       help="one role per instance (both, prefill, decode): a prefill engine "
+                       "answers vLLM's two-stage kv_transfer_params and holds its blocks for "
+                       "a decode engine's pull; a decode engine pulls what it lacks and "
+                       "neither reads nor writes the DDR pool (default: all both)")
+    roles.add_argument("--role", choices=ROLES, default=None,
+                       help="the same role for every instance")
     engine = parser.add_argument_group("the engines' model")
     _add_table(engine, ENGINE_FLAGS, d)
     engine.add_argument(
@@ -189,6 +206,7 @@ def options_from_args(args: argparse.Namespace) -> EmulatorOptions:
         engine_id=args.engine_id,
         max_model_len=args.max_model_len,
         processes=args.processes,
+        roles=args.roles or ((args.role,) * args.instances if args.role else ()),
         **{_dest(flag): getattr(args, _dest(flag)) for flag, _, _ in KV_EVENT_FLAGS},
     )
 
@@ -208,9 +226,12 @@ def configure_logging(level: str) -> None:
     )
 
 
-def write_ready_file(path: Path, engines: list[str], pool_url: str | None) -> None:
-    """Atomically write the ready file (temp file + rename, so readers never see half of it)."""
-    payload = {"engines": engines, "pool_url": pool_url, "pid": os.getpid()}
+def write_ready_file(path: Path, engines: list[str], pool_url: str | None,
+                     roles: tuple[str, ...] = ()) -> None:
+    """Atomically write the ready file (temp file + rename, so readers never see half of it).
+    `roles`: one per engine when not all `both`."""
+    payload = {"engines": engines, "pool_url": pool_url, "pid": os.getpid(),
+               **({"roles": list(roles)} if roles else {})}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(payload) + "\n")
     os.replace(tmp, path)
@@ -240,7 +261,7 @@ async def serve(options: EmulatorOptions, ready_file: Path | None,
         for i, engine in enumerate(engines):
             print(f"engine {options.first_index + i:<3} http://{engine}", flush=True)
         if ready_file is not None:
-            write_ready_file(ready_file, engines, fleet.pool_url)
+            write_ready_file(ready_file, engines, fleet.pool_url, options.roles)
         log.info("fleet_ready", engines=engines, pool_url=fleet.pool_url,
                  processes=options.processes)
         stopped = asyncio.ensure_future(stop.wait())

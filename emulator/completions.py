@@ -39,6 +39,7 @@ from emulator.openai_api import (
     parse_request,
     usage,
 )
+from emulator.pd import PdSide, remote_decode, remote_prefill
 from emulator.pool_service import PoolClient
 from emulator.tokenize import Tokenizer
 
@@ -63,6 +64,8 @@ class Completions:
     max_model_len: int
     kv_events: KvEventLog | None  # the cache's observer, told each request's tokens
     engine_id: Callable[[], str]
+    # the two-stage wire (kv_transfer_params); None: the params are ignored
+    pd: PdSide | None = None
 
     async def complete(self, request: web.Request, kind: Kind) -> web.StreamResponse:
         try:
@@ -90,7 +93,8 @@ class Completions:
                                self.max_model_len)
         pieces = filler(self.seed, key, wanted)
         session = session_id(body, request.headers) if self.kv_events is not None else None
-        admission = await self._admit(tokens, wanted, pieces, session)
+        params = body.get("kv_transfer_params") if self.pd is not None else None
+        admission = await self._admit(tokens, wanted, pieces, session, params)
         whole = False
         try:
             if req.stream:
@@ -99,17 +103,24 @@ class Completions:
             await self._prefilled(admission)
             await self.clock.sleep_until(admission.slot.finish)
             body_out = full_response(req, new_id(kind), "".join(pieces), self._usage(admission))
+            if self.pd is not None and remote_decode(params):
+                body_out["kv_transfer_params"] = self.pd.prefill_answer(admission.to_pool)
             whole = True
             return web.json_response(body_out)
         finally:
             await self._finished(admission, whole)
 
     async def _admit(self, tokens: list[int], max_tokens: int, pieces: list[str],
-                     session: str | None = None) -> Admission:
+                     session: str | None = None, params: Any = None) -> Admission:
         arrived = self.clock.now()
         probe = self.model.probe(arrived, tokens)
         ddr: int | None = None
-        if self.pool is not None:
+        remote = self.pd is not None and remote_prefill(params)
+        if remote:  # the connector that pulls from the prefill engine is the only loader
+            assert self.pd is not None
+            ddr = await self.pd.pull(params, probe.limit_blocks - probe.hbm_blocks,
+                                     self.model.config.block_size, self.engine_id())
+        elif self.pool is not None:
             try:
                 # Returns once the blocks found are in this instance's HBM (the pool's links).
                 ddr = await self.pool.load(probe.pool_hashes, self.index, probe.hbm_blocks)
@@ -122,7 +133,7 @@ class Completions:
             self.kv_events.expect(tokens, output, len(probe.hashes), session)
         # The transfer was timed by the pool; TTFT counts from the arrival.
         return self.model.admit(self.clock.now(), probe, max_tokens, ddr, answer,
-                                arrival=arrived if self.pool is not None else None)
+                                arrival=arrived if self.pool is not None or remote else None)
 
     async def _prefilled(self, admission: Admission) -> None:
         """Wait for the first token, then offer the prompt's blocks to the pool (its connector

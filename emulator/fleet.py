@@ -24,10 +24,12 @@ from emulator.kv_events import KvEventLog
 from emulator.kv_events_zmq import KvEventPublisher
 from emulator.listen import bind_socket
 from emulator.options import EmulatorOptions
+from emulator.pd import Link
 from emulator.pool_faults import PoolFaults
 from emulator.pool_host import PoolHost
 from emulator.pool_service import HttpPoolClient, LocalPoolClient, PoolClient, make_pool_app
 from emulator.server import EngineServer
+from kvgate.contract.states import Role
 
 log = structlog.get_logger("emulator.fleet")
 
@@ -112,10 +114,15 @@ class Fleet:
             index = opts.first_index + i  # its place in the whole fleet (emulator.processes)
             model = EngineModel(config)
             events = await self._start_kv_events(model, i) if opts.kv_events_port else None
+            role = opts.role(i)
             server = EngineServer(
                 model,
                 self.clock,
-                self._pool_client,
+                # A decode engine neither reads nor writes the pool: under vLLM-Ascend's
+                # MultiConnector[MooncakeConnectorV1, AscendStoreConnector] the transfer
+                # connector is the decode side's only loader and the pool's consumer_is_to_load
+                # and consumer_is_to_put are off (docs/.../kv_pool.md 2.3.1).
+                None if role is Role.DECODE else self._pool_client,
                 host=opts.host,
                 port=opts.ports[i] if opts.ports else (opts.port + i if opts.port else 0),
                 engine_id_template=opts.engine_id,
@@ -123,6 +130,8 @@ class Fleet:
                 seed=opts.seed + index,
                 max_model_len=opts.max_model_len,
                 kv_events=events,
+                role=role,
+                link=Link(opts.ddr_gbps, opts.transfer_fixed_ms, opts.kv_bytes_per_token),
             )
             self.servers.append(server)
             await server.start()

@@ -9,12 +9,14 @@ from emulator.pool_faults import PoolWindow
 from emulator.pool_profiles import DEFAULT_PROFILE, PROFILES, PoolProfile
 from emulator.timing import CPU_MAX_NUM_BATCHED_TOKENS, FCFS, SCHEDULERS, TimingParams
 from emulator.transfer import TransferParams
+from kvgate.contract.states import Role
 
 DEFAULT_MODEL = "Qwen/Qwen2.5-32B-Instruct"
 DEFAULT_HBM_TOKENS = 550_000
 # Qwen2.5-32B-Instruct's context as vLLM serves it by default: its config's
 # max_position_embeddings (131,072 with the YaRN rope scaling Qwen documents for long inputs).
 DEFAULT_MAX_MODEL_LEN = 32_768
+ROLES = tuple(r.value for r in Role)
 DDR_POOL_FLEET_MULTIPLE = 8  # default pool = 8 x the fleet's HBM (DESIGN.md: 5-10x)
 
 
@@ -61,6 +63,7 @@ class EmulatorOptions:
     kv_events_port: int = 0  # first instance's KV event PUB port, the others follow; 0 = off
     kv_events_replay_port: int = 0  # ... and replay (ROUTER) port; 0 = no replay socket
     kv_events_topic: str = "kv"
+    roles: tuple[str, ...] = ()  # one Role per instance (prefill/decode); () = all `both`
 
     def instance_ports(self) -> tuple[int, ...]:
         """Every instance's port, or () when all take free ports."""
@@ -114,6 +117,10 @@ class EmulatorOptions:
              "kv_events_replay_port out of range"),
             (not self.kv_events_replay_port or self.kv_events_port > 0,
              "kv_events_replay_port needs kv_events_port"),
+            (not self.roles or len(self.roles) == self.instances,
+             f"roles must list one role per instance ({self.instances}), got {len(self.roles)}"),
+            (all(r in ROLES for r in self.roles),
+             f"roles must each be one of {', '.join(ROLES)}, got {', '.join(self.roles)}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -122,6 +129,10 @@ class EmulatorOptions:
             self.engine_id.format(host="h", port=1, index=0)
         except (KeyError, IndexError, ValueError) as exc:
             raise ValueError(f"engine_id template is invalid: {exc}") from exc
+
+    def role(self, i: int) -> Role:
+        """Instance ``i``'s role (of this process's instances)."""
+        return Role(self.roles[i]) if self.roles else Role.BOTH
 
     @property
     def pool_profile(self) -> PoolProfile:

@@ -47,6 +47,7 @@ def share_options(options: EmulatorOptions, share: range, pool_url: str | None) 
     mine = dataclasses.replace(
         options, instances=len(share), port=0, first_index=share.start, processes=1,
         ports=tuple(ports[share.start:share.stop]) if ports else (),
+        roles=options.roles[share.start:share.stop],
         kv_events_port=_offset(options.kv_events_port, share.start),
         kv_events_replay_port=_offset(options.kv_events_replay_port, share.start))
     if share.start == 0:
@@ -71,6 +72,7 @@ def _to_json(options: EmulatorOptions) -> str:
 def _from_json(text: str) -> EmulatorOptions:
     data: dict[str, Any] = json.loads(text)
     data["ports"] = tuple(data["ports"])
+    data["roles"] = tuple(data.get("roles", ()))
     data["pool_fail"] = data["pool_slow"] = ()
     return EmulatorOptions(**data)
 

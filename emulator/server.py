@@ -2,7 +2,8 @@
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (SSE or not), ``GET /v1/models``,
 ``POST /tokenize``, ``POST /detokenize``, ``GET /health``, ``GET /metrics``,
-``POST /reset_prefix_cache`` (vLLM's dev-mode endpoint); admin:
+``POST /reset_prefix_cache`` (vLLM's dev-mode endpoint), ``POST /kv_transfer/pull`` (a decode
+engine reads the blocks this one prefilled for it: emulator.pd); admin:
 ``POST|GET /admin/fault``, ``GET /admin/last-request-headers``, ``GET /admin/stats``. Every
 response carries ``x-engine-id``.
 """
@@ -27,9 +28,11 @@ from emulator.listen import bind_socket
 from emulator.metrics import CONTENT_TYPE, make_registry, page, stats_body
 from emulator.openai_api import ApiError, Kind, models_body
 from emulator.options import DEFAULT_MAX_MODEL_LEN
+from emulator.pd import PULL_PATH, Link, PdSide
 from emulator.pool_service import PoolClient
 from emulator.tokenize import Tokenizer
 from emulator.tokenize_api import detokenize, tokenize
+from kvgate.contract.states import Role
 
 FAULT_MODES = ("none", "unhealthy", "error503", "refuse")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -53,8 +56,11 @@ class EngineServer:
         tokenizer: Tokenizer | None = None,
         max_model_len: int = DEFAULT_MAX_MODEL_LEN,
         kv_events: KvEventLog | None = None,
+        role: Role = Role.BOTH,
+        link: Link | None = None,
     ) -> None:
         self.model = model
+        self.pd = PdSide(role, model, clock, link or Link())
         self.clock = clock
         self.host = host
         self.port = port
@@ -71,7 +77,8 @@ class EngineServer:
         self._created = int(time.time())
         self.completions = Completions(
             model, clock, pool, tokenizer or Tokenizer(), index=index, seed=seed,
-            max_model_len=max_model_len, kv_events=kv_events, engine_id=lambda: self.engine_id)
+            max_model_len=max_model_len, kv_events=kv_events, engine_id=lambda: self.engine_id,
+            pd=self.pd)
 
     @property
     def address(self) -> str:
@@ -95,6 +102,7 @@ class EngineServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/metrics/", self._metrics)
         app.router.add_post("/reset_prefix_cache", self._reset_prefix_cache)
+        app.router.add_post(PULL_PATH, self._kv_pull)
         app.router.add_post("/admin/fault", self._set_fault)
         app.router.add_get("/admin/fault", self._get_fault)
         app.router.add_get("/admin/last-request-headers", self._last_request_headers)
@@ -107,6 +115,7 @@ class EngineServer:
         sock = bind_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         self.engine_id = self._template.format(host=self.host, port=self.port, index=self.index)
+        self.pd.engine_id, self.pd.host, self.pd.port = self.engine_id, self.host, self.port
         # In-flight emulated requests may sleep for minutes: stopping cancels them after 1 s
         # instead of aiohttp's default 60 s grace.
         # handler_cancellation: a request whose client goes away is cancelled and aborted, as
@@ -133,6 +142,7 @@ class EngineServer:
             await self._runner.cleanup()
             self._runner = None
             self._site = None
+        await self.pd.close()
 
     # ---- fault injection -------------------------------------------------------------------
 
@@ -253,7 +263,23 @@ class EngineServer:
 
     async def _stats(self, request: web.Request) -> web.Response:
         body = stats_body(self.model, self.clock.now())
-        return web.json_response({"engine_id": self.engine_id, **body, "fault": self.fault})
+        pd = self.pd
+        return web.json_response({
+            "engine_id": self.engine_id, **body, "fault": self.fault, "role": pd.role,
+            "kv_transfer": {"held": len(pd.handoffs), "pulled": pd.handoffs.pulled,
+                            "expired": pd.handoffs.expired, "pulled_tokens": pd.pulled_tokens,
+                            "failed_pulls": pd.failed_pulls}})
+
+    async def _kv_pull(self, request: web.Request) -> web.Response:
+        """A decode engine reads the blocks of one of this engine's prefills (emulator.pd)."""
+        try:
+            rid = str((await request.json())["remote_request_id"])
+        except (ValueError, KeyError, TypeError):
+            return json_error("expected {remote_request_id}", 400)
+        blocks = self.pd.handoffs.pull(rid)
+        if blocks is None:
+            return json_error(f"no blocks held for {rid} (pulled, expired or unknown)", 404)
+        return web.json_response({"blocks": blocks})
 
     # ---- completions -----------------------------------------------------------------------
 

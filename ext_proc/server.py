@@ -13,34 +13,47 @@ docs/performance.md, "Performance").
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from typing import TypeAlias
+
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
 from ext_proc.answers import Answers, protobuf_answer
-from kvgate.contract.envoy import POOL_METADATA_KEY
+from kvgate.contract.envoy import PD_METADATA_KEY, POOL_METADATA_KEY
 from kvgate.routing.handler import RequestHandler
 from kvgate.routing.sources import BodyFields
 from kvgate.session import BODY_METADATA_NAMESPACE
 
 SERVICE_NAME = "envoy.service.ext_proc.v3.ExternalProcessor"
+METHOD = f"/{SERVICE_NAME}/Process"
+Handler: TypeAlias = "grpc.RpcMethodHandler[pb.ProcessingRequest, bytes]"
+# A whole stream (prefill/decode routes: headers, then the body), answered message by message.
+StreamHandler = Callable[[AsyncIterator[pb.ProcessingRequest],
+                          "grpc.aio.ServicerContext[pb.ProcessingRequest, bytes]"],
+                         AsyncIterator[bytes]]
 
 
 class ExternalProcessor:
-    def __init__(self, handler: RequestHandler) -> None:
+    def __init__(self, handler: RequestHandler, pd: StreamHandler | None = None) -> None:
         self._handler = handler
         self._answers = Answers(protobuf_answer)
+        self._pd = pd
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         """The service, registered with no response serializer: answers are already bytes.
-        Unary on purpose (see the module's docstring); Envoy's streaming client is served."""
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, {
-            "Process": grpc.unary_unary_rpc_method_handler(
-                self.Process,
-                request_deserializer=pb.ProcessingRequest.FromString,
-                response_serializer=None,
-            ),
-        })
+        Unary on purpose (see the module's docstring); Envoy's streaming client is served.
+        With prefill/decode pools, their routes' streams (marked in their initial metadata)
+        are served whole by `pd`."""
+        unary: Handler = grpc.unary_unary_rpc_method_handler(
+            self.Process, request_deserializer=pb.ProcessingRequest.FromString,
+            response_serializer=None)
+        if self._pd is None:
+            return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Process": unary})
+        return _Dispatch(unary, grpc.stream_stream_rpc_method_handler(
+            self._pd, request_deserializer=pb.ProcessingRequest.FromString,
+            response_serializer=None))
 
     async def Process(
         self, request: pb.ProcessingRequest,
@@ -48,7 +61,7 @@ class ExternalProcessor:
     ) -> bytes:
         """The stream's first message answered; the call ends with the answer."""
         if request.HasField("request_headers"):
-            return await self._on_request_headers(request, _pool(context))
+            return await self._on_request_headers(request, pool_of(context))
         # Not asked for; answer "continue" in kind should Envoy send it anyway.
         answer: bytes = _continue_for(request).SerializeToString()  # envoy's modules are untyped
         return answer
@@ -69,7 +82,23 @@ def body_fields(body: struct_pb2.Struct) -> BodyFields:
     return {name: fields[name].string_value for name in fields}
 
 
-def _pool(context: grpc.aio.ServicerContext[pb.ProcessingRequest, bytes]) -> str | None:
+class _Dispatch(grpc.GenericRpcHandler):
+    """Process: the one-message handler, or the whole-stream one for a P/D route's stream."""
+
+    def __init__(self, unary: Handler, stream: Handler) -> None:
+        self._unary = unary
+        self._stream = stream
+
+    def service(self, details: grpc.HandlerCallDetails) -> Handler | None:
+        if details.method != METHOD:
+            return None
+        for key, _ in details.invocation_metadata or ():
+            if key == PD_METADATA_KEY:
+                return self._stream
+        return self._unary
+
+
+def pool_of(context: grpc.aio.ServicerContext[pb.ProcessingRequest, bytes]) -> str | None:
     for key, value in context.invocation_metadata() or ():
         if key == POOL_METADATA_KEY:
             return value if isinstance(value, str) else value.decode()

@@ -15,6 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from ext_proc.http_server import HttpProcessor
 from ext_proc.metrics import SERVICE, ExtProcMetrics
+from ext_proc.pd_stream import PdProcessor, build_pd
 from ext_proc.readiness import Readiness
 from ext_proc.server import ExternalProcessor
 from kvgate.admin_api.auth import READ_TOKEN_ENV, TOKEN_ENV, load_token
@@ -93,6 +94,8 @@ class ExtProcService:
         self.board: LoadBoard | None = None  # the load gate's, while it is on
         self.feed: FleetFeed | None = None  # load_gate.source: collector
         self._handler: RequestHandler | None = None
+        self._hbm: HbmBoard | None = None  # the gate's HBM residency, from KV events
+        self._pd: PdProcessor | None = None  # prefill/decode pools' two-stage wire
         self._draining = False
 
     async def start(self) -> None:
@@ -172,7 +175,10 @@ class ExtProcService:
             await self._http.serve(self._http_socket)
             return
         assert self._server is not None
-        self._server.add_generic_rpc_handlers((ExternalProcessor(handler).generic_handler(),))
+        self._pd = build_pd(self._config, handler, self.directory, self.metrics.registry,
+                            hbm=self._hbm, board=self.board, etcd=self._etcd)
+        processor = ExternalProcessor(handler, None if self._pd is None else self._pd.process)
+        self._server.add_generic_rpc_handlers((processor.generic_handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -201,7 +207,8 @@ class ExtProcService:
             return STATIC
         board = self.board = LoadBoard(settings.max_load_age_s)
         mix = PrefillMix()  # what this replica's booked requests cost: prices a waiting one
-        hbm = HbmBoard() if settings.feed == "collector" and settings.kv_events else None
+        hbm = self._hbm = (HbmBoard() if settings.feed == "collector" and settings.kv_events
+                           else None)
         policy = build_policy(settings, config.placement.engine_cost, board,
                               recent=RecentSessions(max_age_s=config.session.idle_ttl), mix=mix,
                               hbm=hbm, log=log)
@@ -260,6 +267,8 @@ class ExtProcService:
             await self._http.stop()
         elif self._http_socket is not None:
             self._http_socket.close()
+        if self._pd is not None:
+            await self._pd.close()
         if self._metrics_server is not None:
             await self._metrics_server.stop()
         if hasattr(self, "store"):  # absent when start() failed before making it

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from kvgate.config import Config
 from kvgate.config.fields import Fields
 from kvgate.config.flags import etcd_flag, flags_refused, load_or_report
-from kvgate.config.sections.discover import ROLE
+from kvgate.config.sections.names import ROLE_KIND
 from kvgate.config.sections.names import name as pool_name
 from kvgate.discovery.registrations import Registration, registration_key
 from kvgate.etcd import EtcdClient, EtcdError
@@ -49,7 +49,7 @@ def _registration(args: argparse.Namespace, fields: Fields) -> Registration | No
     pool = pool_name(fields, args.pool, ("--pool",))
     address = fields.host_port(args.engine, ("--engine",), require_ip=True)
     kv_pool = None if args.kv_pool is None else pool_name(fields, args.kv_pool, ("--kv-pool",))
-    role = None if args.role is None else ROLE.read(fields, args.role, ("--role",))
+    role = None if args.role is None else ROLE_KIND.read(fields, args.role, ("--role",))
     weight = None if args.weight is None else fields.integer(args.weight, ("--weight",), 1, 128)
     if pool is None or address is None or fields.problems:
         return None

@@ -19,6 +19,7 @@ from kvgate.config.dump import to_yaml
 from kvgate.config.load import with_default_routes
 from kvgate.config.model import Config, Endpoint, Etcd, HostPort, Pool
 from kvgate.contract.modes import RoutingMode
+from kvgate.contract.states import Role
 from kvgate.runtime.children.child import Child, ChildFailed
 from kvgate.runtime.children.envoy import envoy_child, envoy_ready, envoy_serving
 from kvgate.runtime.children.etcd import embedded_etcd, etcd_ready
@@ -146,12 +147,13 @@ class Stack:
         child.argv = with_engine_ports(child.argv, [HostPort.parse(a).port
                                                     for a in fleet["engines"]])
         self._fleet_ready = ready
+        roles = [Role(r) for r in fleet.get("roles", ())] or [Role.BOTH] * len(fleet["engines"])
         pool = Pool(
             name="default",
             kv_pool="ddr-pool" if fleet.get("pool_url") else "none",
             endpoints=tuple(
                 Endpoint(HostPort.parse(address), "ddr-pool" if fleet.get("pool_url") else
-                         f"hbm-{i}")
+                         f"hbm-{i}", role=roles[i])
                 for i, address in enumerate(fleet["engines"])
             ),
         )

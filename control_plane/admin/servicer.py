@@ -224,7 +224,7 @@ def _address(request: object) -> str:
 def endpoint(record: EndpointRecord) -> pb.Endpoint:
     message = pb.Endpoint(
         pool=record.pool, address=record.address, kv_pool=record.kv_pool, weight=record.weight,
-        admin=record.admin, healthy=record.healthy, state=record.state,
+        admin=record.admin, healthy=record.healthy, state=record.state, role=record.role,
     )
     if record.drain_deadline is not None:
         message.drain_deadline = record.drain_deadline
@@ -257,6 +257,11 @@ def session_binding(found: SessionBinding) -> pb.SessionBinding:
     if b.estimate is not None:
         message.move_terms.update(dict(b.estimate.terms))
         message.stay_s = b.estimate.stay_s
+    turn = found.last_turn
+    if turn is not None:
+        message.last_turn.CopyFrom(pb.PdTurn(
+            path=turn.path, decode=turn.decode, prefill=turn.prefill or "",
+            lacking_tokens=turn.lacking_tokens, at=turn.at))
     return message
 
 

@@ -27,13 +27,14 @@ def wanted(engine: Engine, deadline: float | None, pool: str) -> EndpointRecord:
     return EndpointRecord(
         pool, engine.found.address, engine.found.kv_pool, engine.found.weight,
         admin=EndpointState.DRAINING if leaving else EndpointState.ACTIVE,
-        drain_deadline=deadline, source=engine.source, left_at=engine.leaving_since)
+        drain_deadline=deadline, role=engine.found.role, source=engine.source,
+        left_at=engine.leaving_since)
 
 
 def follow(record: EndpointRecord, engine: Engine, deadline: float | None) -> EndpointRecord:
     """`record` changed as little as possible to say what the reconciler says of `engine`."""
     found = engine.found
-    record = replace(record, kv_pool=found.kv_pool, weight=found.weight)
+    record = replace(record, kv_pool=found.kv_pool, weight=found.weight, role=found.role)
     if engine.leaving_since is not None and record.left_at is None:
         if record.admin == EndpointState.ACTIVE:
             record = replace(record, admin=EndpointState.DRAINING, drain_deadline=deadline)

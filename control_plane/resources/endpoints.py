@@ -24,7 +24,9 @@ HEALTH_BY_STATE = {
 def load_assignment(
     pool: Pool, states: Mapping[str, EndpointState] | None = None
 ) -> endpoint_pb2.ClusterLoadAssignment:
-    """The pool's endpoints; `states` maps `ip:port` to active/draining/failed (default active)."""
+    """The pool's endpoints; `states` maps `ip:port` to active/draining/failed (default active).
+    Prefill engines are left out: only ext_proc calls them (the two-stage wire), so neither a
+    client nor Envoy's ring fallback ever reaches one."""
     states = states or {}
     return endpoint_pb2.ClusterLoadAssignment(
         cluster_name=pool_cluster_name(pool.name),
@@ -38,7 +40,7 @@ def load_assignment(
                         health_status=HEALTH_BY_STATE[states.get(ep.key, EndpointState.ACTIVE)],
                         load_balancing_weight=protos.u32(ep.weight),
                     )
-                    for ep in pool.endpoints
+                    for ep in pool.endpoints if ep.role.decodes
                 ]
             )
         ],

@@ -160,6 +160,10 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
         ),
         stat_prefix="kvgate",
     )
+    if any(pool.disaggregated for pool in config.pools):
+        # A P/D route's ext_proc waits for a prefill engine: it asks for this much, per message.
+        processor.max_message_timeout.CopyFrom(
+            protos.duration(config.disaggregation.prefill_timeout + 1.0))
     if http:
         processor.http_service.CopyFrom(_http_service(config))
     else:

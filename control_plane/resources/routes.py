@@ -6,7 +6,7 @@ from envoy.config.common.mutation_rules.v3 import mutation_rules_pb2
 from envoy.config.core.v3 import base_pb2
 from envoy.config.route.v3 import route_components_pb2 as rc
 from envoy.config.route.v3 import route_pb2
-from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2, processing_mode_pb2
 from envoy.extensions.filters.http.header_mutation.v3 import header_mutation_pb2
 from envoy.extensions.retry.host.previous_hosts.v3 import previous_hosts_pb2
 from envoy.type.matcher.v3 import string_pb2
@@ -18,6 +18,7 @@ from kvgate.contract.envoy import (
     DESTINATION_KEY,
     EXT_PROC_FILTER,
     HEADER_MUTATION_FILTER,
+    PD_METADATA_KEY,
     POOL_HEADER,
     POOL_METADATA_KEY,
     ROUTE_CONFIG_NAME,
@@ -126,7 +127,19 @@ def _tell_pool(pool: str, config: Config) -> dict[str, any_pb2.Any]:
             grpc_initial_metadata=[base_pb2.HeaderValue(key=POOL_METADATA_KEY, value=pool)]
         )
     )
+    if config.pool(pool).disaggregated:
+        # The two-stage wire reads the body: ext_proc gets it, buffered, on the same stream.
+        per_route.overrides.grpc_initial_metadata.append(
+            base_pb2.HeaderValue(key=PD_METADATA_KEY, value="1"))
+        per_route.overrides.processing_mode.CopyFrom(pd_processing_mode())
     return {EXT_PROC_FILTER: protos.pack(per_route)}
+
+
+def pd_processing_mode() -> processing_mode_pb2.ProcessingMode:
+    mode = processing_mode_pb2.ProcessingMode
+    return mode(request_header_mode=mode.SEND, response_header_mode=mode.SKIP,
+                request_body_mode=mode.BUFFERED, response_body_mode=mode.NONE,
+                request_trailer_mode=mode.SKIP, response_trailer_mode=mode.SKIP)
 
 
 

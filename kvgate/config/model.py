@@ -11,6 +11,7 @@ from kvgate.config.etcd_security import EtcdAuth, EtcdTls
 from kvgate.config.fields import Fields, Path
 from kvgate.config.schema import Custom, Section, Size, Socket, key
 from kvgate.config.sections.control_plane import ControlPlane
+from kvgate.config.sections.disaggregation import Disaggregation
 from kvgate.config.sections.etcd import Etcd
 from kvgate.config.sections.ext_proc import ExtProc
 from kvgate.config.sections.placement import GateConfig, Placement
@@ -56,6 +57,9 @@ class Config:
     etcd: Etcd = key(Section(Etcd), "bindings and endpoint states", factory=Etcd)
     session: Session = key(Section(Session), "where session ids come from", factory=Session)
     placement: Placement = key(Section(Placement), "where sessions go", factory=Placement)
+    disaggregation: Disaggregation = key(
+        Section(Disaggregation), "prefill/decode pools: when a turn is prefilled elsewhere",
+        factory=Disaggregation)
     pools: tuple[Pool, ...] = key(POOLS, "the engines", default=(), default_doc="required")
     routes: tuple[Route, ...] = key(ROUTES, "which paths go to which pool (listed routes "
                                     "replace the default list entirely; required with several "

@@ -289,6 +289,10 @@ class Choice(Kind):
         f.error(path, f"must be one of {', '.join(self.values)}, got {value!r}")
         return None
 
+    def dump(self, value: Any) -> Any:
+        # A StrEnum member (e.g. Role) as its plain word: YAML's safe dumper takes no subclass.
+        return str(value) if isinstance(value, str) else value
+
     @property
     def accepts(self) -> str:  # type: ignore[override]
         return " or ".join(f"`{v}`" for v in self.values)

@@ -8,6 +8,8 @@ import ipaddress
 from kvgate.config.errors import PathPart
 from kvgate.config.fields import Fields
 from kvgate.config.model import Config
+from kvgate.config.sections.pools import Pool
+from kvgate.contract.states import Role
 
 
 def validate(f: Fields, config: Config, *, require_pools: bool) -> None:
@@ -30,6 +32,7 @@ def validate(f: Fields, config: Config, *, require_pools: bool) -> None:
                 f.error(where, f"endpoint {endpoint.key} listed twice (first at "
                         f"pools[{first[1]}].endpoints[{first[3]}])")
             seen_endpoints.setdefault(endpoint.key, where)
+        _check_roles(f, config, pool, i)
         health_path = ("pools", i, "health")
         if pool.health.timeout > pool.health.interval and not f.failed(health_path):
             f.error((*health_path, "timeout"), "must not exceed health.interval")
@@ -46,6 +49,23 @@ def validate(f: Fields, config: Config, *, require_pools: bool) -> None:
     _check_exposure(f, config)
     _check_collector(f, config)
     _check_kv_event_streams(f, config)
+
+
+def _check_roles(f: Fields, config: Config, pool: Pool, i: int) -> None:
+    """A prefill engine hands its KV to a decode engine of its pool: a pool of prefill
+    engines alone answers nothing."""
+    roles = [ep.role for ep in pool.endpoints]
+    if Role.PREFILL not in roles:
+        return
+    first = roles.index(Role.PREFILL)
+    if not any(r.decodes for r in roles):
+        f.error(("pools", i, "endpoints"), f"pool {pool.name!r} has prefill engines "
+                f"(first at endpoints[{first}]) but no engine that decodes: give at least "
+                "one endpoint role `decode` (or `both`)")
+    if config.ext_proc.transport != "grpc":
+        f.error(("pools", i, "endpoints", first, "role"), "prefill engines need "
+                "ext_proc.transport grpc: the two-stage wire reads the body over ext_proc's "
+                "gRPC stream")
 
 
 def _check_ports(f: Fields, config: Config) -> None:

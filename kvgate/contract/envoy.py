@@ -10,6 +10,9 @@ POOL_METADATA_KEY = "x-kvgate-pool"
 # The same, as a request header the route sets for the HTTP transport (a client-sent copy is
 # stripped before the route sets it).
 POOL_HEADER = POOL_METADATA_KEY
+# gRPC initial metadata a prefill/decode pool's routes add: ext_proc serves that stream in full
+# (headers, then the buffered body: the two-stage wire), the others with one answer.
+PD_METADATA_KEY = "x-kvgate-pd"
 
 LISTENER_NAME = "kvgate_gateway"
 ROUTE_CONFIG_NAME = "kvgate_routes"

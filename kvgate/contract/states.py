@@ -23,3 +23,18 @@ class MoveReason(StrEnum):
     # gate's re-homing, from the engines' KV events)
     EVICTED = "evicted"
     MANUAL = "manual"  # an operator's `kvgate sessions move`
+
+
+class Role(StrEnum):
+    """What an engine does in a prefill/decode-disaggregated pool (`pools[].endpoints[].role`,
+    `kvgate register --role`, `kvgate emulate --roles`). Defined once, here: config, endpoint
+    records, discovery, the admin API and the emulator read these words."""
+
+    BOTH = "both"  # colocated: prefills and decodes its own requests (the default)
+    PREFILL = "prefill"  # prefills only; its KV is pulled by a decode engine (kv_transfer_params)
+    DECODE = "decode"  # decodes sessions; prefills a turn itself when no prefill engine does
+
+    @property
+    def decodes(self) -> bool:
+        """Sessions may be bound to it (it answers the client)."""
+        return self is not Role.PREFILL

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kvgate.contract.roles import EngineRole
+from kvgate.contract.states import Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class Found:
     address: str  # ip:port
     kv_pool: str
     weight: int = 1
-    role: EngineRole = EngineRole.BOTH
+    role: Role = Role.BOTH
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 
 from kvgate.config.sections.discover import EtcdSource
-from kvgate.contract.roles import EngineRole
+from kvgate.contract.states import Role
 from kvgate.discovery.reconcile import Found
 from kvgate.etcd import KeyValue
 from kvgate.etcd.client import WatchEvent
@@ -31,7 +31,7 @@ class Registration:
     address: str  # ip:port
     kv_pool: str | None = None
     weight: int | None = None
-    role: EngineRole | None = None
+    role: Role | None = None
 
     def encode(self) -> bytes:
         data = {"kv_pool": self.kv_pool, "weight": self.weight,
@@ -50,14 +50,14 @@ class Registration:
         weight, role, kv_pool = data.get("weight"), data.get("role"), data.get("kv_pool")
         return cls(pool, address, None if kv_pool is None else str(kv_pool),
                    None if weight is None else max(1, min(128, int(weight))),
-                   None if role is None else EngineRole(role))
+                   None if role is None else Role(role))
 
     def found(self, source: EtcdSource, pool_kv: str) -> Found:
         """As the pool's `etcd:` source gives it: the source's settings, else the
         registration's, else the pool's defaults."""
         return Found(self.address, source.kv_pool or self.kv_pool or pool_kv,
                      source.weight or self.weight or 1,
-                     source.role or self.role or EngineRole.BOTH)
+                     source.role or self.role or Role.BOTH)
 
 
 class RegistrationTable:

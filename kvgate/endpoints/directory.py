@@ -2,6 +2,8 @@
 
 Membership comes from etcd's endpoint records when a pool has any (the control plane, or
 `kvgate up`, writes them) and from the YAML otherwise, so ext_proc also works on its own.
+A pool's PoolView holds the engines sessions may bind to (role `both` or `decode`); its prefill
+engines (role `prefill`) are kept apart (`prefillers`), so placement never binds a session there.
 """
 
 from __future__ import annotations
@@ -23,17 +25,23 @@ class EndpointDirectory:
         self._prefix = f"{config.etcd.prefix}endpoints/".encode()
         self._records: dict[str, dict[str, EndpointRecord]] = {}
         self._views: dict[str, PoolView] = {}
+        self._prefillers: dict[str, tuple[Member, ...]] = {}
         self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
         """A reloaded config: its pools become the fallback membership."""
         self._configured = {
-            pool.name: tuple(
-                Member(ep.key, ep.kv_pool, ep.weight) for ep in pool.endpoints
-            )
+            pool.name: tuple(Member(ep.key, ep.kv_pool, ep.weight) for ep in pool.endpoints
+                             if ep.role.decodes)
+            for pool in config.pools
+        }
+        self._configured_prefill = {
+            pool.name: tuple(Member(ep.key, ep.kv_pool, ep.weight) for ep in pool.endpoints
+                             if not ep.role.decodes)
             for pool in config.pools
         }
         self._views.clear()
+        self._prefillers.clear()
 
     @property
     def prefix(self) -> bytes:
@@ -45,21 +53,35 @@ class EndpointDirectory:
     def view(self, pool: str) -> PoolView:
         view = self._views.get(pool)
         if view is None:
-            records = self._records.get(pool)
-            if records:
-                members: tuple[Member, ...] = tuple(
-                    Member(r.address, r.kv_pool, r.weight, r.state)
-                    for r in sorted(records.values(), key=lambda r: _order(self._configured, r))
-                )
-            else:
-                members = self._configured.get(pool, ())
+            members = self._members(pool, decoding=True)
             view = self._views[pool] = PoolView(pool, members)
         return view
+
+    def prefillers(self, pool: str) -> tuple[Member, ...]:
+        """The pool's active prefill engines (role `prefill`), in YAML order; () when it has
+        none: a colocated pool."""
+        found = self._prefillers.get(pool)
+        if found is None:
+            found = self._prefillers[pool] = tuple(
+                m for m in self._members(pool, decoding=False) if m.state == EndpointState.ACTIVE)
+        return found
+
+    def _members(self, pool: str, *, decoding: bool) -> tuple[Member, ...]:
+        records = self._records.get(pool)
+        configured = self._configured if decoding else self._configured_prefill
+        if not records:
+            return configured.get(pool, ())
+        return tuple(
+            Member(r.address, r.kv_pool, r.weight, r.state)
+            for r in sorted(records.values(), key=lambda r: _order(configured, r))
+            if r.role.decodes == decoding
+        )
 
     def active_addresses(self) -> list[str]:
         """Every active endpoint of every pool, once each, sorted: the engines whose load the
         gate reads."""
-        return sorted({m.address for pool in self.pools() for m in self.view(pool).active})
+        return sorted({m.address for pool in self.pools()
+                       for m in (*self.view(pool).active, *self.prefillers(pool))})
 
     def records(self, pool: str) -> list[EndpointRecord]:
         """The pool's records as etcd holds them (none: the pool runs on its YAML alone)."""
@@ -70,18 +92,21 @@ class EndpointDirectory:
 
     def states(self) -> dict[str, dict[str, EndpointState]]:
         """pool → address → state, for every pool (configured endpoints default to active)."""
-        return {pool: {m.address: m.state for m in self.view(pool).members}
+        return {pool: {m.address: m.state
+                       for m in (*self.view(pool).members, *self._members(pool, decoding=False))}
                 for pool in self.pools()}
 
     def set_record(self, record: EndpointRecord) -> None:
         self._records.setdefault(record.pool, {})[record.address] = record
         self._views.pop(record.pool, None)
+        self._prefillers.pop(record.pool, None)
 
     # -- mirror handler (etcd `endpoints/` prefix) ----------------------------------------
 
     def reset(self, kvs: list[KeyValue]) -> None:
         self._records.clear()
         self._views.clear()
+        self._prefillers.clear()
         for kv in kvs:
             self._apply_kv(kv)
 
@@ -92,6 +117,7 @@ class EndpointDirectory:
                 pool, address = parsed
                 self._records.get(pool, {}).pop(address, None)
                 self._views.pop(pool, None)
+                self._prefillers.pop(pool, None)
         else:
             self._apply_kv(event.kv)
 

@@ -173,7 +173,8 @@ def _record_changes(config: Config, kvs: list[KeyValue]) -> tuple[list[Write], l
             key = record_key(prefix, pool.name, endpoint.key)
             wanted.add(key)
             old, revision = current.get(key, (None, 0))
-            record = EndpointRecord(pool.name, endpoint.key, endpoint.kv_pool, endpoint.weight)
+            record = EndpointRecord(pool.name, endpoint.key, endpoint.kv_pool, endpoint.weight,
+                                    role=endpoint.role)
             if old is not None:
                 record = replace(record, admin=old.admin, healthy=old.healthy,
                                  drain_deadline=old.drain_deadline)

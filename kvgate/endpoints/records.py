@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from kvgate.contract.states import EndpointState
+from kvgate.contract.states import EndpointState, Role
 
 STATIC = "static"  # an endpoint the YAML lists (its record's source)
 
@@ -24,6 +24,7 @@ class EndpointRecord:
     admin: EndpointState = EndpointState.ACTIVE  # the operator's word
     healthy: bool = True  # the health checks' word
     drain_deadline: float | None = None  # unix time; past it a draining endpoint's sessions move
+    role: Role = Role.BOTH  # prefill engines hold no sessions (kvgate.contract.states.Role)
     source: str = STATIC  # where the engine came from: the file, or a discovery source
     left_at: float | None = None  # unix time its source stopped naming it (drained for that)
 
@@ -42,6 +43,8 @@ class EndpointRecord:
             "state": self.state, "admin": self.admin, "healthy": self.healthy,
             "drain_deadline": self.drain_deadline, "kv_pool": self.kv_pool, "weight": self.weight,
         }
+        if self.role is not Role.BOTH:
+            data["role"] = str(self.role)
         if self.discovered:  # a file's record keeps its old shape
             data |= {"source": self.source, "left_at": self.left_at}
         return json.dumps(data).encode()
@@ -61,9 +64,14 @@ class EndpointRecord:
                                 or operator is EndpointState.FAILED))
         deadline = data.get("drain_deadline")
         left = data.get("left_at")
+        try:
+            role = Role(str(data.get("role", Role.BOTH)))
+        except ValueError:
+            raise ValueError(f"unknown endpoint role {data.get('role')!r}") from None
         return cls(pool, address, str(data["kv_pool"]), int(data.get("weight", 1)), operator,
-                   healthy, None if deadline is None else float(deadline),
-                   str(data.get("source", STATIC)), None if left is None else float(left))
+                   healthy, None if deadline is None else float(deadline), role=role,
+                   source=str(data.get("source", STATIC)),
+                   left_at=None if left is None else float(left))
 
 
 def endpoints_prefix(prefix: str) -> bytes:

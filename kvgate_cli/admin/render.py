@@ -20,7 +20,7 @@ def _opt(message: Any, name: str) -> Any:
 def endpoint_dict(e: pb.Endpoint) -> dict[str, Any]:
     return {
         "pool": e.pool, "address": e.address, "kv_pool": e.kv_pool, "weight": e.weight,
-        "state": e.state, "admin": e.admin, "healthy": e.healthy,
+        "role": e.role or "both", "state": e.state, "admin": e.admin, "healthy": e.healthy,
         "drain_deadline": _opt(e, "drain_deadline"), "source": e.source or "static",
         "left_at": _opt(e, "left_at"),
     }
@@ -37,7 +37,11 @@ def binding_dict(b: pb.SessionBinding) -> dict[str, Any]:
     return {"session": b.session, "pool": b.pool, "endpoint": b.endpoint,
             "revision": b.revision, "lease": b.lease, "moved_at": _opt(b, "moved_at"),
             "move_reason": b.move_reason or None, "move_terms": dict(b.move_terms) or None,
-            "stay_s": _opt(b, "stay_s")}
+            "stay_s": _opt(b, "stay_s"),
+            "last_turn": None if not b.HasField("last_turn") else {
+                "path": b.last_turn.path, "decode": b.last_turn.decode,
+                "prefill": b.last_turn.prefill or None,
+                "lacking_tokens": b.last_turn.lacking_tokens, "at": b.last_turn.at}}
 
 
 def status_dict(s: pb.StatusResponse) -> dict[str, Any]:
@@ -140,14 +144,14 @@ def endpoints_table(found: Sequence[pb.EndpointStatus]) -> str:
         elif not e.healthy and e.state != EndpointState.FAILED:
             note = "failing probes"
         rows.append([
-            e.pool, e.address, e.kv_pool, e.state, str(s.sessions),
+            e.pool, e.address, e.kv_pool, e.role or "both", e.state, str(s.sessions),
             _number(_opt(s.load, "running")), _number(_opt(s.load, "waiting")),
             _number(_opt(s.load, "kv_cache_usage"), percent=True),
             _number(_opt(s.load, "hit_rate"), percent=True), _seconds(_opt(s.load, "backlog_s")),
             e.source or "static", note,
         ])
-    return table(["POOL", "ENDPOINT", "KV_POOL", "STATE", "SESSIONS", "RUNNING", "WAITING",
-                  "KV_USAGE", "HIT_RATE", "BACKLOG", "SOURCE", "NOTE"], rows)
+    return table(["POOL", "ENDPOINT", "KV_POOL", "ROLE", "STATE", "SESSIONS", "RUNNING",
+                  "WAITING", "KV_USAGE", "HIT_RATE", "BACKLOG", "SOURCE", "NOTE"], rows)
 
 
 def _seconds(value: float | None) -> str:
@@ -172,6 +176,24 @@ def sessions_table(found: Sequence[pb.SessionBinding]) -> str:
              f"{b.move_reason}, {moment(b.moved_at)}{_estimate(b)}" if b.move_reason else "-"]
             for b in found]
     return table(["POOL", "SESSION", "ENDPOINT", "REVISION", "LEASE", "LAST MOVED"], rows)
+
+
+def turn_lines(found: Sequence[pb.SessionBinding]) -> list[str]:
+    """Prefill/decode pools: how each session's latest turn was prefilled."""
+    lines = []
+    for b in found:
+        if not b.HasField("last_turn"):
+            continue
+        t = b.last_turn
+        lacked = f"its decode engine lacked ~{t.lacking_tokens} tokens"
+        if t.path == "remote":
+            how = f"prefilled on {t.prefill}, decoded on {t.decode} ({lacked})"
+        elif t.path == "prefill_failed":
+            how = f"prefill on {t.prefill} failed: prefilled and decoded on {t.decode}"
+        else:
+            how = f"no prefill engine ({t.path}: {lacked}), prefilled and decoded on {t.decode}"
+        lines.append(f"{b.pool} {b.session} last turn {moment(t.at)}: {how}")
+    return lines
 
 
 def _estimate(b: pb.SessionBinding) -> str:

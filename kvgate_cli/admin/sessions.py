@@ -71,4 +71,6 @@ def _act(client: AdminClient, args: argparse.Namespace) -> int:
         print(render.dumps([render.binding_dict(b) for b in found]))
     else:
         print(render.sessions_table(found))
+        for line in render.turn_lines(found):
+            print(line)
     return EXIT_OK

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import yaml
 
-from emulator.command import time_scale
+from emulator.command import role_list, time_scale
 from emulator.options import EmulatorOptions
 from emulator.pool_profiles import DEFAULT_PROFILE, PROFILES
 from kvgate.admin_api.auth import TOKEN_ENV
@@ -25,6 +25,7 @@ from kvgate.admin_api.token_file import token_path
 from kvgate.config import Config, ConfigError
 from kvgate.config.flags import report_warnings, with_engines
 from kvgate.config.load import check_file, load_text
+from kvgate.contract.states import Role
 from kvgate.placement.cost import EngineCost
 from kvgate.runtime.children.child import ChildFailed
 from kvgate.runtime.children.ports import NoFreePorts, wait_for_ports
@@ -60,6 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pool-connector", choices=list(PROFILES), default=DEFAULT_PROFILE,
         help="emulated engines only: whose rules fill and evict their shared DDR pool "
         "(default %(default)s, the bank's stack)",
+    )
+    parser.add_argument(
+        "--roles", type=role_list, default=(), metavar="R1,R2,...",
+        help="emulated engines only: one role per engine (both, prefill, decode): a "
+        "prefill/decode-disaggregated pool (default: all both)",
     )
     parser.add_argument(
         "--kv-events-port", type=int, default=0, metavar="PORT",
@@ -151,6 +157,12 @@ def _emulated_fleet(config: Config, args: argparse.Namespace) -> Fleet | str:
     if not 1 <= args.emulator_processes <= args.emulated:
         return (f"--emulator-processes must be between 1 and --emulated ({args.emulated}), "
                 f"got {args.emulator_processes}")
+    if args.roles and len(args.roles) != args.emulated:
+        return (f"--roles must name one role per emulated engine ({args.emulated}), "
+                f"got {len(args.roles)}")
+    if args.roles and Role.PREFILL in args.roles and not any(
+            Role(r).decodes for r in args.roles):
+        return "--roles: prefill engines need at least one engine that decodes"
     if not 0 <= args.kv_events_port <= 65535 - max(0, args.emulated - 1):
         return f"--kv-events-port out of range for {args.emulated} engines: {args.kv_events_port}"
     if config.placement.engine_cost == EngineCost():  # not priced in the YAML
@@ -172,7 +184,8 @@ def emulator_args(args: argparse.Namespace) -> tuple[str, ...]:
     """What ``kvgate emulate`` is told, beyond its ports, when kvgate up runs the fleet."""
     return ("--time-scale", args.time_scale, "--processes", str(args.emulator_processes),
             "--pool-connector", args.pool_connector,
-            "--kv-events-port", str(args.kv_events_port))
+            "--kv-events-port", str(args.kv_events_port),
+            *(("--roles", ",".join(args.roles)) if args.roles else ()))
 
 
 def _with_upstream_header(config: Config, name: str) -> Config:

@@ -36,7 +36,9 @@ pools:
       - {{address: 10.0.0.13:8000, kv_pool: memcache-b}}
   - name: chat
     kv_pool: memcache-c
-    endpoints: [10.0.1.1:8000]
+    endpoints:
+      - {{address: 10.0.1.1:8000, role: decode}}
+      - {{address: 10.0.1.2:8000, role: prefill}}
 routes:
   - match: {{prefix: /chat/}}
     pool: chat

@@ -81,7 +81,7 @@ async def test_token_required_off_loopback(
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await _list(channel, token)
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert len((await _list(channel, TOKEN)).endpoints) == 4
+        assert len((await _list(channel, TOKEN)).endpoints) == 5
         # Probes carry no credentials: health stays open; reflection does not.
         assert await _health(channel) == health_pb2.HealthCheckResponse.SERVING
         with pytest.raises(grpc.aio.AioRpcError) as refused:
@@ -130,7 +130,7 @@ async def test_on_loopback_anyone_reads_but_only_the_operator_token_acts(
     assert len(token) >= 40
     admin = f"127.0.0.1:{server.port}"
     async with grpc.aio.insecure_channel(admin) as channel:
-        assert len((await _list(channel, None)).endpoints) == 4  # reading needs nothing
+        assert len((await _list(channel, None)).endpoints) == 5  # reading needs nothing
         stub = admin_pb2_grpc.AdminStub(channel)
         for call, request in (
             (stub.DrainEndpoint, admin_pb2.DrainEndpointRequest(address="10.0.0.12:8000")),
@@ -169,7 +169,7 @@ async def test_on_loopback_a_configured_token_is_the_operator_token(
     server = await admin_server(token=TOKEN)
     assert server.token_file is None and not (private_runtime_dir / "kvgate").exists()
     async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
-        assert len((await _list(channel, None)).endpoints) == 4
+        assert len((await _list(channel, None)).endpoints) == 5
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await _drain(channel, None)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
@@ -192,13 +192,13 @@ async def test_read_only_and_operator_tokens_are_distinct_off_loopback(
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await anonymous
             assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert len((await _list(channel, READ_TOKEN)).endpoints) == 4
+        assert len((await _list(channel, READ_TOKEN)).endpoints) == 5
         assert ADMIN_SERVICE in await _services(channel, READ_TOKEN)
         with pytest.raises(grpc.aio.AioRpcError) as refused:
             await _drain(channel, READ_TOKEN)
         assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "read-only" in (refused.value.details() or "")
-        assert len((await _list(channel, TOKEN)).endpoints) == 4
+        assert len((await _list(channel, TOKEN)).endpoints) == 5
         assert (await _drain(channel, TOKEN)).state == "draining"
     reader = {"KVGATE_ADMIN_TOKEN": READ_TOKEN}
     assert (await run_cli("endpoints", "list", admin=admin, env=reader)).code == 0

@@ -39,9 +39,12 @@ async def test_endpoints_commands(fleet: Fleet, admin_server: StartServer) -> No
     listed = await run_cli("endpoints", "list", admin=admin)
     assert listed.code == 0, listed.err
     lines = listed.out.splitlines()
-    assert lines[0].split()[:5] == ["POOL", "ENDPOINT", "KV_POOL", "STATE", "SESSIONS"]
+    assert lines[0].split()[:6] == ["POOL", "ENDPOINT", "KV_POOL", "ROLE", "STATE", "SESSIONS"]
     busy = next(line for line in lines if "10.0.0.11:8000" in line).split()
-    assert busy[:5] == ["coder", "10.0.0.11:8000", "memcache-a", "active", "2"]
+    assert busy[:6] == ["coder", "10.0.0.11:8000", "memcache-a", "both", "active", "2"]
+    # A prefill/decode pool's engines say what they do.
+    assert next(line for line in lines if "10.0.1.1:8000" in line).split()[3] == "decode"
+    assert next(line for line in lines if "10.0.1.2:8000" in line).split()[3] == "prefill"
     assert "25.0%" in busy and "50.0%" in busy  # hit rate and KV usage from the load provider
     assert any("10.0.1.1:8000" in line for line in lines)
 
@@ -52,6 +55,7 @@ async def test_endpoints_commands(fleet: Fleet, admin_server: StartServer) -> No
     assert rows["10.0.0.11:8000"]["sessions"] == 2
     assert rows["10.0.0.11:8000"]["load"]["hit_rate"] == 0.25
     assert rows["10.0.0.13:8000"]["kv_pool"] == "memcache-b"
+    assert rows["10.0.0.13:8000"]["role"] == "both"
     assert rows["10.0.0.12:8000"]["load"]["running"] is None
 
     before = time.time()

@@ -32,7 +32,8 @@ async def test_endpoints_list_shows_the_replicas_backlog_estimates(
     assert listed.code == 0, listed.err
     backlog = {e["address"]: e["load"]["backlog_s"] for e in json.loads(listed.out)}
     assert backlog == {"10.0.0.11:8000": 2.25, "10.0.0.12:8000": 0.0,
-                       "10.0.0.13:8000": None, "10.0.1.1:8000": None}
+                       "10.0.0.13:8000": None, "10.0.1.1:8000": None,
+                       "10.0.1.2:8000": None}
     table = await run_cli("endpoints", "list", admin=admin)
     assert "BACKLOG" in table.out
     row = next(line for line in table.out.splitlines() if "10.0.0.11:8000" in line)

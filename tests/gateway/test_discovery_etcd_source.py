@@ -15,8 +15,7 @@ from prometheus_client import CollectorRegistry
 from control_plane.discovery import Discovery, SourceView
 from control_plane.discovery.metrics import DiscoveryMetrics
 from kvgate.config import load_text
-from kvgate.contract.roles import EngineRole
-from kvgate.contract.states import EndpointState
+from kvgate.contract.states import EndpointState, Role
 from kvgate.discovery.registrations import Registration, registration_key
 from kvgate.endpoints import EndpointDirectory, EndpointRecord
 from kvgate.etcd import EtcdClient, PrefixMirror
@@ -58,7 +57,7 @@ async def test_registrations_come_survive_a_partition_and_go(
     await discovery.start()
     stop = asyncio.Event()
     said: list[str] = []
-    registration = Registration("coder", ENGINE, kv_pool="kv-b", role=EngineRole.DECODE)
+    registration = Registration("coder", ENGINE, kv_pool="kv-b", role=Role.DECODE)
     register = asyncio.create_task(keep_registered(engine_side, prefix, registration, 5, stop,
                                                    said.append))
     try:

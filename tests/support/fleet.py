@@ -11,10 +11,12 @@ from kvgate.runtime.children.child import Child
 
 
 class EngineProcesses:
-    def __init__(self, count: int, workdir: Path, *extra: str) -> None:
+    def __init__(self, count: int, workdir: Path, *extra: str,
+                 roles: tuple[str, ...] = ()) -> None:
         self.count = count
         self.workdir = workdir
         self.extra = extra
+        self.roles = roles  # one `kvgate emulate --role` per engine (default: both)
         self.children: list[Child] = []
         self.engines: list[str] = []
         self.pool_url: str | None = None
@@ -29,6 +31,7 @@ class EngineProcesses:
                 sys.executable, "-m", "emulator", "--instances", "1", "--port", "0",
                 "--time-scale", "0", "--log-level", "warning", "--ready-file", str(ready),
                 *joining, *self.extra,
+                *(("--role", self.roles[index - 1]) if index and self.roles else ()),
             ], self.workdir / f"engine-{index}.log")
             self.children.append(child)
             await child.start()

@@ -125,7 +125,8 @@ def test_merge_keys_may_be_overridden() -> None:
         load_text(text)
     assert [str(p) for p in caught.value.problems] == [
         "line 1: health: unknown key (allowed here: listener, envoy_admin, control_plane, "
-        "ext_proc, etcd, session, placement, pools, routes, upstream_header, max_request_bytes)"
+        "ext_proc, etcd, session, placement, disaggregation, pools, routes, upstream_header, "
+        "max_request_bytes)"
     ]
 
 

@@ -7,7 +7,7 @@ import pytest
 from kvgate.config import ConfigError, load_text
 from kvgate.config.address import HostPort
 from kvgate.config.dump import to_yaml
-from kvgate.contract.roles import EngineRole
+from kvgate.contract.states import Role
 
 BOTH = """
 pools:
@@ -35,8 +35,8 @@ def test_both_sources_beside_endpoints() -> None:
     dns = pool.discover.dns
     assert (dns.name, dns.port, dns.every, dns.server) == (
         "engines.default.svc", 8000, 2.0, HostPort("127.0.0.1", 5353))
-    assert (dns.kv_pool, dns.weight, dns.role) == ("b", 2, EngineRole.DECODE)
-    assert pool.discover.etcd is not None and pool.discover.etcd.role is EngineRole.PREFILL
+    assert (dns.kv_pool, dns.weight, dns.role) == ("b", 2, Role.DECODE)
+    assert pool.discover.etcd is not None and pool.discover.etcd.role is Role.PREFILL
     assert (pool.discover.drain, pool.discover.misses) == (30.0, 2)
     assert len(pool.endpoints) == 1
 

@@ -99,6 +99,10 @@ def configs(draw: Draw, pki: dict[str, str]) -> dict[str, Any]:
     top.add("etcd", st.just(_etcd(draw, pki)))
     top.add("session", st.just(_session(draw)))
     top.add("placement", st.just(_placement(draw)))
+    disaggregation = Keys(draw, "disaggregation")
+    disaggregation.add("skip_prefill_below", st.integers(0, 100_000_000))
+    disaggregation.add("prefill_timeout", duration(0.1, 3600.0))
+    top.add("disaggregation", st.just(disaggregation.data))
     pools = _pools(draw)
     top.add("pools", st.just(pools), always=True)
     names = [pool["name"] for pool in pools]
@@ -204,6 +208,9 @@ def _pools(draw: Draw) -> list[dict[str, Any]]:
             endpoint.add("address", st.just(address), always=True)
             endpoint.add("kv_pool", NAME)
             endpoint.add("weight", st.integers(1, 128))
+            # Prefill engines take a pool with an engine that decodes and the gRPC transport
+            # (tests/unit/test_pd_roles.py); the others are valid anywhere.
+            endpoint.add("role", st.sampled_from(["both", "decode"]))
             endpoints.append(endpoint.data)
         pool.add("endpoints", st.just(endpoints), always=True)
         health = Keys(draw, "pools[].health")

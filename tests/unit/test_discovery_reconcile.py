@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvgate.contract.roles import EngineRole
+from kvgate.contract.states import Role
 from kvgate.discovery.reconcile import Found, Reconciler, Resolution
 
 
@@ -122,7 +122,7 @@ def test_a_lost_registration_leaves_at_once() -> None:
 def test_attributes_follow_the_source() -> None:
     r = _reconciler()
     _dns(r, 0, 1)
-    changed = Found("127.0.0.1:8000", "b", 2, EngineRole.DECODE)
+    changed = Found("127.0.0.1:8000", "b", 2, Role.DECODE)
     changes = r.observe(Resolution("dns", (changed,), 1))
     assert changes.updated and changes.updated[0].found == changed
 

@@ -6,22 +6,22 @@ from __future__ import annotations
 import pytest
 
 from kvgate.config.sections.discover import EtcdSource
-from kvgate.contract.roles import EngineRole
+from kvgate.contract.states import Role
 from kvgate.discovery.registrations import Registration
 from kvgate_cli.main import main
 
 
 def test_a_registration_round_trips_and_the_source_overrides_it() -> None:
-    registration = Registration("coder", "10.0.0.7:8000", "kv-b", 2, EngineRole.PREFILL)
+    registration = Registration("coder", "10.0.0.7:8000", "kv-b", 2, Role.PREFILL)
     assert Registration.decode("coder", "10.0.0.7:8000", registration.encode()) == registration
     bare = Registration.decode("coder", "10.0.0.7:8000", b"{}")
     assert bare.found(EtcdSource(), "kv-a") == bare.found(EtcdSource(), "kv-a")
     found = bare.found(EtcdSource(), "kv-a")
-    assert (found.kv_pool, found.weight, found.role) == ("kv-a", 1, EngineRole.BOTH)
+    assert (found.kv_pool, found.weight, found.role) == ("kv-a", 1, Role.BOTH)
     found = registration.found(EtcdSource(), "kv-a")
-    assert (found.kv_pool, found.weight, found.role) == ("kv-b", 2, EngineRole.PREFILL)
-    found = registration.found(EtcdSource("kv-c", 5, EngineRole.DECODE), "kv-a")
-    assert (found.kv_pool, found.weight, found.role) == ("kv-c", 5, EngineRole.DECODE)
+    assert (found.kv_pool, found.weight, found.role) == ("kv-b", 2, Role.PREFILL)
+    found = registration.found(EtcdSource("kv-c", 5, Role.DECODE), "kv-a")
+    assert (found.kv_pool, found.weight, found.role) == ("kv-c", 5, Role.DECODE)
 
 
 @pytest.mark.parametrize(("address", "value"), [

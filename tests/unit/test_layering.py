@@ -45,7 +45,8 @@ TIERS: Tiers = (
     # engines' load and HBM residency (scraper, collector, feed)
     ("core: state and signals", ("kvgate.bindings", "kvgate.endpoints", "kvgate.replicas",
                                  "kvgate.fleet", "kvgate.discovery")),
-    ("core: routing", ("kvgate.routing",)),  # the decision: session, filter, score, pick, commit
+    # the decision: session, filter, score, pick, commit; a P/D turn's prefill (kvgate.pd)
+    ("core: routing", ("kvgate.routing", "kvgate.pd")),
     ("components", ("ext_proc", "control_plane", "emulator", "workload")),
     ("assemblies", ("stack", "benchkit")),  # the stack as processes; what bench+simulator share
     ("tools", ("bench", "simulator")),

@@ -87,7 +87,7 @@ class FleetCollectorStatus(_message.Message):
     def __init__(self, collecting: _Optional[bool] = ..., engines: _Optional[int] = ..., watchers: _Optional[int] = ..., interval_s: _Optional[float] = ..., rounds: _Optional[int] = ...) -> None: ...
 
 class Endpoint(_message.Message):
-    __slots__ = ("pool", "address", "kv_pool", "weight", "admin", "healthy", "state", "drain_deadline", "source", "left_at")
+    __slots__ = ("pool", "address", "kv_pool", "weight", "admin", "healthy", "state", "drain_deadline", "role", "source", "left_at")
     POOL_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     KV_POOL_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class Endpoint(_message.Message):
     HEALTHY_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_DEADLINE_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     LEFT_AT_FIELD_NUMBER: _ClassVar[int]
     pool: str
@@ -106,9 +107,10 @@ class Endpoint(_message.Message):
     healthy: bool
     state: str
     drain_deadline: float
+    role: str
     source: str
     left_at: float
-    def __init__(self, pool: _Optional[str] = ..., address: _Optional[str] = ..., kv_pool: _Optional[str] = ..., weight: _Optional[int] = ..., admin: _Optional[str] = ..., healthy: _Optional[bool] = ..., state: _Optional[str] = ..., drain_deadline: _Optional[float] = ..., source: _Optional[str] = ..., left_at: _Optional[float] = ...) -> None: ...
+    def __init__(self, pool: _Optional[str] = ..., address: _Optional[str] = ..., kv_pool: _Optional[str] = ..., weight: _Optional[int] = ..., admin: _Optional[str] = ..., healthy: _Optional[bool] = ..., state: _Optional[str] = ..., drain_deadline: _Optional[float] = ..., role: _Optional[str] = ..., source: _Optional[str] = ..., left_at: _Optional[float] = ...) -> None: ...
 
 class Load(_message.Message):
     __slots__ = ("running", "waiting", "kv_cache_usage", "hit_rate", "backlog_s")
@@ -195,7 +197,7 @@ class FailEndpointResponse(_message.Message):
     def __init__(self, endpoint: _Optional[_Union[Endpoint, _Mapping]] = ...) -> None: ...
 
 class SessionBinding(_message.Message):
-    __slots__ = ("session", "pool", "endpoint", "revision", "lease", "moved_at", "move_reason", "move_terms", "stay_s")
+    __slots__ = ("session", "pool", "endpoint", "revision", "lease", "moved_at", "move_reason", "move_terms", "stay_s", "last_turn")
     class MoveTermsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -212,6 +214,7 @@ class SessionBinding(_message.Message):
     MOVE_REASON_FIELD_NUMBER: _ClassVar[int]
     MOVE_TERMS_FIELD_NUMBER: _ClassVar[int]
     STAY_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_TURN_FIELD_NUMBER: _ClassVar[int]
     session: str
     pool: str
     endpoint: str
@@ -221,7 +224,22 @@ class SessionBinding(_message.Message):
     move_reason: str
     move_terms: _containers.ScalarMap[str, float]
     stay_s: float
-    def __init__(self, session: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., revision: _Optional[int] = ..., lease: _Optional[int] = ..., moved_at: _Optional[float] = ..., move_reason: _Optional[str] = ..., move_terms: _Optional[_Mapping[str, float]] = ..., stay_s: _Optional[float] = ...) -> None: ...
+    last_turn: PdTurn
+    def __init__(self, session: _Optional[str] = ..., pool: _Optional[str] = ..., endpoint: _Optional[str] = ..., revision: _Optional[int] = ..., lease: _Optional[int] = ..., moved_at: _Optional[float] = ..., move_reason: _Optional[str] = ..., move_terms: _Optional[_Mapping[str, float]] = ..., stay_s: _Optional[float] = ..., last_turn: _Optional[_Union[PdTurn, _Mapping]] = ...) -> None: ...
+
+class PdTurn(_message.Message):
+    __slots__ = ("path", "decode", "prefill", "lacking_tokens", "at")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_FIELD_NUMBER: _ClassVar[int]
+    LACKING_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    AT_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    decode: str
+    prefill: str
+    lacking_tokens: int
+    at: float
+    def __init__(self, path: _Optional[str] = ..., decode: _Optional[str] = ..., prefill: _Optional[str] = ..., lacking_tokens: _Optional[int] = ..., at: _Optional[float] = ...) -> None: ...
 
 class ListSessionsRequest(_message.Message):
     __slots__ = ("pool", "endpoint", "limit", "after")

@@ -19,18 +19,11 @@ from kvgate.config.schema import (
     key,
     read_section,
 )
-from kvgate.config.sections.names import NAME_KIND
-from kvgate.contract.roles import EngineRole
+from kvgate.config.sections.names import NAME_KIND, ROLE_KIND
+from kvgate.contract.states import Role
 
 # Labels of letters, digits and '-', or '_'-led (SRV's `_service._proto`), dot-separated.
 _DNS_NAME = re.compile(r"^(?=.{1,253}\.?$)(_?[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
-
-
-def _role(f: Fields, value: Any, path: Path) -> EngineRole | None:
-    if isinstance(value, str) and value in {r.value for r in EngineRole}:
-        return EngineRole(value)
-    f.error(path, f"must be one of {', '.join(r.value for r in EngineRole)}, got {value!r}")
-    return None
 
 
 def _dns_name(f: Fields, value: Any, path: Path) -> str | None:
@@ -54,7 +47,6 @@ def _server(f: Fields, value: Any, path: Path) -> HostPort | None:
         return None
 
 
-ROLE = Custom(_role, "`both`, `prefill` or `decode`", lambda role: str(role.value))
 KV_POOL = NAME_KIND
 
 
@@ -78,7 +70,7 @@ class DnsSource:
     kv_pool: str | None = key(KV_POOL, "the DDR KV pool its engines share", default=None,
                               default_doc="the pool's `kv_pool`")
     weight: int = key(Integer(1, 128), "each engine's share of the pool's sessions", default=1)
-    role: EngineRole = key(ROLE, "what its engines do", default=EngineRole.BOTH)
+    role: Role = key(ROLE_KIND, "what its engines do", default=Role.BOTH)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +81,7 @@ class EtcdSource:
                               default_doc="the registration's, else the pool's")
     weight: int | None = key(Integer(1, 128), "each engine's share of the pool's sessions",
                              default=None, default_doc="the registration's, else 1")
-    role: EngineRole | None = key(ROLE, "what its engines do", default=None,
+    role: Role | None = key(ROLE_KIND, "what its engines do", default=None,
                                   default_doc="the registration's, else `both`")
 
 

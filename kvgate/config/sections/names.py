@@ -1,5 +1,5 @@
 """Names in the config (pools, DDR KV pools): lower-case, as Envoy cluster names and etcd keys
-take them."""
+take them; and an engine's role, which every source of engines may set."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import re
 from typing import Any
 
 from kvgate.config.fields import Fields, Path
-from kvgate.config.schema import Custom
+from kvgate.config.schema import Choice, Custom
+from kvgate.contract.states import Role
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
 
@@ -21,3 +22,14 @@ def name(f: Fields, value: Any, path: Path) -> str | None:
 
 
 NAME_KIND = Custom(name, "lower-case name (letters, digits, `-`, `_`, `.`)")
+
+_ROLE_WORDS = Choice(tuple(r.value for r in Role))
+
+
+def role(f: Fields, value: Any, path: Path) -> Role | None:
+    """An engine's `role` (kvgate.contract.states.Role): static endpoints, discovery sources."""
+    word = _ROLE_WORDS.read(f, value, path)
+    return None if word is None else Role(word)
+
+
+ROLE_KIND = Custom(role, "`both`, `prefill` or `decode`", lambda value: str(value.value))

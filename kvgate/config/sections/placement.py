@@ -129,6 +129,10 @@ class GateConfig:
         `_replay_offset`)."""
         return self.kv_events_port, self.kv_events_port_offset, self.kv_events_replay_offset
 
+    def prompt_tokens(self, body_bytes: int) -> int:
+        """A prompt's tokens, estimated from its request body's size (`bytes_per_token`)."""
+        return int(body_bytes / self.bytes_per_token)
+
     def events_at_offsets(self, offset: int, replay_offset: int) -> GateConfig:
         """These settings reading each engine's KV events at its own port plus `offset`, its
         replay socket at that plus `replay_offset`."""

@@ -20,7 +20,8 @@ from kvgate.config.schema import (
     read_section,
 )
 from kvgate.config.sections.discover import Discover, read_discover
-from kvgate.config.sections.names import NAME_KIND, name
+from kvgate.config.sections.names import NAME_KIND, ROLE_KIND, name, role
+from kvgate.contract.states import Role
 
 _NAME_KIND = NAME_KIND
 
@@ -53,6 +54,9 @@ class Endpoint:
     kv_pool: str = key(_NAME_KIND, "the DDR KV pool this engine shares",
                        default_doc="the pool's `kv_pool`")
     weight: int = key(Integer(1, 128), "its share of the pool's sessions, relative", default=1)
+    role: Role = key(ROLE_KIND, "`both`: colocated; `prefill`: prefills turns a decode engine "
+                     "then answers (vLLM's kv_transfer_params); `decode`: holds sessions",
+                     default=Role.BOTH)
 
     @property
     def key(self) -> str:
@@ -72,7 +76,8 @@ def _endpoint(f: Fields, value: Any, path: Path, pool_kv: str) -> Endpoint | Non
     address = f.host_port(raw["address"], (*path, "address"), require_ip=True)
     kv_pool = f.optional(raw, "kv_pool", path, lambda v, p: name(f, v, p), pool_kv)
     weight = f.optional(raw, "weight", path, lambda v, p: f.integer(v, p, 1, 128), 1)
-    return None if address is None else Endpoint(address, kv_pool, weight)
+    endpoint_role = f.optional(raw, "role", path, lambda v, p: role(f, v, p), Role.BOTH)
+    return None if address is None else Endpoint(address, kv_pool, weight, endpoint_role)
 
 
 def _read_pool(f: Fields, value: Any, path: Path) -> Pool | None:
@@ -107,12 +112,17 @@ class Pool:
                        "endpoints", default_doc="the pool's name")
     endpoints: tuple[Endpoint, ...] = key(
         ListOf(Section(Endpoint)), "`ip:port` (or `http://ip:port`), or `{address, kv_pool, "
-        "weight}`", default=(), default_doc="required unless `discover`")
+        "weight, role}`", default=(), default_doc="required unless `discover`")
     health: Health = key(Section(Health), "how the control plane probes its engines",
                          factory=Health)
     discover: Discover | None = key(Section(Discover, read_discover), "engines found while "
                                     "running, beside or instead of `endpoints`", default=None,
                                     default_doc="*(off)*")
+
+    @property
+    def disaggregated(self) -> bool:
+        """It has prefill engines: its turns take the two-stage wire (kvgate.pd)."""
+        return any(ep.role is Role.PREFILL for ep in self.endpoints)
 
 
 def read_pools(f: Fields, value: Any, path: Path) -> tuple[Pool, ...]:

@@ -1,0 +1,116 @@
+"""Per turn of a prefill/decode pool: prefill on a prefill engine, or on the decode engine?
+
+The decode engine comes first: it is the session's binding, chosen by the pipeline under the
+load gate, since it holds the conversation (answers included). Then the turn is prefilled
+elsewhere only when the tokens that engine lacks reach `disaggregation.skip_prefill_below`,
+the shape of llm-d's `prefix-based-pd-decider` (`nonCachedTokens`, on the chosen decode pod)
+and Dynamo's conditional disaggregation (`isl_bounding`: the prompt minus the decode worker's
+overlap). What the engine lacks comes from its KV events (the gate's HBM residency) when known,
+else from the binding: the session's previous turn on the same engine is assumed still there.
+Otherwise the prefill engine whose queue ends soonest takes it (the gate's backlog estimate plus
+this replica's own prefills in flight), round robin on ties: the pool's prefill engines all read
+the same DDR pool, so none holds the session's prefix better than another.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+from kvgate.endpoints.directory import EndpointDirectory
+
+# Sessions whose previous turn is remembered (per replica); older ones count as new.
+MAX_SESSIONS = 100_000
+
+
+class Path(StrEnum):
+    """How a turn of a P/D pool was prefilled (`kvgate_ext_proc_pd_turns_total{path}`)."""
+
+    REMOTE = "remote"  # on a prefill engine; the decode engine pulled its KV
+    CACHED = "skipped_cached"  # the decode engine lacked fewer tokens than the threshold
+    NO_PREFILL_ENGINE = "skipped_no_prefill_engine"  # none active in the pool
+    SESSIONLESS = "skipped_unplaced"  # no decode engine was chosen (Envoy's ring places it)
+    FAILED = "prefill_failed"  # the prefill engine failed or refused: the decode engine did it
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    path: Path
+    prefill: str | None  # the prefill engine's ip:port when path is REMOTE
+    lacking_tokens: int  # what the decode engine was estimated to lack
+    source: str  # where that estimate came from: kv_events | binding | new
+
+
+HbmTokens = Callable[[str, str, int], int | None]  # (engine, session, prompt) -> tokens held
+
+
+class PrefillDecider:
+    def __init__(self, directory: EndpointDirectory, skip_below: int, *,
+                 hbm_tokens: HbmTokens | None = None,
+                 backlog_s: Callable[[str], float] | None = None) -> None:
+        self._directory = directory
+        self.skip_below = skip_below
+        self._hbm_tokens = hbm_tokens
+        self._backlog_s = backlog_s
+        self._turns: OrderedDict[str, tuple[str, int]] = OrderedDict()  # session -> last turn
+        self._inflight: dict[str, int] = {}
+        self._ties = itertools.count()
+
+    def plan(self, pool: str, decode: str | None, session: str | None,
+             prompt_tokens: int) -> Plan:
+        if decode is None:
+            return Plan(Path.SESSIONLESS, None, prompt_tokens, "new")
+        lacking, source = self._lacking(decode, session, prompt_tokens)
+        if session is not None:
+            self._remember(session, decode, prompt_tokens)
+        if lacking < self.skip_below:
+            return Plan(Path.CACHED, None, lacking, source)
+        prefill = self._pick(pool)
+        if prefill is None:
+            return Plan(Path.NO_PREFILL_ENGINE, None, lacking, source)
+        return Plan(Path.REMOTE, prefill, lacking, source)
+
+    def _lacking(self, decode: str, session: str | None, prompt: int) -> tuple[int, str]:
+        if session is None:
+            return prompt, "new"
+        if self._hbm_tokens is not None:
+            held = self._hbm_tokens(decode, session, prompt)
+            if held is not None:
+                return max(0, prompt - held), "kv_events"
+        last = self._turns.get(session)
+        if last is not None and last[0] == decode:
+            return max(0, prompt - last[1]), "binding"
+        return prompt, "new"
+
+    def _remember(self, session: str, decode: str, prompt: int) -> None:
+        self._turns[session] = (decode, prompt)
+        self._turns.move_to_end(session)
+        if len(self._turns) > MAX_SESSIONS:
+            self._turns.popitem(last=False)
+
+    def _pick(self, pool: str) -> str | None:
+        engines = self._directory.prefillers(pool)
+        if not engines:
+            return None
+        backlog = self._backlog_s
+        tie = next(self._ties)
+
+        def cost(i: int) -> tuple[float, int, int]:
+            address = engines[i].address
+            queued = 0.0 if backlog is None else backlog(address)
+            return queued, self._inflight.get(address, 0), (i - tie) % len(engines)
+
+        return engines[min(range(len(engines)), key=cost)].address
+
+    def started(self, prefill: str) -> None:
+        self._inflight[prefill] = self._inflight.get(prefill, 0) + 1
+
+    def ended(self, prefill: str) -> None:
+        left = self._inflight.get(prefill, 0) - 1
+        if left > 0:
+            self._inflight[prefill] = left
+        else:
+            self._inflight.pop(prefill, None)

@@ -1,0 +1,115 @@
+"""The per-turn prefill decision of prefill/decode pools, and the wire's request bodies."""
+
+from __future__ import annotations
+
+import json
+
+from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+
+from control_plane.resources.listener import _ext_proc
+from control_plane.resources.routes import route_configuration
+from kvgate.config import Config, load_text
+from kvgate.contract.envoy import EXT_PROC_FILTER, PD_METADATA_KEY
+from kvgate.endpoints.directory import EndpointDirectory
+from kvgate.endpoints.records import EndpointRecord
+from kvgate.pd.decider import Path, PrefillDecider
+from kvgate.pd.wire import PREFILL_PARAMS, decode_request, prefill_request
+
+PD = """
+pools:
+  - name: coder
+    endpoints:
+      - {address: 10.0.0.1:8000, role: prefill}
+      - {address: 10.0.0.2:8000, role: prefill}
+      - {address: 10.0.0.3:8000, role: decode}
+  - name: chat
+    endpoints: [10.0.1.1:8000]
+routes:
+  - {match: {prefix: /chat/}, pool: chat}
+  - {match: {prefix: /}, pool: coder}
+"""
+D = "10.0.0.3:8000"
+
+
+def test_a_long_new_turn_goes_to_a_prefill_engine_a_short_one_stays() -> None:
+    decider = PrefillDecider(EndpointDirectory(load_text(PD)), 2048)
+    first = decider.plan("coder", D, "s1", 6000)
+    assert first.path is Path.REMOTE and first.prefill in {"10.0.0.1:8000", "10.0.0.2:8000"}
+    assert (first.lacking_tokens, first.source) == (6000, "new")
+    # The next turn adds 300 tokens to what its decode engine holds: under the threshold.
+    second = decider.plan("coder", D, "s1", 6300)
+    assert (second.path, second.lacking_tokens, second.source) == (Path.CACHED, 300, "binding")
+    # Moved to another decode engine: it lacks the whole prompt again.
+    assert decider.plan("coder", "10.0.0.9:8000", "s1", 6400).path is Path.REMOTE
+    assert decider.plan("coder", D, None, 1000).path is Path.CACHED  # short, sessionless
+    assert decider.plan("coder", None, "s2", 9000).path is Path.SESSIONLESS
+
+
+def test_kv_events_take_precedence_over_the_binding() -> None:
+    held = {(D, "s1"): 5000}
+    decider = PrefillDecider(EndpointDirectory(load_text(PD)), 2048,
+                             hbm_tokens=lambda e, s, n: min(n, held[e, s]) if (e, s) in held
+                             else None)
+    plan = decider.plan("coder", D, "s1", 9000)  # first seen here, but its engine holds 5,000
+    assert (plan.path, plan.lacking_tokens, plan.source) == (Path.REMOTE, 4000, "kv_events")
+    held[D, "s1"] = 8000
+    assert decider.plan("coder", D, "s1", 9000).path is Path.CACHED
+
+
+def test_the_prefill_engine_whose_queue_ends_first_and_none_when_all_failed() -> None:
+    directory = EndpointDirectory(load_text(PD))
+    backlog = {"10.0.0.1:8000": 2.0, "10.0.0.2:8000": 0.5}
+    decider = PrefillDecider(directory, 0, backlog_s=backlog.__getitem__)
+    assert {decider.plan("coder", D, f"s{i}", 100).prefill for i in range(4)} == {
+        "10.0.0.2:8000"}
+    even = PrefillDecider(directory, 0)  # no load known: in-flight prefills, then round robin
+    picks = [even.plan("coder", D, f"t{i}", 100).prefill for i in range(4)]
+    assert len(set(picks)) == 2
+    busy = even.plan("coder", D, "u", 100).prefill
+    assert busy is not None
+    even.started(busy)
+    assert all(even.plan("coder", D, f"v{i}", 100).prefill != busy for i in range(3))
+    even.ended(busy)
+    for address in ("10.0.0.1:8000", "10.0.0.2:8000"):
+        directory.set_record(EndpointRecord("coder", address, "coder", healthy=False,
+                                            role=load_text(PD).pools[0].endpoints[0].role))
+    directory.set_record(EndpointRecord("coder", D, "coder",
+                                        role=load_text(PD).pools[0].endpoints[2].role))
+    assert even.plan("coder", D, "w", 9000).path is Path.NO_PREFILL_ENGINE
+
+
+def test_the_wire_follows_vllms_proxy() -> None:
+    client = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 50,
+              "max_completion_tokens": 50, "stream": True,
+              "stream_options": {"include_usage": True}}
+    first = prefill_request(client)
+    assert first["kv_transfer_params"] == PREFILL_PARAMS
+    assert (first["max_tokens"], first["max_completion_tokens"], first["stream"]) == (1, 1, False)
+    assert "stream_options" not in first and client["max_tokens"] == 50  # the client's intact
+    params = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "remote_host": "10.0.0.1",
+              "remote_port": 8000, "remote_engine_id": "e", "vendor_field": {"x": 1}}
+    second = json.loads(decode_request(client, params))
+    assert second == {**client, "kv_transfer_params": params}  # pasted verbatim
+
+
+def test_only_pd_routes_read_the_body() -> None:
+    config = load_text(PD)
+    routes = {r.name.split(":")[0]: r for r in
+              route_configuration(config).virtual_hosts[0].routes if ":" in r.name}
+    pd = ext_proc_pb2.ExtProcPerRoute()
+    routes["coder"].typed_per_filter_config[EXT_PROC_FILTER].Unpack(pd)
+    assert pd.overrides.processing_mode.request_body_mode == pd.overrides.processing_mode.BUFFERED
+    assert PD_METADATA_KEY in {h.key for h in pd.overrides.grpc_initial_metadata}
+    colocated = ext_proc_pb2.ExtProcPerRoute()
+    routes["chat"].typed_per_filter_config[EXT_PROC_FILTER].Unpack(colocated)
+    assert not colocated.overrides.HasField("processing_mode")
+    assert PD_METADATA_KEY not in {h.key for h in colocated.overrides.grpc_initial_metadata}
+    assert _processor(config).max_message_timeout.seconds == 31  # prefill_timeout + 1 s
+    assert not _processor(load_text("pools: [{name: a, endpoints: [10.0.0.1:1]}]\n")
+                          ).HasField("max_message_timeout")
+
+
+def _processor(config: Config) -> ext_proc_pb2.ExternalProcessor:
+    processor = ext_proc_pb2.ExternalProcessor()
+    _ext_proc(config).typed_config.Unpack(processor)
+    return processor
