@@ -145,3 +145,19 @@ def test_records_follow_the_reconciler_keeping_the_operators_word() -> None:
     _dns(r, 102, 1, 2)
     back = follow(drained, engine, r.deadline(engine))
     assert (back.admin, back.drain_deadline, back.left_at) == (EndpointState.ACTIVE, None, None)
+
+
+def test_a_discovered_engines_role_reaches_its_record() -> None:
+    from control_plane.discovery.records import follow, wanted
+    from kvgate.endpoints import EndpointRecord
+
+    r = _reconciler()
+    prefill = Found("127.0.0.1:8000", "a", 1, Role.PREFILL)
+    r.observe(Resolution("dns", (prefill,), 0))
+    engine = r.engines[prefill.address]
+    record = wanted(engine, None, "coder")
+    assert record.role is Role.PREFILL
+    assert EndpointRecord.decode("coder", prefill.address, record.encode()).role is Role.PREFILL
+    # a source that now calls it a decode engine: the record follows
+    r.observe(Resolution("dns", (replace(prefill, role=Role.DECODE),), 1))
+    assert follow(record, r.engines[prefill.address], None).role is Role.DECODE
