@@ -211,7 +211,8 @@ class GatedPolicy:
         # Moving saves at most this engine's backlog (the prefill is the same anywhere): under
         # the threshold nothing else is looked at, so the sticky path stays O(1).
         backlog = self.board.backlog_s(endpoint, now)
-        if backlog < config.min_saving_s and not self._link_bound(endpoint, now):
+        if backlog < config.min_saving_s and (self._ledger.links is None
+                                               or not self._link_bound(endpoint, now)):
             return None
         move = self.move(placing, endpoint, backlog, known)
         return None if move is None else Moved(move.endpoint, MoveReason.LOAD, move.estimate)
