@@ -46,6 +46,7 @@ class RouterSetup:
     max_age_s: float = 2.0
     block_size: int = 16
     index_blocks: int = 550_000 // 16  # a peer's prefix index per engine, in blocks
+    devices_per_node: int = 8  # engine i on node i // this (emulator/transfer.py)
 
 
 class Metrics(Protocol):
@@ -276,7 +277,10 @@ def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[],
     board = ScrapedBoard(metrics, mix, setup.max_age_s)
     holdings = holdings if mode.ddr_pool and mode.load_aware else None
     hbm = hbm if mode.load_aware else None
+    # The simulated fleet's nodes, as its transfer model groups the engines (TransferParams).
+    nodes = {a: str(i // setup.devices_per_node) for i, a in enumerate(addresses)}
     policy = build_policy(setup.gate.turned(mode.load_aware), setup.cost, board,
-                          clock=clock, mix=mix, residency=holdings, hbm=hbm)
+                          clock=clock, mix=mix, residency=holdings, hbm=hbm,
+                          node_of=lambda address: nodes.get(address, address))
     return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, policy, holdings,
                           hbm)

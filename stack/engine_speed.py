@@ -17,7 +17,7 @@ from kvgate.placement.cost import EngineCost
 
 # Engines at time scale 0: as fast as the configuration allows, nothing to wait for.
 INSTANT = EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0, ddr_gbps=1e6,
-                     transfer_fixed_s=0.0)
+                     transfer_fixed_s=0.0, node_gbps=0.0)
 
 
 def emulated_cost(engine: EmulatorOptions, time_scale: float) -> EngineCost:
@@ -29,6 +29,7 @@ def emulated_cost(engine: EmulatorOptions, time_scale: float) -> EngineCost:
         ddr_gbps=engine.ddr_gbps / time_scale,
         transfer_fixed_s=engine.transfer_fixed_ms / 1000 * time_scale,
         prompt_s_per_token=engine.prompt_us_per_token / 1e6 * time_scale,
+        node_gbps=engine.node_gbps / time_scale,
     )
 
 

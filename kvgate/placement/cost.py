@@ -28,6 +28,10 @@ class EngineCost:
     # prefill (the emulator's TimingParams.prompt_s_per_token, which cites vLLM's rendering,
     # block hashing and prefix lookup). 0 in the defaults, as in the emulator's.
     prompt_s_per_token: float = 0.0
+    # A node's link from the pool, shared by its devices (emulator/transfer.py, TransferParams:
+    # 144 GB/s for 8 devices); 0: none but its devices' own. Read by the link backlog
+    # (kvgate.placement.links) only.
+    node_gbps: float = 144.0
 
     def prefill_s(self, uncached_tokens: int, prompt_tokens: int) -> float:
         """One request's own prefill: c0, the per-token cost of its whole prompt, and its

@@ -5,7 +5,9 @@
   engine's own report, whichever is larger);
 - `gauge(name)`: a gauge the engine reports (kvgate.contract.vllm.GAUGES), as last observed;
 - `hbm_tokens(...)`, `eviction_rate`: what its HBM holds of a session and how fast it evicts,
-  where the engines' KV events are read.
+  where the engines' KV events are read;
+- `ddr_read_s(tokens)`: a read from the DDR pool behind the reads this router booked on the
+  engine's device and node links (kvgate.placement.links), where it keeps them.
 
 Each is read when a term first asks, and the backlog is kept for the decision.
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from kvgate.placement.links import LinkBacklog
 from kvgate.placement.live import LoadBoard, ObservedLoad
 
 
@@ -35,16 +38,18 @@ class HbmResidency(Protocol):
 class EngineSignals:
     """One engine's signals at `now`, for one decision."""
 
-    __slots__ = ("_backlog", "_board", "_hbm", "address", "now")
+    __slots__ = ("_backlog", "_board", "_hbm", "_links", "address", "now")
 
     def __init__(self, address: str, now: float, board: LoadBoard,
-                 hbm: HbmResidency | None = None, backlog_s: float | None = None) -> None:
+                 hbm: HbmResidency | None = None, backlog_s: float | None = None,
+                 links: LinkBacklog | None = None) -> None:
         """`backlog_s`: the board's backlog already read at `now` (else read on first use)."""
         self.address = address
         self.now = now
         self._board = board
         self._hbm = hbm
         self._backlog = backlog_s
+        self._links = links
 
     @property
     def backlog_s(self) -> float:
@@ -73,3 +78,9 @@ class EngineSignals:
         """Leading tokens of `session`'s context its HBM holds; None: not known."""
         hbm = self._hbm
         return None if hbm is None else hbm.hbm_tokens(self.address, session, context_tokens)
+
+    def ddr_read_s(self, tokens: int) -> float | None:
+        """Seconds to read `tokens` from the DDR pool into its HBM, sent now, behind the reads
+        booked on its links; None: no links kept."""
+        links = self._links
+        return None if links is None else links.read_s(self.address, self.now, tokens)

@@ -74,6 +74,20 @@ class DdrRead(Term):
         return self.cost.transfer_s(candidate.ddr_tokens)
 
 
+class QueuedDdrRead(Term):
+    """Reading the context from the DDR pool behind the reads already queued on the engine's
+    device link and its node's (`EngineSignals.ddr_read_s`, kvgate.placement.links): the
+    `ddr_read` term with its links' backlog; exactly `ddr_read` where nothing is queued."""
+
+    name = "link_backlog"
+    overlaps_wait = True
+    __slots__ = ()
+
+    def seconds(self, candidate: Candidate) -> float:
+        read = candidate.engine.ddr_read_s(candidate.ddr_tokens)
+        return self.cost.transfer_s(candidate.ddr_tokens) if read is None else read
+
+
 class Prefill(Term):
     """Prefilling what neither tier holds (`placement.engine_cost`: prefill_tokens_per_s,
     prefill_overhead_s), and the whole prompt's per-token cost (prompt_us_per_token)."""
@@ -89,7 +103,8 @@ class Prefill(Term):
 
 
 # Every term by name: a new one is a class above (or imported here) and its entry.
-TERMS: Mapping[str, type[Term]] = {t.name: t for t in (QueueWait, DdrRead, Prefill)}
+TERMS: Mapping[str, type[Term]] = {t.name: t for t in (QueueWait, DdrRead, QueuedDdrRead,
+                                                        Prefill)}
 DEFAULT_TERMS = ("queue_wait", "ddr_read", "prefill")
 
 

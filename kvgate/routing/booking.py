@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
+from kvgate.placement.links import LinkBacklog
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.view import PoolView
 from kvgate.routing.policy import HbmResidency, Known
@@ -22,11 +23,20 @@ class Ledger:
         self._recent = recent
         self._mix = mix
         self.hbm: HbmResidency | None = None  # what each engine's HBM holds, where known
+        self.links: LinkBacklog | None = None  # the reads booked on each link, where kept
 
     def _book(self, endpoint: str, now: float, prefill_s: float,
               ready_at: float | None = None) -> None:
         self._board.routed(endpoint, now, prefill_s, ready_at)
         self._mix.add(prefill_s)
+
+    def _read(self, endpoint: str, now: float, tokens: int) -> float:
+        """A read of `tokens` from the DDR pool into `endpoint`'s HBM sent now: when it is in
+        (behind the reads booked on its links, where they are kept)."""
+        links = self.links
+        if links is None:
+            return now + self._cost.transfer_s(tokens)
+        return links.book(endpoint, now, tokens)
 
     def kept(self, pool: str, session: str, endpoint: str, known: Known) -> None:
         """A session that stays: its context is in its engine's HBM, or, where the engine's
@@ -40,7 +50,7 @@ class Ledger:
                 self._book(endpoint, known.now, self._cost.prefill_s(prompt - context, prompt))
             else:
                 self._book(endpoint, known.now, self._cost.prefill_s(prompt - context, prompt),
-                           ready_at=known.now + self._cost.transfer_s(context - held))
+                           ready_at=self._read(endpoint, known.now, context - held))
         tokens = max(prompt, context)
         if seen is None or seen.tokens != tokens:  # unchanged: nothing written on this path
             self._recent.remember(pool, session, tokens, None)
@@ -68,7 +78,7 @@ class Ledger:
         elif previous is not None and view.kv_pool_of(previous) == view.kv_pool_of(endpoint):
             # Moved within its DDR pool: the context is read from DDR first.
             self._book(endpoint, now, cost.prefill_s(prompt - context, prompt),
-                       ready_at=now + cost.transfer_s(context))
+                       ready_at=self._read(endpoint, now, context))
         else:
             self._book(endpoint, now, cost.prefill_s(prompt, prompt))
         self._recent.remember(pool, session, max(prompt, context), moved_at)

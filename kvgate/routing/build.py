@@ -10,6 +10,7 @@ from structlog.typing import FilteringBoundLogger
 from kvgate.config.sections.placement import GateConfig
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
+from kvgate.placement.links import host_of
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.gated import GatedPolicy
 from kvgate.routing.policy import STATIC, HbmResidency, Policy, PoolResidency
@@ -21,12 +22,14 @@ def build_policy(
     clock: Callable[[], float] = time.monotonic, recent: RecentSessions | None = None,
     mix: PrefillMix | None = None, residency: PoolResidency | None = None,
     hbm: HbmResidency | None = None, log: FilteringBoundLogger | None = None,
+    node_of: Callable[[str], str] = host_of,
 ) -> Policy:
     """The load gate on: the load gate over `board` (on `clock`, its terms
     `gate.terms` priced with `cost`), with what else its caller knows of the fleet: what
     booked requests cost (`mix`, shared with whatever feeds the board), the DDR pool's and
-    the engines' residency; off: static stickiness."""
+    the engines' residency, and each engine's node (`node_of`: whose link from the pool its
+    devices share); off: static stickiness."""
     if gate.feed is None:  # off
         return STATIC
     return GatedPolicy(cost, gate, board, clock=clock, recent=recent, mix=mix,
-                       residency=residency, hbm=hbm, log=log)
+                       residency=residency, hbm=hbm, log=log, node_of=node_of)

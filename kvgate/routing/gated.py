@@ -44,11 +44,12 @@ from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
+from kvgate.placement.links import LinkBacklog, host_of
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import LoadBound, candidates
 from kvgate.placement.ring import session_hash
 from kvgate.placement.signals import EngineSignals
-from kvgate.placement.terms import Candidate, Estimate, Term, make_terms
+from kvgate.placement.terms import Candidate, Estimate, QueuedDdrRead, Term, make_terms
 from kvgate.placement.view import PoolView
 from kvgate.routing.booking import Ledger
 from kvgate.routing.policy import (
@@ -86,10 +87,11 @@ class GatedPolicy:
         clock: Callable[[], float] = time.monotonic, recent: RecentSessions | None = None,
         mix: PrefillMix | None = None, terms: Sequence[Term] | None = None,
         residency: PoolResidency | None = None, hbm: HbmResidency | None = None,
-        log: FilteringBoundLogger | None = None,
+        log: FilteringBoundLogger | None = None, node_of: Callable[[str], str] = host_of,
     ) -> None:
         """`terms`: the score's terms (default: `config.terms`); `log`: where a decision's
-        seconds per term go, at debug level (None: nowhere)."""
+        seconds per term go, at debug level (None: nowhere); `node_of`: an engine's node, whose
+        link from the pool its devices share (where a term reads the links' backlog)."""
         self.cost = cost
         self.config = config
         self.board = board
@@ -99,6 +101,9 @@ class GatedPolicy:
         self.estimate = Estimate(make_terms(config.terms, cost) if terms is None else terms)
         self._ledger = Ledger(cost, board, self.recent, self.mix)
         self.hooks: tuple[BookingHook, ...] = (self._ledger,)
+        if any(term.name == QueuedDdrRead.name for term in self.estimate.terms):
+            # The reads it books queue on the links, which the term prices.
+            self._ledger.links = LinkBacklog(cost, node_of)
         self.residency = residency
         self.hbm = hbm
         self._log = log
@@ -117,13 +122,20 @@ class GatedPolicy:
     def known(self, pool: str, session: str, prompt_tokens: int) -> Known:
         return Known(self.clock(), prompt_tokens, self.recent.get(pool, session), session)
 
+    @property
+    def links(self) -> LinkBacklog | None:
+        """The DDR reads it booked on each device's and node's link, where a term prices them."""
+        return self._ledger.links
+
     def forget(self, address: str) -> None:
         self.board.forget(address)
+        if self.links is not None:
+            self.links.forget(address)
 
     def engine(self, address: str, now: float, backlog_s: float | None = None
                ) -> EngineSignals:
         """`address`'s signals at `now` (`backlog_s`: the board's, if already read)."""
-        return EngineSignals(address, now, self.board, self.hbm, backlog_s)
+        return EngineSignals(address, now, self.board, self.hbm, backlog_s, self._ledger.links)
 
     def score(self, address: str, now: float, size: PromptSize, *, hbm_tokens: int = 0,
               ddr_tokens: int = 0) -> float:
@@ -199,10 +211,18 @@ class GatedPolicy:
         # Moving saves at most this engine's backlog (the prefill is the same anywhere): under
         # the threshold nothing else is looked at, so the sticky path stays O(1).
         backlog = self.board.backlog_s(endpoint, now)
-        if backlog < config.min_saving_s:
+        if backlog < config.min_saving_s and (self._ledger.links is None
+                                               or not self._link_bound(endpoint, now)):
             return None
         move = self.move(placing, endpoint, backlog, known)
         return None if move is None else Moved(move.endpoint, MoveReason.LOAD, move.estimate)
+
+    def _link_bound(self, endpoint: str, now: float) -> bool:
+        """Staying may wait on `endpoint`'s links more than a move must save: its HBM lost part
+        of the context (known from its KV events) and reads booked there are not through."""
+        links = self._ledger.links
+        return (links is not None and self.hbm is not None
+                and links.wait_s(endpoint, now) >= self.config.min_saving_s)
 
     def rehome(self, placing: Placing, current: str, known: Known) -> Move | None:
         """The DDR-pool sibling a session whose context has mostly left `current`'s HBM should

@@ -182,6 +182,7 @@ def _placement(draw: Draw) -> dict[str, Any]:
     cost.add("prefill_overhead_s", duration(0.0, 600.0))
     cost.add("kv_bytes_per_token", size(1, 1 << 30))
     cost.add("ddr_gbps", number(0.001, 1e6))
+    cost.add("node_gbps", number(0.0, 1e6))
     cost.add("transfer_fixed_ms", number(0.0, 60_000.0))
     cost.add("prompt_us_per_token", number(0.0, 1e6))
     placement.add("engine_cost", st.just(cost.data))

@@ -61,8 +61,8 @@ def test_the_default_terms_are_named_and_their_sum_is_the_cost_models_to_the_bit
             COST.prefill_s(40_000 - hbm - ddr, 40_000)
         assert estimate.seconds(candidate) == expected  # exact: the same operations
         assert set(estimate.parts(candidate)) == set(DEFAULT_TERMS)
-    with pytest.raises(ValueError, match="unknown scoring terms: link_backlog"):
-        make_terms(["queue_wait", "link_backlog"], COST)
+    with pytest.raises(ValueError, match="unknown scoring terms: link_bandwidth"):
+        make_terms(["queue_wait", "link_bandwidth"], COST)
 
 
 class KvUsage(Term):
@@ -134,7 +134,7 @@ def test_the_terms_in_use_are_a_placement_key() -> None:
     assert isinstance(policy, GatedPolicy)
     assert [t.name for t in policy.estimate.terms] == ["prefill", "queue_wait"]
     for terms, problem in (("[queue_wait, nope]", "placement.load_gate.terms[1]: must be one "
-                            "of queue_wait, ddr_read, prefill, got 'nope'"),
+                            "of queue_wait, ddr_read, link_backlog, prefill, got 'nope'"),
                            ("[]", "placement.load_gate.terms: at least one term"),
                            ("[prefill, prefill]", "placement.load_gate.terms: a term listed "
                             "twice")):

@@ -64,7 +64,9 @@ class GateConfig:
         ListOf(Choice(tuple(TERMS))), "the terms a request's estimated TTFT on an endpoint is "
         "the sum of (the longest of those that overlap the queue wait, then the others): "
         "`queue_wait` (the prefill queued there), `ddr_read` (its context read from the DDR "
-        "pool), `prefill` (what neither tier holds)", default=DEFAULT_TERMS)
+        "pool), `link_backlog` (that read behind the reads this router sent on the engine's "
+        "device and node links; not in the default), `prefill` (what neither tier holds)",
+        default=DEFAULT_TERMS)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
@@ -197,6 +199,9 @@ describe(
                            "sampling, the first step's launch"),
     kv_bytes_per_token=Key(Size(1, 1 << 30), "KV cache bytes per token"),
     ddr_gbps=Key(Number(0.001, 1e6), "one device's link from the DDR pool (GB/s)"),
+    node_gbps=Key(Number(0.0, 1e6), "a node's link from the DDR pool, shared by the engines on "
+                  "one host (GB/s; 0: none but each device's). Priced by the `link_backlog` "
+                  "term only"),
     transfer_fixed_s=Key(Scaled(0.0, 60_000.0, 1000.0, "ms"), "a DDR transfer's fixed cost: "
                          "pool lookup, RDMA set-up, scatter into the paged cache",
                          name="transfer_fixed_ms"),
