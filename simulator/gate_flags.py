@@ -55,10 +55,12 @@ def gate_settings(args: argparse.Namespace) -> GateConfig:
 
 
 def gate_description(gate: GateConfig) -> dict[str, Any]:
-    """The decision keys, for a result's JSON: the terms only when not the default, so results
-    from before the key read as they did."""
+    """The decision keys, for a result's JSON: the terms and the prefix step's keys only when
+    not their defaults, so results from before those keys read as they did."""
     described = {e.attr: getattr(gate, e.attr) for e in DECISION_KEYS}
-    if described["terms"] == GateConfig().terms:
-        del described["terms"]
+    defaults = GateConfig()
+    for name in ("terms", "prefix_placement", "prefix_index_blocks"):
+        if described[name] == getattr(defaults, name):
+            del described[name]
     return {name: list(value) if isinstance(value, tuple) else value
             for name, value in described.items()}

@@ -11,6 +11,7 @@ from kvgate.config.sections.placement import GateConfig
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.live import LoadBoard
+from kvgate.placement.prefix import PrefixHolders
 from kvgate.routing.gated import GatedPolicy
 from kvgate.routing.policy import STATIC, HbmResidency, Policy, PoolResidency
 from kvgate.routing.recent import RecentSessions
@@ -21,12 +22,14 @@ def build_policy(
     clock: Callable[[], float] = time.monotonic, recent: RecentSessions | None = None,
     mix: PrefillMix | None = None, residency: PoolResidency | None = None,
     hbm: HbmResidency | None = None, log: FilteringBoundLogger | None = None,
+    prefixes: PrefixHolders | None = None,
 ) -> Policy:
     """`placement.load_gate` on: the load gate over `board` (on `clock`, its terms
     `gate.terms` priced with `cost`), with what else its caller knows of the fleet: what
     booked requests cost (`mix`, shared with whatever feeds the board), the DDR pool's and
-    the engines' residency; off: static stickiness."""
+    the engines' residency, where prompts' leading blocks are held (`prefixes`, for
+    `gate.prefix_placement`); off: static stickiness."""
     if not gate.enabled:
         return STATIC
     return GatedPolicy(cost, gate, board, clock=clock, recent=recent, mix=mix,
-                       residency=residency, hbm=hbm, log=log)
+                       residency=residency, hbm=hbm, log=log, prefixes=prefixes)

@@ -46,6 +46,7 @@ from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import LoadBound, candidates
+from kvgate.placement.prefix import PrefixHolders
 from kvgate.placement.ring import session_hash
 from kvgate.placement.signals import EngineSignals
 from kvgate.placement.terms import Candidate, Estimate, Term, make_terms
@@ -60,6 +61,7 @@ from kvgate.routing.policy import (
     PoolResidency,
     PromptSize,
 )
+from kvgate.routing.prefixes import PrefixStep
 from kvgate.routing.recent import RecentSessions
 
 
@@ -86,10 +88,11 @@ class GatedPolicy:
         clock: Callable[[], float] = time.monotonic, recent: RecentSessions | None = None,
         mix: PrefillMix | None = None, terms: Sequence[Term] | None = None,
         residency: PoolResidency | None = None, hbm: HbmResidency | None = None,
-        log: FilteringBoundLogger | None = None,
+        log: FilteringBoundLogger | None = None, prefixes: PrefixHolders | None = None,
     ) -> None:
         """`terms`: the score's terms (default: `config.terms`); `log`: where a decision's
-        seconds per term go, at debug level (None: nowhere)."""
+        seconds per term go, at debug level (None: nowhere); `prefixes`: where prompts' leading
+        blocks are held, for `config.prefix_placement` (kvgate.routing.prefixes)."""
         self.cost = cost
         self.config = config
         self.board = board
@@ -99,6 +102,10 @@ class GatedPolicy:
         self.estimate = Estimate(make_terms(config.terms, cost) if terms is None else terms)
         self._ledger = Ledger(cost, board, self.recent, self.mix)
         self.hooks: tuple[BookingHook, ...] = (self._ledger,)
+        self.prefix = (PrefixStep(prefixes) if config.prefix_placement and prefixes is not None
+                       else None)
+        if self.prefix is not None:
+            self.hooks = (*self.hooks, self.prefix)
         self.residency = residency
         self.hbm = hbm
         self._log = log
@@ -119,6 +126,8 @@ class GatedPolicy:
 
     def forget(self, address: str) -> None:
         self.board.forget(address)
+        if self.prefix is not None:
+            self.prefix.forget(address)
 
     def engine(self, address: str, now: float, backlog_s: float | None = None
                ) -> EngineSignals:
@@ -130,6 +139,16 @@ class GatedPolicy:
         """Estimated TTFT of a request of `size` sent to `address` at `now`."""
         return self.estimate.seconds(Candidate(
             self.engine(address, now), size.prompt_tokens, hbm_tokens, ddr_tokens))
+
+    def landing(self, address: str, now: float, size: PromptSize, ddr_tokens: int,
+                blocks: Sequence[int]) -> Candidate:
+        """A request of `size` placed or moved to `address`: its context read from DDR
+        (`ddr_tokens`), less what the engine already holds of its prompt's leading blocks
+        (the prefix step, where on and the blocks are known)."""
+        step = self.prefix
+        held = 0 if step is None else step.held(address, blocks, size.prompt_tokens)
+        return Candidate(self.engine(address, now), size.prompt_tokens, hbm_tokens=held,
+                         ddr_tokens=max(0, ddr_tokens - held))
 
     def _explaining(self) -> FilteringBoundLogger | None:
         log = self._log
@@ -151,13 +170,18 @@ class GatedPolicy:
             return (size.context_tokens if prefer_kv_pool is not None
                     and view.kv_pool_of(address) == prefer_kv_pool else 0)
 
-        best, best_s = _least((address, self.score(address, now, size, ddr_tokens=ddr(address)))
-                              for address in islice(found, self.config.candidates))
+        blocks, count, step = known.blocks, self.config.candidates, self.prefix
+        scored = (islice(found, count) if step is None or not blocks
+                  else step.candidates(found, count, blocks))
+        best, best_s = _least(
+            (address, self.estimate.seconds(self.landing(address, now, size, ddr(address),
+                                                         blocks)))
+            for address in scored)
         log = self._explaining()
         if log is not None and best is not None:
             log.debug("gate_placed", session=known.session, endpoint=best,
-                      estimate_s=round(best_s, 6), terms=self.estimate.parts(Candidate(
-                          self.engine(best, now), size.prompt_tokens, ddr_tokens=ddr(best))))
+                      estimate_s=round(best_s, 6), terms=self.estimate.parts(
+                          self.landing(best, now, size, ddr(best), blocks)))
         return best
 
     def sessionless(self, view: PoolView, prompt_tokens: int) -> str | None:
@@ -268,8 +292,9 @@ class GatedPolicy:
         here = Candidate(engine, size.prompt_tokens, hbm_tokens=in_hbm,
                          ddr_tokens=max(0, ddr - in_hbm))
         stay = self.estimate.seconds(here)
+        blocks = known.blocks
         best, best_s = _least(
-            (address, self.score(address, now, size, ddr_tokens=ddr))
+            (address, self.estimate.seconds(self.landing(address, now, size, ddr, blocks)))
             for address in islice(siblings, config.candidates))
         if best is None:
             return None
@@ -283,8 +308,7 @@ class GatedPolicy:
             # prefills it all, and so does this engine for what has left its HBM. Only a move
             # that is no worse even so is taken.
             return None
-        terms = self.estimate.parts(Candidate(self.engine(best, now), size.prompt_tokens,
-                                              ddr_tokens=ddr))
+        terms = self.estimate.parts(self.landing(best, now, size, ddr, blocks))
         log = self._explaining()
         if log is not None:
             log.debug("gate_moved", session=known.session, endpoint=best,

@@ -64,6 +64,18 @@ class GateConfig:
         "the sum of (the longest of those that overlap the queue wait, then the others): "
         "`queue_wait` (the prefill queued there), `ddr_read` (its context read from the DDR "
         "pool), `prefill` (what neither tier holds)", default=DEFAULT_TERMS)
+    prefix_placement: bool = key(
+        Boolean(), "a new session, and a session the gate moves, is priced on each candidate "
+        "with what that engine already holds of its prompt's leading blocks (prefixes shared "
+        "across sessions: templates, common documents), and the engines holding them are "
+        "scored beside the ring's candidates under the load bound: exactly where the engines' "
+        "KV events tell it, else from what the gateway placed (`prefix_index_blocks`). Needs "
+        "the prompt's block hashes, which the simulator has and ext_proc does not yet",
+        default=False)
+    prefix_index_blocks: int = key(
+        Integer(1, 1 << 24), "`prefix_placement` without KV events: leading blocks the gateway "
+        "remembers having placed, each on at most 4 engines, least recently placed forgotten "
+        "first (about 200 bytes a block)", default=65_536)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
@@ -116,7 +128,8 @@ class GateConfig:
 # The keys that change a decision, not how the gate is fed: the simulator's `--gate-*` flags and
 # a result's `load_gate` (simulator.command).
 DECISION_KEYS = tuple(e for e in entries(GateConfig) if e.attr in (
-    "min_saving_s", "min_saving_ratio", "cooldown_s", "candidates", "miss_safe", "terms"))
+    "min_saving_s", "min_saving_ratio", "cooldown_s", "candidates", "miss_safe", "terms",
+    "prefix_placement", "prefix_index_blocks"))
 
 
 def _check_gate(f: Fields, gate: GateConfig, path: Path) -> None:

@@ -1,0 +1,64 @@
+"""The load gate's prefix step (`placement.load_gate.prefix_placement`): a new session, and a
+session the gate moves, is priced on each candidate with what that engine already holds of its
+prompt's leading blocks (kvgate.placement.prefix), and the engines that hold them are scored
+beside the ring's candidates if the load bound admits them. A bound session's turns never ask
+(the sticky path is unchanged); what the gateway routed is recorded when a session is placed or
+moved, never on its sticky turns.
+
+Where the request's blocks are not known (`Known.blocks` empty: ext_proc sees a request's
+headers, not its prompt) the step answers 0 held everywhere, and the gate decides as without
+it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from kvgate.placement.prefix import PrefixHolders, RoutedPrefixes
+from kvgate.placement.view import PoolView
+from kvgate.routing.policy import Known
+
+
+class PrefixStep:
+    """Where a prompt's leading blocks are held (`holders`: exact, or what was routed), and the
+    booking hook that records placements in a `RoutedPrefixes`."""
+
+    __slots__ = ("_index", "holders")
+
+    def __init__(self, holders: PrefixHolders) -> None:
+        self.holders = holders
+        self._index = holders if isinstance(holders, RoutedPrefixes) else None
+
+    def held(self, address: str, blocks: Sequence[int], limit: int) -> int:
+        """Tokens of the prompt `address` would hit, at most `limit` (0: not known)."""
+        if not blocks or limit <= 0:
+            return 0
+        tokens = self.holders.prefix_tokens(address, blocks)
+        return 0 if tokens is None else min(tokens, limit)
+
+    def candidates(self, found: Iterator[str], count: int, blocks: Sequence[int]) -> list[str]:
+        """The first `count` of `found` (the ring's candidates under the load bound), then
+        those of the prompt's holders `found` yields further on (under the bound too)."""
+        picked = [address for _, address in zip(range(count), found, strict=False)]
+        wanted = set(self.holders.holders(blocks)) - set(picked) if blocks else set()
+        for address in found if wanted else ():
+            if address in wanted:
+                picked.append(address)
+                wanted.discard(address)
+                if not wanted:
+                    break
+        return picked
+
+    # -- BookingHook ------------------------------------------------------------------------
+
+    def kept(self, pool: str, session: str, endpoint: str, known: Known) -> None:
+        pass  # the sticky path records nothing: its blocks were recorded when it was placed
+
+    def routed(self, pool: str, session: str, view: PoolView, endpoint: str,
+               previous: str | None, known: Known, *, moved: bool) -> None:
+        if self._index is not None and known.blocks and endpoint != previous:
+            self._index.record(endpoint, known.blocks)
+
+    def forget(self, address: str) -> None:
+        if self._index is not None:
+            self._index.forget(address)
