@@ -78,7 +78,9 @@ class RoutedPrefixes:
         """Leading tokens of the prompt this router sent `endpoint` (binary search: a prompt's
         blocks are recorded together, its first ones last)."""
         held = self._held
-        lo, hi = 0, min(len(blocks), self.leading_blocks)  # blocks[:lo] held; [hi:] not
+        if not blocks or endpoint not in held.get(blocks[0], ()):
+            return 0  # the common case for most engines, answered without a search
+        lo, hi = 1, min(len(blocks), self.leading_blocks)  # blocks[:lo] held; [hi:] not
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if endpoint in held.get(blocks[mid - 1], ()):
