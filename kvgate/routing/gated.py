@@ -165,12 +165,19 @@ class GatedPolicy:
         now, size = self.clock(), known.size  # placed once its turn to write comes
         view = p.view
 
-        def ddr(address: str) -> int:
-            # Re-placed within its KV pool, the session's context is read from DDR there.
-            return (size.context_tokens if prefer_kv_pool is not None
-                    and view.kv_pool_of(address) == prefer_kv_pool else 0)
-
         blocks, count, step = known.blocks, self.config.candidates, self.prefix
+        # What each KV pool holds of the prompt's leading blocks (the prefix step's).
+        pooled = {} if step is None else step.pooled(view, blocks, size.prompt_tokens)
+
+        def ddr(address: str) -> int:
+            # Re-placed within its KV pool, the session's context is read from DDR there; a
+            # prefix its pool holds is too.
+            kv_pool = view.kv_pool_of(address)
+            context = (size.context_tokens if prefer_kv_pool is not None
+                       and kv_pool == prefer_kv_pool else 0)
+            return (max(context, pooled.get(kv_pool, 0)) if pooled and kv_pool is not None
+                    else context)
+
         scored = (islice(found, count) if step is None or not blocks
                   else step.candidates(found, count, blocks))
         best, best_s = _least(

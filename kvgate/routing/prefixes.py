@@ -49,6 +49,21 @@ class PrefixStep:
                     break
         return picked
 
+    def pooled(self, view: PoolView, blocks: Sequence[int], limit: int) -> dict[str, int]:
+        """Per KV pool, the most of the prompt any of its engines holds: a DDR pool keeps the
+        blocks its engines store (vLLM's KV connectors save each computed block:
+        ``KVConnectorBase_V1.save_kv_layer``; the emulator's pool, emulator.ddr_pool), so a
+        sibling of a holder reads them from DDR rather than prefill them. An estimate: the
+        pool may have evicted them (a move's `miss_safe` doubt, not applied here)."""
+        found: dict[str, int] = {}
+        if not blocks:
+            return found
+        for address in self.holders.holders(blocks):
+            kv_pool = view.kv_pool_of(address)
+            if kv_pool is not None:
+                found[kv_pool] = max(found.get(kv_pool, 0), self.held(address, blocks, limit))
+        return found
+
     # -- BookingHook ------------------------------------------------------------------------
 
     def kept(self, pool: str, session: str, endpoint: str, known: Known) -> None:

@@ -84,7 +84,8 @@ def test_a_new_session_goes_where_its_template_is_held_beyond_the_ring_candidate
     assert _place(_gate(ON, index), prompt) == holder
     assert _place(_gate(GateConfig(candidates=1), index), prompt) == order[0]  # step off
     assert _place(_gate(ON, index), []) == order[0]  # blocks not known: as without it
-    # Held, but busier by more than the prefill it saves (10,240 tokens: ~2 s): not chosen.
+    # Held, but busier by more than it saves (10,240 tokens its siblings would read from the
+    # DDR pool: ~0.15 s): not chosen.
     board = LoadBoard()
     board.routed(holder, 0.0, 5.0)
     assert _place(_gate(ON, index, board), prompt) == order[0]
