@@ -170,3 +170,29 @@ def test_the_settings_and_a_results_description() -> None:
     assert gate.prefix_placement and gate.prefix_index_blocks == 4096
     assert "prefix_placement" not in gate_description(GateConfig())  # results read as before
     assert gate_description(gate)["prefix_index_blocks"] == 4096
+
+
+def test_a_holders_kv_pool_siblings_are_priced_reading_the_prefix_from_ddr() -> None:
+    """Two KV pools: the holder's sibling reads the template from its DDR pool (its engines
+    store what they compute); an engine of the other pool prefills it."""
+    view = PoolView("coder", tuple(Member(a, k) for a, k in zip(
+        ADDRESSES, ["x", "x", "y", "y"], strict=True)))
+    policy = GatedPolicy(COST, ON, LoadBoard(), clock=lambda: 0.0,
+                         prefixes=_Exact(ADDRESSES[0]))
+    assert policy.prefix is not None
+    assert policy.prefix.pooled(view, TEMPLATE, 100_000) == {"x": 10 * BLOCK}
+    assert policy.prefix.pooled(view, [], 100_000) == {}
+    order = list(candidates(view, HASH, {}, 1.25))
+    sibling = next(a for a in order if a == ADDRESSES[1])
+    stranger = next(a for a in order if view.kv_pool_of(a) == "y")
+    assert order.index(stranger) < order.index(sibling)  # a tie would go to the stranger
+    # Both busy alike, the holder busiest: the sibling's read beats the stranger's prefill.
+    board = LoadBoard()
+    for address, backlog in ((ADDRESSES[0], 9.0), (sibling, 0.4), (ADDRESSES[2], 0.4),
+                             (ADDRESSES[3], 0.4)):
+        board.routed(address, 0.0, backlog)
+    policy = GatedPolicy(COST, GateConfig(prefix_placement=True, candidates=4), board,
+                         clock=lambda: 0.0, prefixes=_Exact(ADDRESSES[0]))
+    known = Known(0.0, 20 * BLOCK, Seen(0, None), "s", TEMPLATE)
+    assert policy.place(Placing(view, HASH, {}, 1.25), known, prefer_kv_pool=None,
+                        exclude=None) == sibling
