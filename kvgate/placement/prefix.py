@@ -10,10 +10,18 @@ of leading blocks. Two sources answer, behind one protocol (`PrefixHolders`):
   simulator's own engines: simulator.routing.EngineHoldings);
 - else `RoutedPrefixes`, what this router itself sent where: the leading blocks of each
   session it placed, as the peers' routers keep them (the Gateway API Inference Extension's
-  prefix-cache scorer: an LRU of block hashes per server, "approximate prefix cache" mode;
-  Dynamo's KV router without events: ``ApproxKvIndexer``). Its memory is bounded: at most
+  prefix-cache scorer, pkg/epp/scheduling/framework/plugins/multi/prefix/plugin.go: an LRU of
+  block hashes per server, `lruCapacityPerServer` 31,250, matching at most
+  `maxPrefixBlocksToMatch` 256 leading blocks; llm-d's "precise" mode reads vLLM's KV events
+  instead, guides/precise-prefix-cache-aware). Its memory is bounded: at most
   `capacity_blocks` blocks, each held by at most `HOLDERS_PER_BLOCK` engines, the least
-  recently placed forgotten first.
+  recently placed forgotten first; only a prompt's first `leading_blocks` (256, as the
+  scorer's) are kept.
+
+Both need the prompt's block hashes. The peers' endpoint pickers read the request body to make
+them; kvgate's ext_proc sees request headers only, and the engines' KV events reach it keyed by
+session (kvgate.fleet.residency), so today only the simulator, which hashes every prompt,
+passes them (`Pipeline.decide(blocks=...)`).
 """
 
 from __future__ import annotations
