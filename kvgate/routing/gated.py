@@ -179,7 +179,7 @@ class GatedPolicy:
                     else context)
 
         scored = (islice(found, count) if step is None or not blocks
-                  else step.candidates(found, count, blocks))
+                  else step.candidates(found, count, blocks, size.prompt_tokens))
         best, best_s = _least(
             (address, self.estimate.seconds(self.landing(address, now, size, ddr(address),
                                                          blocks)))

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from kvgate.placement.prefix import PrefixHolders, RoutedPrefixes
+from kvgate.placement.prefix import HOLDERS_PER_BLOCK, PrefixHolders, RoutedPrefixes
 from kvgate.placement.view import PoolView
 from kvgate.routing.policy import Known
+
+# Holders scored beyond the ring's candidates: as many as the routed index remembers per block.
+EXTRA_HOLDERS = HOLDERS_PER_BLOCK
 
 
 class PrefixStep:
@@ -36,11 +39,19 @@ class PrefixStep:
         tokens = self.holders.prefix_tokens(address, blocks)
         return 0 if tokens is None else min(tokens, limit)
 
-    def candidates(self, found: Iterator[str], count: int, blocks: Sequence[int]) -> list[str]:
-        """The first `count` of `found` (the ring's candidates under the load bound), then
-        those of the prompt's holders `found` yields further on (under the bound too)."""
+    def candidates(self, found: Iterator[str], count: int, blocks: Sequence[int],
+                   limit: int) -> list[str]:
+        """The first `count` of `found` (the ring's candidates under the load bound), then the
+        prompt's holders that hold more of it (up to `limit` tokens) than any of those, at
+        most `EXTRA_HOLDERS`, the most held first, that `found` yields further on (under the
+        bound too). A prefix every engine holds adds none: the ring's candidates stand."""
         picked = [address for _, address in zip(range(count), found, strict=False)]
-        wanted = set(self.holders.holders(blocks)) - set(picked) if blocks else set()
+        if not blocks:
+            return picked
+        floor = max((self.held(a, blocks, limit) for a in picked), default=0)
+        more = sorted(((held, a) for a in self.holders.holders(blocks) if a not in picked
+                       and (held := self.held(a, blocks, limit)) > floor), reverse=True)
+        wanted = {a for _, a in more[:EXTRA_HOLDERS]}
         for address in found if wanted else ():
             if address in wanted:
                 picked.append(address)
