@@ -23,6 +23,7 @@ from kvgate.placement.view import Member, PoolView
 from kvgate.routing import Pipeline, build_policy
 from kvgate.routing.gated import GatedPolicy
 from kvgate.routing.policy import Known, Placing, PromptSize
+from kvgate.routing.prefixes import PrefixStep
 from kvgate.routing.recent import Seen
 from simulator.gate_flags import gate_description
 
@@ -196,3 +197,26 @@ def test_a_holders_kv_pool_siblings_are_priced_reading_the_prefix_from_ddr() -> 
     known = Known(0.0, 20 * BLOCK, Seen(0, None), "s", TEMPLATE)
     assert policy.place(Placing(view, HASH, {}, 1.25), known, prefer_kv_pool=None,
                         exclude=None) == sibling
+
+
+class _Everywhere:
+    """Every engine holds the template (the agentic workload's shared system prompt); the
+    ring's last one holds a little more."""
+
+    def __init__(self, more: str) -> None:
+        self.more = more
+
+    def prefix_tokens(self, endpoint: str, blocks: Sequence[int]) -> int | None:
+        return 12 * BLOCK if endpoint == self.more else 10 * BLOCK
+
+    def holders(self, blocks: Sequence[int]) -> Collection[str]:
+        return ADDRESSES
+
+
+def test_holders_beyond_the_ring_candidates_only_where_they_hold_more() -> None:
+    order = list(candidates(VIEW, HASH, {}, 1.25))
+    step = PrefixStep(_Everywhere(order[-1]))
+    assert step.candidates(iter(order), 2, TEMPLATE, 100_000) == [*order[:2], order[-1]]
+    step = PrefixStep(_Everywhere("elsewhere"))  # every engine holds as much: none added
+    assert step.candidates(iter(order), 2, TEMPLATE, 100_000) == order[:2]
+    assert step.candidates(iter(order), 2, [], 100_000) == order[:2]
