@@ -11,7 +11,8 @@ the engines' figures reach the board: none, put one by one (a scrape), or one co
 kept as columns (kvgate.placement.live.ObservedRound), each engine made on first read; and the
 round with HBM residency from the engines' KV events (kvgate.fleet.hbm_board.HbmBoard: every
 session's context in its engine's HBM, every engine's eviction rate known), which prices the
-stay and asks whether to re-home.
+stay and asks whether to re-home; and that with the prefix step on
+(`placement.load_gate.prefix_placement`: its booking hook on every decision, no lookup).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ CONFIG = load_text("pools: [{name: p, kv_pool: a, endpoints: "
 
 
 ENGINES = [e.key for e in CONFIG.pools[0].endpoints]
-FIGURES = ("none", "scraped", "round", "round+hbm")
+FIGURES = ("none", "scraped", "round", "round+hbm", "round+hbm+prefix")
 
 
 def board_with(figures: str) -> LoadBoard:
@@ -76,13 +77,22 @@ def resident(sessions: int) -> HbmBoard:
     return board
 
 
+def _gate(on: bool, prefix: bool) -> GateConfig:
+    """The gate as a config file sets it: on or off, with the prefix step or without."""
+    words = f"{{enabled: {str(on).lower()}, prefix_placement: {str(prefix).lower()}}}"
+    return load_text(f"placement: {{load_gate: {words}}}\n",
+                     require_pools=False).placement.load_gate
+
+
 async def per_decision(gate_on: bool, decisions: int, sessions: int,
                        figures: str = "none") -> float:
     """CPU seconds per sticky decision."""
-    policy = build_policy(GateConfig().turned(gate_on),
+    prefix = figures.endswith("+prefix")
+    policy = build_policy(_gate(gate_on, prefix),
                           EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
                           board_with(figures),
-                          hbm=resident(sessions) if figures == "round+hbm" else None)
+                          hbm=resident(sessions) if "+hbm" in figures else None,
+                          block_tokens=16)
     pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, policy=policy)
     handler = RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics("bench"),
                              "p", bytes_per_token=4.0 if gate_on else None)

@@ -161,10 +161,12 @@ class EngineHoldings:
     ``asking`` before it decides."""
 
     def __init__(self, cache_of: Callable[[str], PrefixCache | None], block_size: int,
-                 clock: Callable[[], float] = lambda: 0.0) -> None:
+                 clock: Callable[[], float] = lambda: 0.0, addresses: Sequence[str] = ()
+                 ) -> None:
         self.cache_of = cache_of
         self.block_size = block_size
         self.clock = clock  # the routers' (emulated seconds)
+        self.addresses = tuple(addresses)  # the engines (`holders`)
         self.asking: Sequence[int] = ()  # the prompt's block hashes
         self._rates: dict[str, EvictionRate] = {}
 
@@ -186,6 +188,17 @@ class EngineHoldings:
         if cache is None:
             return None
         return min(context_tokens, cache.match(self.asking) * self.block_size)
+
+    def prefix_tokens(self, endpoint: str, blocks: Sequence[int]) -> int | None:
+        """See ``kvgate.placement.prefix.PrefixHolders``: the engine's prefix cache itself."""
+        cache = self.cache_of(endpoint)
+        return None if cache is None else cache.match(blocks) * self.block_size
+
+    def holders(self, blocks: Sequence[int]) -> list[str]:
+        """See ``kvgate.placement.prefix.PrefixHolders``."""
+        first = blocks[:1]
+        return [a for a in self.addresses
+                if (cache := self.cache_of(a)) is not None and cache.match(first)]
 
 
 class AffinityRouter:
@@ -212,7 +225,8 @@ class AffinityRouter:
         if self._hbm is not None:
             self._hbm.asking = ask.hashes
         try:
-            decision = await self._pipeline.decide(POOL, ask.session.encode(), ask.prompt_tokens)
+            decision = await self._pipeline.decide(POOL, ask.session.encode(), ask.prompt_tokens,
+                                                   blocks=ask.hashes)
         except DecisionError:
             return None
         if decision.reason in (MoveReason.LOAD, MoveReason.EVICTED):
@@ -279,8 +293,11 @@ def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[],
     hbm = hbm if mode.load_aware else None
     # The simulated fleet's nodes, as its transfer model groups the engines (TransferParams).
     nodes = {a: str(i // setup.devices_per_node) for i, a in enumerate(addresses)}
+    # Prefixes shared across sessions: exactly where the engines' KV events tell it (their
+    # prefix caches), else what this gateway placed (kvgate.placement.prefix).
     policy = build_policy(setup.gate.turned(mode.load_aware), setup.cost, board,
                           clock=clock, mix=mix, residency=holdings, hbm=hbm,
-                          node_of=lambda address: nodes.get(address, address))
+                          node_of=lambda address: nodes.get(address, address),
+                          prefixes=hbm, block_tokens=setup.block_size)
     return AffinityRouter(addresses, kv_pools, clock, load_factor, idle_ttl, policy, holdings,
                           hbm)

@@ -78,7 +78,8 @@ class Simulation:
                           lambda e, at: self.fleet.engines[e].usage(at), config.load_refresh_s)
         holdings = (PoolHoldings(self.pool, lambda: self.pool_up, options.block_size)
                     if config.pool_residency and self.pool is not None else None)
-        hbm = (EngineHoldings(self._cache_of, options.block_size, lambda: self.now)
+        hbm = (EngineHoldings(self._cache_of, options.block_size, lambda: self.now,
+                              self.addresses)
                if config.hbm_residency else None)
         self.router = make_router(mode, self.addresses, lambda: self.now, config.load_factor,
                                   config.idle_ttl, router_setup(options, config), scraper,

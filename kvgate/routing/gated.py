@@ -47,6 +47,7 @@ from kvgate.placement.cost import EngineCost
 from kvgate.placement.links import LinkBacklog, host_of
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import LoadBound, candidates
+from kvgate.placement.prefix import PrefixHolders, RoutedPrefixes
 from kvgate.placement.ring import session_hash
 from kvgate.placement.signals import EngineSignals
 from kvgate.placement.terms import Candidate, Estimate, QueuedDdrRead, Term, make_terms
@@ -61,6 +62,7 @@ from kvgate.routing.policy import (
     PoolResidency,
     PromptSize,
 )
+from kvgate.routing.prefixes import PrefixStep
 from kvgate.routing.recent import RecentSessions
 
 
@@ -88,10 +90,14 @@ class GatedPolicy:
         mix: PrefillMix | None = None, terms: Sequence[Term] | None = None,
         residency: PoolResidency | None = None, hbm: HbmResidency | None = None,
         log: FilteringBoundLogger | None = None, node_of: Callable[[str], str] = host_of,
+        prefixes: PrefixHolders | None = None, block_tokens: int | None = None,
     ) -> None:
         """`terms`: the score's terms (default: `config.terms`); `log`: where a decision's
         seconds per term go, at debug level (None: nowhere); `node_of`: an engine's node, whose
-        link from the pool its devices share (where a term reads the links' backlog)."""
+        link from the pool its devices share (where a term reads the links' backlog);
+        `prefixes`: where prompts' leading blocks are held, exactly, for
+        `config.prefix_placement` (None: an index of what it placed, of `block_tokens`-token
+        blocks; kvgate.routing.prefixes)."""
         self.cost = cost
         self.config = config
         self.board = board
@@ -104,6 +110,9 @@ class GatedPolicy:
         if any(term.name == QueuedDdrRead.name for term in self.estimate.terms):
             # The reads it books queue on the links, which the term prices.
             self._ledger.links = LinkBacklog(cost, node_of)
+        self.prefix = _prefix_step(config, prefixes, block_tokens)
+        if self.prefix is not None:
+            self.hooks = (*self.hooks, self.prefix)
         self.residency = residency
         self.hbm = hbm
         self._log = log
@@ -131,6 +140,8 @@ class GatedPolicy:
         self.board.forget(address)
         if self.links is not None:
             self.links.forget(address)
+        if self.prefix is not None:
+            self.prefix.forget(address)
 
     def engine(self, address: str, now: float, backlog_s: float | None = None
                ) -> EngineSignals:
@@ -142,6 +153,16 @@ class GatedPolicy:
         """Estimated TTFT of a request of `size` sent to `address` at `now`."""
         return self.estimate.seconds(Candidate(
             self.engine(address, now), size.prompt_tokens, hbm_tokens, ddr_tokens))
+
+    def landing(self, address: str, now: float, size: PromptSize, ddr_tokens: int,
+                blocks: Sequence[int]) -> Candidate:
+        """A request of `size` placed or moved to `address`: its context read from DDR
+        (`ddr_tokens`), less what the engine already holds of its prompt's leading blocks
+        (the prefix step, where on and the blocks are known)."""
+        step = self.prefix
+        held = 0 if step is None else step.held(address, blocks, size.prompt_tokens)
+        return Candidate(self.engine(address, now), size.prompt_tokens, hbm_tokens=held,
+                         ddr_tokens=max(0, ddr_tokens - held))
 
     def _explaining(self) -> FilteringBoundLogger | None:
         log = self._log
@@ -158,18 +179,30 @@ class GatedPolicy:
         now, size = self.clock(), known.size  # placed once its turn to write comes
         view = p.view
 
-        def ddr(address: str) -> int:
-            # Re-placed within its KV pool, the session's context is read from DDR there.
-            return (size.context_tokens if prefer_kv_pool is not None
-                    and view.kv_pool_of(address) == prefer_kv_pool else 0)
+        blocks, count, step = known.blocks, self.config.candidates, self.prefix
+        # What each KV pool holds of the prompt's leading blocks (the prefix step's).
+        pooled = {} if step is None else step.pooled(view, blocks, size.prompt_tokens)
 
-        best, best_s = _least((address, self.score(address, now, size, ddr_tokens=ddr(address)))
-                              for address in islice(found, self.config.candidates))
+        def ddr(address: str) -> int:
+            # Re-placed within its KV pool, the session's context is read from DDR there; a
+            # prefix its pool holds is too.
+            kv_pool = view.kv_pool_of(address)
+            context = (size.context_tokens if prefer_kv_pool is not None
+                       and kv_pool == prefer_kv_pool else 0)
+            return (max(context, pooled.get(kv_pool, 0)) if pooled and kv_pool is not None
+                    else context)
+
+        scored = (islice(found, count) if step is None or not blocks
+                  else step.candidates(found, count, blocks, size.prompt_tokens))
+        best, best_s = _least(
+            (address, self.estimate.seconds(self.landing(address, now, size, ddr(address),
+                                                         blocks)))
+            for address in scored)
         log = self._explaining()
         if log is not None and best is not None:
             log.debug("gate_placed", session=known.session, endpoint=best,
-                      estimate_s=round(best_s, 6), terms=self.estimate.parts(Candidate(
-                          self.engine(best, now), size.prompt_tokens, ddr_tokens=ddr(best))))
+                      estimate_s=round(best_s, 6), terms=self.estimate.parts(
+                          self.landing(best, now, size, ddr(best), blocks)))
         return best
 
     def sessionless(self, view: PoolView, prompt_tokens: int) -> str | None:
@@ -288,8 +321,9 @@ class GatedPolicy:
         here = Candidate(engine, size.prompt_tokens, hbm_tokens=in_hbm,
                          ddr_tokens=max(0, ddr - in_hbm))
         stay = self.estimate.seconds(here)
+        blocks = known.blocks
         best, best_s = _least(
-            (address, self.score(address, now, size, ddr_tokens=ddr))
+            (address, self.estimate.seconds(self.landing(address, now, size, ddr, blocks)))
             for address in islice(siblings, config.candidates))
         if best is None:
             return None
@@ -303,8 +337,7 @@ class GatedPolicy:
             # prefills it all, and so does this engine for what has left its HBM. Only a move
             # that is no worse even so is taken.
             return None
-        terms = self.estimate.parts(Candidate(self.engine(best, now), size.prompt_tokens,
-                                              ddr_tokens=ddr))
+        terms = self.estimate.parts(self.landing(best, now, size, ddr, blocks))
         log = self._explaining()
         if log is not None:
             log.debug("gate_moved", session=known.session, endpoint=best,
@@ -341,3 +374,16 @@ def _least(scored: Iterable[tuple[str, float]]) -> tuple[str | None, float]:
         if seconds < best_s:
             best, best_s = address, seconds
     return best, best_s
+
+
+def _prefix_step(config: GateConfig, exact: PrefixHolders | None,
+                 block_tokens: int | None) -> PrefixStep | None:
+    """The prefix step when `config.prefix_placement` is on: over the engines' own holdings
+    where known, else over an index of what this router placed (`prefix_index_blocks`)."""
+    if not config.prefix_placement:
+        return None
+    if exact is not None:
+        return PrefixStep(exact)
+    if block_tokens is None:
+        return None
+    return PrefixStep(RoutedPrefixes(config.prefix_index_blocks, block_tokens))

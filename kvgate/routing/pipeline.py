@@ -12,7 +12,7 @@ where Envoy's ring puts it, which every replica computes alike, and no session i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -62,10 +62,13 @@ class Pipeline:
         self.policy = policy
 
     async def decide(self, pool: str, raw_session: bytes | None,
-                     prompt_tokens: int = 0, *, ring: bytes | None = None) -> Decision:
+                     prompt_tokens: int = 0, *, ring: bytes | None = None,
+                     blocks: Sequence[int] = ()) -> Decision:
         """`prompt_tokens`: an estimate of the request's prompt size (0: unknown), which a
         load-aware policy prices the request with. `ring`: what Envoy's ring hashes for this
-        session when not `raw_session` itself (a key carried percent-encoded)."""
+        session when not `raw_session` itself (a key carried percent-encoded). `blocks`: the
+        prompt's chained block hashes where the caller knows them (the simulator), which the
+        gate's prefix step places new sessions with."""
         session = self._sessions.normalize(raw_session) if raw_session is not None else None
         if session is None:
             return self._sessionless(pool, prompt_tokens)
@@ -79,6 +82,8 @@ class Pipeline:
             binding = await self._store.fetch(pool, session)
         policy = self.policy
         known = policy.known(pool, session, prompt_tokens)
+        if blocks:
+            known = known._replace(blocks=blocks)
         state = None if binding is None else view.state(binding.endpoint)
         moved: Moved | None = None
         if binding is not None and state in _KEEPS_SESSIONS:

@@ -9,7 +9,7 @@ booking hooks (`hooks`) run once a request with a session is routed.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -38,6 +38,7 @@ class Known(NamedTuple):
     prompt_tokens: int = 0  # 0: unknown
     seen: Seen | None = None
     session: str = ""
+    blocks: Sequence[int] = ()  # the prompt's chained block hashes, where known (else empty)
 
     @property
     def size(self) -> PromptSize:

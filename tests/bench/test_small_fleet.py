@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from bench.small_fleet import SCENARIO, arrival_cv, main
 from benchkit.report import ModeStats
 from simulator.run import SimResult
+from simulator.small_fleet import SCENARIO, arrival_cv, main
 
 
 def _result(assignments: list[int], arrivals: list[float]) -> SimResult:

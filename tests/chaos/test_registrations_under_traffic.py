@@ -3,7 +3,7 @@ against the real stack: a registered engine takes new sessions within a second a
 one whose register stops is drained, its sessions move to its DDR pool after the drain, and no
 request fails.
 
-    python -m pytest -m chaos tests/chaos/test_discovery_registrations.py -s
+    python -m pytest -m chaos tests/chaos/test_registrations_under_traffic.py -s
 """
 
 from __future__ import annotations

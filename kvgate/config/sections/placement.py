@@ -67,6 +67,18 @@ class GateConfig:
         "pool), `link_backlog` (that read behind the reads this router sent on the engine's "
         "device and node links; not in the default), `prefill` (what neither tier holds)",
         default=DEFAULT_TERMS)
+    prefix_placement: bool = key(
+        Boolean(), "a new session, and a session the gate moves, is priced on each candidate "
+        "with what that engine already holds of its prompt's leading blocks (prefixes shared "
+        "across sessions: templates, common documents), and the engines holding them are "
+        "scored beside the ring's candidates under the load bound: exactly where the engines' "
+        "KV events tell it, else from what the gateway placed (`prefix_index_blocks`). Needs "
+        "the prompt's block hashes, which the simulator has and ext_proc does not yet",
+        default=False)
+    prefix_index_blocks: int = key(
+        Integer(1, 1 << 24), "`prefix_placement` without KV events: leading blocks the gateway "
+        "remembers having placed, each on at most 4 engines, least recently placed forgotten "
+        "first (about 200 bytes a block)", default=65_536)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
@@ -156,14 +168,19 @@ class GateConfig:
 # The keys that change a decision, not how the gate is fed: the simulator's `--gate-*` flags and
 # a result's `load_gate` (simulator.command).
 DECISION_KEYS = tuple(e for e in entries(GateConfig) if e.attr in (
-    "min_saving_s", "min_saving_ratio", "cooldown_s", "candidates", "miss_safe", "terms"))
+    "min_saving_s", "min_saving_ratio", "cooldown_s", "candidates", "miss_safe", "terms",
+    "prefix_placement", "prefix_index_blocks"))
+
+
+_NEWER_KEYS = ("terms", "prefix_placement", "prefix_index_blocks")
 
 
 def decision_settings(gate: GateConfig) -> dict[str, Any]:
-    """`gate`'s decision keys, for a result's JSON: the terms only when not the default, so
-    results from before the key read as they did."""
+    """`gate`'s decision keys, for a result's JSON: the newer keys only when not at their
+    defaults, so results from before those keys read as they did."""
+    defaults = GateConfig()
     described = {e.attr: getattr(gate, e.attr) for e in DECISION_KEYS
-                 if e.attr != "terms" or gate.terms != DEFAULT_TERMS}
+                 if e.attr not in _NEWER_KEYS or getattr(gate, e.attr) != getattr(defaults, e.attr)}
     return {name: list(value) if isinstance(value, tuple) else value
             for name, value in described.items()}
 

@@ -4,7 +4,7 @@ mode's TTFT p50/p90/p99 per workload seed, and how evenly its engines receive re
 coefficient of variation of an engine's gaps between arrivals (1 for a random split of the
 arrivals, 1/sqrt(5) for round robin's turn-taking over 5 engines).
 
-    python -m bench.small_fleet [--seeds 0,1,2,3] [--modes M,M] [kvgate simulate flags...]
+    python -m simulator.small_fleet [--seeds 0,1,2,3] [--modes M,M] [kvgate simulate flags...]
 
 The same scenario as one `kvgate simulate` command: `SCENARIO` below, e.g.
 `kvgate simulate --modes all --seed 0 ` followed by those flags.
