@@ -15,6 +15,7 @@ JOBS=${JOBS:-2}
 S="kvgate simulate --jobs 1 --quiet"
 P="kvgate plan --jobs 1"
 SMALL_BANK=127.0.0.1:47087,127.0.0.1:35275,127.0.0.1:54327,127.0.0.1:41031
+SMALL_BANK_EVENTS=127.0.0.1:29046,127.0.0.1:29047,127.0.0.1:29048,127.0.0.1:29049
 SMALL_TRACE=127.0.0.1:43481,127.0.0.1:38383,127.0.0.1:54525,127.0.0.1:57761,127.0.0.1:58981,127.0.0.1:60245,127.0.0.1:50953,127.0.0.1:59737
 TRACE=traces/mooncake_conversation_trace.jsonl.gz
 DDR_MODES=affinity+ddr,round_robin+ddr,sticky+ddr,prefix-score,kv-cost,bounded-hash
@@ -31,6 +32,7 @@ group_results() {
     echo "$S --trace $TRACE --out docs/results"
     echo "$S --engines 4 --sessions 400 --duration-s 1800 --addresses $SMALL_BANK --out docs/results --name simulate-small-bank-coding"
     echo "$S --trace $TRACE --trace-limit 2000 --engines 8 --addresses $SMALL_TRACE --out docs/results --name simulate-small-mooncake-trace"
+    echo "$S --engines 4 --sessions 400 --duration-s 1800 --modes affinity+ddr,sticky+ddr,round_robin+ddr --hbm-residency on --addresses $SMALL_BANK_EVENTS --out docs/results --name simulate-small-hbm-residency-bank-coding"
     echo "$S --modes affinity+ddr,round_robin+ddr,sticky+ddr,prefix-score --pool-residency on --out docs/results --name simulate-residency-bank-coding"
     echo "$S --modes affinity+ddr,round_robin+ddr,sticky+ddr,prefix-score --pool-residency on --pool-hbm-multiple 1 --out docs/results --name simulate-residency-small-pool-bank-coding"
     echo "$S --modes affinity+ddr,prefix-score --pool-residency on --workload agentic-coding --sessions 960 --out docs/results --name simulate-residency-agentic-coding-960"

@@ -55,6 +55,7 @@ POOL_MODES = ("round_robin+ddr", "affinity+ddr", "sticky+ddr", "prefix-score", "
 REAL_VS_SIM = (
     ("bench-compare-bank-coding", "simulate-small-bank-coding"),
     ("bench-compare-mooncake-trace", "simulate-small-mooncake-trace"),
+    ("bench-compare-collector-bank-coding", "simulate-small-hbm-residency-bank-coding"),
 )
 
 
