@@ -19,19 +19,14 @@ from kvgate.config.schema import (
     key,
     read_section,
 )
-from kvgate.config.sections.names import NAME_KIND, ROLE_KIND
+from kvgate.config.sections.names import NAME_KIND, ROLE_KIND, matching
 from kvgate.contract.states import Role
 
 # Labels of letters, digits and '-', or '_'-led (SRV's `_service._proto`), dot-separated.
 _DNS_NAME = re.compile(r"^(?=.{1,253}\.?$)(_?[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
 
 
-def _dns_name(f: Fields, value: Any, path: Path) -> str | None:
-    text = f.string(value, path)
-    if text is not None and not _DNS_NAME.fullmatch(text):
-        f.error(path, f"not a valid DNS name: {text!r}")
-        return None
-    return text
+_dns_name = matching(_DNS_NAME, "not a valid DNS name")
 
 
 def _server(f: Fields, value: Any, path: Path) -> HostPort | None:

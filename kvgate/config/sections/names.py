@@ -4,6 +4,7 @@ take them; and an engine's role, which every source of engines may set."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 from kvgate.config.fields import Fields, Path
@@ -13,12 +14,19 @@ from kvgate.contract.states import Role
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
 
 
-def name(f: Fields, value: Any, path: Path) -> str | None:
-    text = f.string(value, path)
-    if text is not None and not _NAME.fullmatch(text):
-        f.error(path, f"must be lower-case letters, digits, '-', '_' or '.', got {text!r}")
-        return None
-    return text
+def matching(pattern: re.Pattern[str], problem: str) -> Callable[[Fields, Any, Path], str | None]:
+    """A reader of strings that `pattern` matches whole; `problem` says what is wrong, before
+    the value given."""
+    def read(f: Fields, value: Any, path: Path) -> str | None:
+        text = f.string(value, path)
+        if text is not None and not pattern.fullmatch(text):
+            f.error(path, f"{problem}, got {text!r}")
+            return None
+        return text
+    return read
+
+
+name = matching(_NAME, "must be lower-case letters, digits, '-', '_' or '.'")
 
 
 NAME_KIND = Custom(name, "lower-case name (letters, digits, `-`, `_`, `.`)")
