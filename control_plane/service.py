@@ -378,8 +378,9 @@ class ControlPlaneService:
         self.directory.reconfigure(config)
         self.discovery.configure(config)
         await self.discovery.start()
-        self._probed = self._probe_set(self._serving())
-        await self.checker.reconfigure(self._serving())
+        serving = self._serving()  # the file's engines and the discovered ones, read once
+        self._probed = self._probe_set(serving)
+        await self.checker.reconfigure(serving)
         self._states_changed.set()
         log.info("config_reloaded", pools=len(config.pools),
                  endpoints=sum(len(p.endpoints) for p in config.pools),
