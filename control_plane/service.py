@@ -22,12 +22,14 @@ from grpc_health.v1 import health
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from control_plane.admin.server import AdminServer, ServerTls
-from control_plane.discovery import Discovery, with_discovered
+from control_plane.discovery import Discovery
 from control_plane.discovery.metrics import DiscoveryMetrics
+from control_plane.discovery.probes import DiscoveredProbes
 from control_plane.failover import Failover
 from control_plane.fleet import ControlPlaneCollector
 from control_plane.health import HealthChecker
 from control_plane.leader import LeaderElection
+from control_plane.membership import membership_fields, membership_warning
 from control_plane.operations import Operations
 from control_plane.resources.snapshot import gateway_resources
 from control_plane.status import ControlPlaneStatus
@@ -41,7 +43,6 @@ from kvgate.endpoints import (
     EndpointDirectory,
     MembershipConflict,
     MembershipWatch,
-    membership_digest,
     sync_membership,
 )
 from kvgate.etcd import EtcdClient, EtcdError, KeyValue, PrefixMirror
@@ -85,8 +86,6 @@ class _Notifying:
 
 
 class ControlPlaneService:
-    _probed: frozenset[tuple[str, str]] = frozenset()  # the engines the health checks probe
-
     def __init__(self, config: Config, options: ControlPlaneOptions) -> None:
         self.config = config
         self._options = options
@@ -130,7 +129,7 @@ class ControlPlaneService:
         # load_gate.source: collector: the leader scrapes each engine once for every ext_proc.
         self.fleet = ControlPlaneCollector(lambda: self.config, self.leader, self.directory,
                                            self.registry)
-        self.discovery = self._discovery()
+        self.discovery, self.probe_set = self._discovery()
         self._seen_mtime = _mtime(options.config_path)  # kept across restarts of the reload task
         self._reload_retry_at: float | None = None  # loop time; set after etcd refused a reload
         self._reload_backoff = 1.0
@@ -148,11 +147,14 @@ class ControlPlaneService:
         Gauge("kvgate_control_plane_leader", "1 while this replica leads",
               registry=self.registry).set_function(lambda: 1.0 if self.leader.leading else 0.0)
 
-    def _discovery(self) -> Discovery:
-        """pools[].discover: engines from DNS and registrations, written by the leader."""
-        return Discovery(self._etcd, self.directory, self.supervisor,
-                         DiscoveryMetrics(self.registry), leading=lambda: self.leader.leading,
-                         fence=self.leader.fence)
+    def _discovery(self) -> tuple[Discovery, DiscoveredProbes]:
+        """pools[].discover: engines from DNS and registrations, written by the leader; the
+        health checks follow them."""
+        discovery = Discovery(self._etcd, self.directory, self.supervisor,
+                              DiscoveryMetrics(self.registry),
+                              leading=lambda: self.leader.leading, fence=self.leader.fence)
+        return discovery, DiscoveredProbes(discovery, self.directory, self.checker.reconfigure,
+                                           self.mirrors)
 
     async def start(self, etcd_wait: float = 10.0) -> None:
         # Validate, then act: whatever can refuse the start (the admin token, a port in use, a
@@ -184,7 +186,7 @@ class ControlPlaneService:
                                       claim=False)
         self.membership.stored = state.stored
         if not state.in_sync:
-            log.warning("membership_differs", **self._membership_fields())
+            log.warning("membership_differs", **membership_fields(state.stored))
         endpoints = self.mirrors.track(PrefixMirror(
             self._etcd, self.directory.prefix, _Notifying(self.directory, self._states_changed),
             "endpoints"))
@@ -193,15 +195,11 @@ class ControlPlaneService:
         self.supervisor.spawn("endpoints-mirror", endpoints.run)
         self.supervisor.spawn("membership-mirror", membership.run)
         await asyncio.wait_for(endpoints.synced.wait(), etcd_wait)
-        self.discovery.configure(self.config)
-        self._probed = self._probe_set(self.config)  # what the checker starts with
-        if self.discovery.mirror is not None and any(
-                p.discover is not None and p.discover.etcd is not None for p in self.config.pools):
-            self.mirrors.track(self.discovery.mirror)
+        self.probe_set.configure(self.config)
         await self._publish()
         await self._xds.start()
         await self.checker.start()
-        await self._probe_discovered()
+        await self.probe_set.follow(self.config)
         await self.discovery.start()
         for name, run in (("leader-election", self.leader.run), ("snapshot", self._snapshot_loop),
                           ("failover", self._failover_loop), ("reload", self._reload_loop),
@@ -244,27 +242,11 @@ class ControlPlaneService:
             failing_tasks=tuple(self.supervisor.failing()),
             etcd_errors=tuple(self.etcd_errors.recent()),
             membership_generation=0 if stored is None else stored.generation,
-            membership_warning=self._membership_warning(),
+            membership_warning=membership_warning(stored, self.config),
             mirrors=tuple(self.mirrors.statuses()),
             fleet_collector=self.fleet.status(),
             discovery=self.discovery.views(),
         )
-
-    def _membership_fields(self) -> dict[str, object]:
-        stored = self.membership.stored
-        return {"generation": None if stored is None else stored.generation,
-                "written_by": None if stored is None else stored.by,
-                "hint": "this replica's file was not written to etcd; reload it (kill -HUP or "
-                        "edit the file) to make it the fleet's membership"}
-
-    def _membership_warning(self) -> str | None:
-        stored = self.membership.stored
-        if stored is None or stored.digest == membership_digest(self.config):
-            return None
-        return (f"this replica's file differs from etcd's endpoint membership (generation "
-                f"{stored.generation}, written by {stored.by or '?'}), which is what Envoy and "
-                "ext_proc use; reload this replica (kill -HUP or edit its file) to make its "
-                "file the fleet's membership")
 
     # -- background loops ------------------------------------------------------------------
 
@@ -275,7 +257,8 @@ class ControlPlaneService:
             for address, state in members.items():
                 self._endpoint_state.labels(pool, address, state).set(1)
         try:
-            snapshot = await self.cache.publish(gateway_resources(self._serving(), states))
+            serving = self.probe_set.serving(self.config)
+            snapshot = await self.cache.publish(gateway_resources(serving, states))
         except InconsistentSnapshot as exc:
             log.error("snapshot_inconsistent", error=str(exc))
             return
@@ -287,7 +270,7 @@ class ControlPlaneService:
             self._states_changed.clear()
             try:
                 await self._publish()
-                await self._probe_discovered()
+                await self.probe_set.follow(self.config)
             except BaseException:
                 self._states_changed.set()  # not published: the restarted loop tries again
                 raise
@@ -303,22 +286,6 @@ class ControlPlaneService:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._failover_wanted.wait(), 0.25)
             self._failover_wanted.clear()
-
-    def _serving(self) -> Config:
-        """The file's config with the discovered engines etcd's records hold."""
-        return with_discovered(self.config, self.directory)
-
-    @staticmethod
-    def _probe_set(config: Config) -> frozenset[tuple[str, str]]:
-        return frozenset((p.name, e.key) for p in config.pools for e in p.endpoints)
-
-    async def _probe_discovered(self) -> None:
-        """Health checks follow the discovered engines as they come and go."""
-        serving = self._serving()
-        probed = self._probe_set(serving)
-        if probed != self._probed:
-            self._probed = probed
-            await self.checker.reconfigure(serving)
 
     def _on_leadership(self, leading: bool) -> None:
         if leading:
@@ -376,11 +343,7 @@ class ControlPlaneService:
         self.config = config
         self.last_reload_error = None
         self.directory.reconfigure(config)
-        self.discovery.configure(config)
-        await self.discovery.start()
-        serving = self._serving()  # the file's engines and the discovered ones, read once
-        self._probed = self._probe_set(serving)
-        await self.checker.reconfigure(serving)
+        await self.probe_set.reload(config)
         self._states_changed.set()
         log.info("config_reloaded", pools=len(config.pools),
                  endpoints=sum(len(p.endpoints) for p in config.pools),
