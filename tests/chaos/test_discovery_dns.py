@@ -13,23 +13,19 @@ removes no engine and fails no request.
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from kvgate.endpoints import EndpointRecord, EndpointRecords
 from kvgate.etcd import EtcdClient
-from tests.support.discovery_traffic import Traffic, first_new_session_on
+from tests.support.discovery_traffic import Traffic, drained, engine_records, first_new_session_on
 from tests.support.dnsmasq import Dnsmasq, available
 from tests.support.hosted_engines import HostedEngines
 from tests.support.polling import eventually
-from tests.support.stack import gateway_config, running_stack
+from tests.support.stack import admin_json, gateway_config, running_stack
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600),
               pytest.mark.skipif(not available(), reason="dnsmasq is not installed "
@@ -51,14 +47,8 @@ async def dnsmasq(tmp_path: Path) -> AsyncIterator[Dnsmasq]:
 
 @pytest.fixture
 async def engines(tmp_path: Path) -> AsyncIterator[HostedEngines]:
-    hosted = HostedEngines(tmp_path / "engines")
-    await hosted.start()
-    yield hosted
-    await hosted.stop()
-
-
-async def _records(client: EtcdClient, prefix: str) -> dict[str, EndpointRecord]:
-    return {r.address: r for r in await EndpointRecords(client, prefix).list("coder")}
+    async with HostedEngines(tmp_path / "engines") as hosted:
+        yield hosted
 
 
 async def test_dns_scale_out_scale_in_and_outage(tmp_path: Path, dnsmasq: Dnsmasq,
@@ -79,14 +69,13 @@ async def test_dns_scale_out_scale_in_and_outage(tmp_path: Path, dnsmasq: Dnsmas
             httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
         etcd = EtcdClient(stack.etcd_endpoints)
         try:
-            await eventually(lambda: _records(etcd, prefix), until=lambda r: {a2, a3} <= set(r),
+            await eventually(lambda: engine_records(etcd, prefix),
+                             until=lambda r: {a2, a3} <= set(r),
                              what="the discovered engines' records")
             traffic = Traffic(http)
             sessions = [f"dev-{i}" for i in range(SESSIONS)]
-            talkers = [asyncio.create_task(traffic.talk(s)) for s in sessions]
             try:
-                await eventually(lambda: {s for _, s, _ in traffic.answers} == set(sessions),
-                                 what="every session answered")
+                await traffic.start(sessions)
                 homes = {s: traffic.engines_of(s)[0] for s in sessions}
                 assert set(homes.values()) <= {a2, a3, static}
                 await _scale_out(traffic, dnsmasq, homes, a4)
@@ -95,11 +84,10 @@ async def test_dns_scale_out_scale_in_and_outage(tmp_path: Path, dnsmasq: Dnsmas
                 admin = str(config.control_plane.admin)
                 await _outage(traffic, dnsmasq, etcd, prefix, {a2, a4}, admin)
                 listed = {e["address"]: e["source"]
-                          for e in await _cli(admin, "endpoints", "list")}
+                          for e in await admin_json(admin, "endpoints", "list")}
                 assert listed == {a2: "dns", a4: "dns", static: "static"}
             finally:
-                traffic.stop.set()
-                await asyncio.gather(*talkers)
+                await traffic.close()
             assert traffic.failures == []
         finally:
             await etcd.close()
@@ -131,7 +119,7 @@ async def _flapping(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix
         await asyncio.sleep(EVERY)  # missing for one interval (the schedule, not readiness)
         await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3", "127.0.0.4"]})
         await asyncio.sleep(2 * EVERY)  # present for two
-        record = (await _records(etcd, prefix))[flapping]
+        record = (await engine_records(etcd, prefix))[flapping]
         assert record.left_at is None and record.drain_deadline is None
     moved = {s: set(traffic.engines_of(s, since)) - {home} for s, home in homes.items()}
     assert {s: m for s, m in moved.items() if m} == {}
@@ -139,40 +127,12 @@ async def _flapping(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix
           f"{time.monotonic() - since:.0f} s: not drained, 0 sessions moved")
 
 
-async def _cli(admin: str, *args: str) -> Any:
-    """`kvgate ... --json` against the control plane's admin API (read-only: no token)."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate_cli", *args, "--json", "--admin", admin,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(child.communicate(), 60)
-    assert child.returncode == 0, err.decode()
-    return json.loads(out)
-
-
 async def _scale_in(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix: str,
                     homes: dict[str, str], leaving: str, siblings: set[str]) -> None:
     orphans = [s for s, home in homes.items() if home == leaving]
     assert orphans, homes
     await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.4"]})
-    records = await eventually(lambda: _records(etcd, prefix), within=30,
-                               until=lambda r: r[leaving].drain_deadline is not None,
-                               what=f"{leaving} draining")
-    deadline = records[leaving].drain_deadline
-    assert deadline is not None
-    # Wall clock to monotonic: the record's deadline is unix time.
-    deadline_mono = time.monotonic() + (deadline - time.time())
-    await eventually(lambda: _records(etcd, prefix), within=30,
-                     until=lambda r: leaving not in r, what=f"{leaving}'s record removed")
-    since = time.monotonic()
-    # Answers in flight when the record went may still come from the leaving engine: the
-    # sessions end on its siblings.
-    await eventually(lambda: all(traffic.engines_of(s, since)[-1:] and traffic.engines_of(
-        s, since)[-1] in siblings for s in orphans), what="the leaving engine's sessions ending "
-        "on its siblings")
-    early = [(t, s, e) for t, s, e in traffic.answers
-             if s in orphans and e != leaving and t < deadline_mono - 0.2]
-    assert early == [], "a session moved before its drain's deadline"
-    ends = {s: traffic.engines_of(s, since)[-1] for s in orphans}
+    ends = await drained(traffic, etcd, prefix, leaving, orphans, siblings)
     assert set(ends.values()) <= siblings, ends
     print(f"scale-in: {len(orphans)} sessions of {leaving} moved to {sorted(set(ends.values()))}"
           f" after the drain; failures so far {len(traffic.failures)}")
@@ -180,15 +140,15 @@ async def _scale_in(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix
 
 async def _outage(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, prefix: str,
                   serving: set[str], admin: str) -> None:
-    before = await _records(etcd, prefix)
+    before = await engine_records(etcd, prefix)
     failures = len(traffic.failures)
     dnsmasq.pause()
     try:
         answered = len(traffic.answers)
         # Several resolutions' worth (each fails after its own lifetime, about EVERY).
         await asyncio.sleep(6 * EVERY)  # the outage's length, not a wait for readiness
-        (source,) = (await _cli(admin, "status"))["discovery"]
-        after = await _records(etcd, prefix)
+        (source,) = (await admin_json(admin, "status"))["discovery"]
+        after = await engine_records(etcd, prefix)
         assert len(traffic.answers) > answered
     finally:
         dnsmasq.resume()

@@ -9,26 +9,23 @@ request fails.
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from kvgate.discovery.registrations import registration_key
-from kvgate.endpoints import EndpointRecord, EndpointRecords
 from kvgate.etcd import EtcdClient
 from kvgate.runtime.children.child import Child
 from tests.conftest import EtcdServer
-from tests.support.discovery_traffic import Traffic, first_new_session_on
+from tests.support.discovery_traffic import Traffic, drained, engine_records, first_new_session_on
 from tests.support.fault_proxy import FaultProxy
 from tests.support.hosted_engines import HostedEngines
 from tests.support.polling import eventually
-from tests.support.stack import gateway_config, running_stack
+from tests.support.stack import admin_json, gateway_config, running_stack
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 
@@ -38,14 +35,8 @@ SESSIONS = 12
 
 @pytest.fixture
 async def engines(tmp_path: Path) -> AsyncIterator[HostedEngines]:
-    hosted = HostedEngines(tmp_path / "engines")
-    await hosted.start()
-    yield hosted
-    await hosted.stop()
-
-
-async def _records(client: EtcdClient, prefix: str) -> dict[str, EndpointRecord]:
-    return {r.address: r for r in await EndpointRecords(client, prefix).list("coder")}
+    async with HostedEngines(tmp_path / "engines") as hosted:
+        yield hosted
 
 
 async def _partition(traffic: Traffic, proxy: FaultProxy, etcd: EtcdClient, prefix: str,
@@ -57,28 +48,18 @@ async def _partition(traffic: Traffic, proxy: FaultProxy, etcd: EtcdClient, pref
     proxy.cut(reset=True)
     try:
         await asyncio.sleep(8.0)  # the partition's length, not a wait for readiness
-        status = await _cli(admin, "status")
+        status = await admin_json(admin, "status")
     finally:
         proxy.heal()
     (source,) = status["discovery"]
     print(f"etcd cut off from the control plane 8 s: status says {source}")
     assert source["error"] and source["age_s"] >= 5.0 and source["engines"] == 2
-    records = await eventually(lambda: _records(etcd, prefix), what="records")
+    records = await eventually(lambda: engine_records(etcd, prefix), what="records")
     assert set(records) == engines and all(r.left_at is None for r in records.values())
     assert len(traffic.failures) == failures
     assert {e for s in sessions for e in traffic.engines_of(s, since)} == {home}
-    await eventually(lambda: _cli(admin, "status"), until=lambda st: not st["discovery"][0][
+    await eventually(lambda: admin_json(admin, "status"), until=lambda st: not st["discovery"][0][
         "error"] and st["leader"] is not None, what="the control plane back with etcd")
-
-
-async def _cli(admin: str, *args: str) -> Any:
-    """`kvgate ... --json` against the control plane's admin API (read-only: no token)."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate_cli", *args, "--json", "--admin", admin,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-    out, err = await asyncio.wait_for(child.communicate(), 60)
-    assert child.returncode == 0, err.decode()
-    return json.loads(out)
 
 
 def _register(workdir: Path, etcd: list[str], prefix: str, engine: str) -> Child:
@@ -111,15 +92,12 @@ async def _scenario(tmp_path: Path, endpoints: list[str], prefix: str, http: htt
     first = _register(tmp_path, endpoints, prefix, a)
     second = _register(tmp_path, endpoints, prefix, b)
     traffic = Traffic(http)
-    talkers: list[asyncio.Task[None]] = []
     try:
         await first.start()
-        await eventually(lambda: _records(etcd, prefix), until=lambda r: a in r,
+        await eventually(lambda: engine_records(etcd, prefix), until=lambda r: a in r,
                          what="the first registration's record")
         sessions = [f"dev-{i}" for i in range(SESSIONS)]
-        talkers = [asyncio.create_task(traffic.talk(s)) for s in sessions]
-        await eventually(lambda: {s for _, s, _ in traffic.answers} == set(sessions),
-                         what="every session answered")
+        await traffic.start(sessions)
         assert {e for _, _, e in traffic.answers} == {a}
 
         async def register() -> float:
@@ -141,27 +119,11 @@ async def _scenario(tmp_path: Path, endpoints: list[str], prefix: str, http: htt
         homes = {s: await traffic.ask(s, 0) for s in own}
         mine = [s for s, home in homes.items() if home == b]
         assert mine
-        talkers += [asyncio.create_task(traffic.talk(s)) for s in mine]
+        traffic.talk_on(mine)
         await second.stop()
-        record = await eventually(lambda: _records(etcd, prefix),
-                                  until=lambda r: r[b].drain_deadline is not None,
-                                  what=f"{b} draining")
-        deadline = record[b].drain_deadline
-        assert deadline is not None
-        deadline_mono = time.monotonic() + (deadline - time.time())
-        await eventually(lambda: _records(etcd, prefix), until=lambda r: b not in r,
-                         what=f"{b}'s record removed")
-        since = time.monotonic()
-        # Answers in flight when the record went may still come from b: the sessions end
-        # on a.
-        await eventually(lambda: all(traffic.engines_of(s, since)[-1:] == [a] for s in mine),
-                         what="b's sessions ending on a after the drain")
-        early = [(t, s, e) for t, s, e in traffic.answers
-                 if s in mine and e != b and t < deadline_mono - 0.2]
-        assert early == [], "a session moved before its drain's deadline"
+        await drained(traffic, etcd, prefix, b, mine, {a})
     finally:
-        traffic.stop.set()
-        await asyncio.gather(*talkers)
+        await traffic.close()
         await first.stop()
         await second.stop()
         await etcd.close()

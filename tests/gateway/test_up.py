@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import re
 import signal
@@ -16,8 +15,9 @@ import pytest
 import yaml
 
 from kvgate.config.dump import to_dict
-from tests.support.ports import free_port, free_ports
-from tests.support.stack import gateway_config
+from tests.support.ports import free_port
+from tests.support.stack import admin_json, gateway_config
+from tests.support.up_children import ports_only, running_up, write_config
 
 
 def _alive(pid: int) -> bool:
@@ -28,37 +28,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
-async def _read_until(stream: asyncio.StreamReader, pattern: str, within: float) -> str:
-    seen = ""
-
-    async def read() -> None:
-        nonlocal seen
-        while pattern not in seen:
-            line = await stream.readline()
-            assert line, f"output ended before {pattern!r}:\n{seen}"
-            seen += line.decode()
-
-    try:
-        await asyncio.wait_for(read(), within)
-    except TimeoutError:
-        raise AssertionError(f"no {pattern!r} within {within:g} s in:\n{seen}") from None
-    return seen
-
-
 async def test_up_serves_then_sigterm_stops_everything(
     tmp_path: Path, upstreams, prefix: str
 ) -> None:
     ups = await upstreams(2)
     config = gateway_config([u.address for u in ups], prefix=prefix)
-    path = tmp_path / "kvgate.yaml"
-    path.write_text(yaml.safe_dump(to_dict(config)))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate_cli", "up", "-c", str(path), "--workdir", str(tmp_path / "w"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        assert process.stdout is not None
-        output = await _read_until(process.stdout, "Ctrl-C stops everything", 60)
+    path = write_config(tmp_path / "kvgate.yaml", to_dict(config))
+    async with running_up("-c", str(path), "--workdir", str(tmp_path / "w")) as (up, output):
         pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
         assert len(pids) == 4, output  # etcd, control plane, ext_proc, Envoy
         assert f"http://{config.listener}" in output
@@ -68,13 +44,7 @@ async def test_up_serves_then_sigterm_stops_everything(
                 for _ in range(5)
             }
         assert len(homes) == 1
-        process.send_signal(signal.SIGTERM)
-        rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
-        assert await process.wait() == 0, rest
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        rest = await up.finish(signal.SIGTERM)
     assert "stopped" in rest
     assert [pid for pid in pids if _alive(pid)] == []
     assert not (tmp_path / "w").exists()  # made by this run, removed with it
@@ -143,23 +113,10 @@ async def test_up_with_bad_config_reports_field_path_and_starts_nothing(tmp_path
 async def test_up_with_emulated_fleet_keeps_a_conversation_on_one_engine(tmp_path: Path) -> None:
     import openai
 
-    listener, admin, xds, api, ext_proc, metrics = free_ports(6)
-    ports = {
-        "listener": {"port": listener},
-        "envoy_admin": {"port": admin},
-        "control_plane": {"xds": f"127.0.0.1:{xds}", "admin": f"127.0.0.1:{api}"},
-        "ext_proc": {"address": f"127.0.0.1:{ext_proc}", "metrics": f"127.0.0.1:{metrics}"},
-    }
     path = tmp_path / "ports-only.yaml"
-    path.write_text(yaml.safe_dump(ports))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate_cli", "up", "-c", str(path), "--time-scale", "0",
-        "--workdir", str(tmp_path / "w"), "--keep-workdir",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        assert process.stdout is not None
-        output = await _read_until(process.stdout, "Ctrl-C stops everything", 60)
+    ports = ports_only(path)
+    async with running_up("-c", str(path), "--time-scale", "0",
+                          "--workdir", str(tmp_path / "w"), "--keep-workdir") as (up, output):
         pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
         assert len(pids) == 5, output  # engines, etcd, control plane, ext_proc, Envoy
         client = openai.AsyncOpenAI(
@@ -196,23 +153,13 @@ async def test_up_with_emulated_fleet_keeps_a_conversation_on_one_engine(tmp_pat
         assert len(hits) == 4 and hits[0] < hits[1] < hits[2] < hits[3], printed
         admin = ports["control_plane"]["admin"]
         assert f"kvgate status --admin {admin}" in output
-        status = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kvgate_cli", "status", "--json", "--admin", admin,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        report = json.loads((await asyncio.wait_for(status.communicate(), 30))[0])
+        report = await admin_json(admin, "status")
         states = [e["state"] for e in report["endpoints"]]
         assert states == ["active"] * 4, report["endpoints"]
         assert len(engines) == 1
         assert cached[0][0] == 0
         assert all(hit >= 0.9 * (total - 200) for hit, total in cached[1:]), cached
-        process.send_signal(signal.SIGINT)
-        rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
-        assert await process.wait() == 0, rest
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        rest = await up.finish()
     assert [pid for pid in pids if _alive(pid)] == []
     assert f"work directory kept (--keep-workdir): {tmp_path / 'w'}" in rest
     assert (tmp_path / "w" / "control-plane.log").stat().st_size > 0
@@ -246,41 +193,28 @@ async def test_up_ports_auto_avoids_taken_defaults_and_prints_the_ports_it_took(
         held.bind(("127.0.0.1", 8080))  # the default gateway port, taken (if not already)
     except OSError:
         pass  # someone else holds it: taken either way
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate_cli", "up", "-c", str(path), "--ports", "auto",
-        "--upstream-header", "--workdir", str(tmp_path / "w"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )
     try:
-        assert process.stdout is not None
-        output = await _read_until(process.stdout, "Ctrl-C stops everything", 60)
-        pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
-        gateway = re.search(r"gateway http://127\.0\.0\.1:(\d+)", output)
-        admin = re.search(r"admin API (127\.0\.0\.1:\d+)", output)
-        assert gateway and admin, output
-        assert int(gateway.group(1)) not in (8080, 9901, 18000, 18001, 9002, 9003)
-        # The examples use the ports taken, and the header the stack sets.
-        assert f"curl -s http://127.0.0.1:{gateway.group(1)}/v1/chat/completions" in output
-        assert "grep -i x-kvgate-upstream" in output
-        assert f"kvgate status --admin {admin.group(1)}" in output
-        assert "x-engine-id" not in output
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{gateway.group(1)}") as http:
-            reply = await http.get("/v1/models", headers={"x-session-id": "up-auto"})
-        assert reply.headers["x-kvgate-upstream"] == reply.json()["upstream"]
-        status = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kvgate_cli", "status", "--json", "--admin", admin.group(1),
-            stdout=asyncio.subprocess.PIPE,
-        )
-        report = json.loads((await asyncio.wait_for(status.communicate(), 30))[0])
-        assert len(report["endpoints"]) == 2
-        process.send_signal(signal.SIGINT)
-        rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
-        assert await process.wait() == 0, rest
+        async with running_up("-c", str(path), "--ports", "auto", "--upstream-header",
+                              "--workdir", str(tmp_path / "w")) as (up, output):
+            pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
+            gateway = re.search(r"gateway http://127\.0\.0\.1:(\d+)", output)
+            admin = re.search(r"admin API (127\.0\.0\.1:\d+)", output)
+            assert gateway and admin, output
+            assert int(gateway.group(1)) not in (8080, 9901, 18000, 18001, 9002, 9003)
+            # The examples use the ports taken, and the header the stack sets.
+            assert f"curl -s http://127.0.0.1:{gateway.group(1)}/v1/chat/completions" in output
+            assert "grep -i x-kvgate-upstream" in output
+            assert f"kvgate status --admin {admin.group(1)}" in output
+            assert "x-engine-id" not in output
+            gateway_url = f"http://127.0.0.1:{gateway.group(1)}"
+            async with httpx.AsyncClient(base_url=gateway_url) as http:
+                reply = await http.get("/v1/models", headers={"x-session-id": "up-auto"})
+            assert reply.headers["x-kvgate-upstream"] == reply.json()["upstream"]
+            report = await admin_json(admin.group(1), "status")
+            assert len(report["endpoints"]) == 2
+            await up.finish()
     finally:
         held.close()
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
     assert [pid for pid in pids if _alive(pid)] == []
 
 
@@ -308,14 +242,9 @@ async def test_up_spreads_emulated_engines_over_processes_and_stops_them_all(
         tmp_path: Path) -> None:
     from tests.emulator.test_emulator_processes import alive, workers_of
 
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate_cli", "up", "--ports", "auto", "--emulated", "4",
-        "--emulator-processes", "2", "--time-scale", "0", "--workdir", str(tmp_path / "w"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )
-    try:
-        assert process.stdout is not None
-        output = await _read_until(process.stdout, "Ctrl-C stops everything", 60)
+    args = ("--ports", "auto", "--emulated", "4", "--emulator-processes", "2",
+            "--time-scale", "0", "--workdir", str(tmp_path / "w"))
+    async with running_up(*args) as (up, output):
         pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
         workers = {w for pid in pids for w in workers_of(pid)}
         assert len(workers) == 1, output  # the engines' process and one worker
@@ -330,13 +259,7 @@ async def test_up_spreads_emulated_engines_over_processes_and_stops_them_all(
                 assert reply.status_code == 200, reply.text
                 served.add(reply.headers["x-engine-id"])
         assert len(served) == 4, served
-        process.send_signal(signal.SIGINT)
-        rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
-        assert await process.wait() == 0, rest
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await up.finish()
     assert [pid for pid in [*pids, *workers] if alive(pid)] == []
 
 

@@ -5,42 +5,26 @@ showing the roles."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-import signal
-import sys
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import yaml
 
-from tests.gateway.test_up import _read_until
-from tests.support.ports import free_ports
+from tests.support.stack import admin_json
+from tests.support.up_children import ports_only, running_up
 
 CODE = "def handler(event, context):\n    return event['body']\n" * 400  # ~6,000 tokens
 
 
 async def test_up_with_prefill_and_decode_engines(tmp_path: Path) -> None:
-    listener, admin, xds, api, ext_proc, metrics = free_ports(6)
     path = tmp_path / "ports.yaml"
-    path.write_text(yaml.safe_dump({
-        "listener": {"port": listener}, "envoy_admin": {"port": admin},
-        "control_plane": {"xds": f"127.0.0.1:{xds}", "admin": f"127.0.0.1:{api}"},
-        "ext_proc": {"address": f"127.0.0.1:{ext_proc}", "metrics": f"127.0.0.1:{metrics}"},
-    }))
-    process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate_cli", "up", "-c", str(path), "--time-scale", "0",
-        "--roles", "prefill,decode,prefill,decode", "--workdir", str(tmp_path / "w"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
-    try:
-        assert process.stdout is not None
-        await _read_until(process.stdout, "Ctrl-C stops everything", 60)
-        status = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "kvgate_cli", "status", "--json", "--admin",
-            f"127.0.0.1:{api}", stdout=asyncio.subprocess.PIPE)
-        report = json.loads((await asyncio.wait_for(status.communicate(), 30))[0])
+    ports = ports_only(path)
+    listener = ports["listener"]["port"]
+    roles_given = "prefill,decode,prefill,decode"
+    async with running_up("-c", str(path), "--time-scale", "0", "--roles", roles_given,
+                          "--workdir", str(tmp_path / "w")) as (up, _):
+        report = await admin_json(ports["control_plane"]["admin"], "status")
         roles = {e["address"]: e["role"] for e in report["endpoints"]}
         assert sorted(roles.values()) == ["decode", "decode", "prefill", "prefill"]
         prefills = [a for a, r in roles.items() if r == "prefill"]
@@ -74,13 +58,7 @@ async def test_up_with_prefill_and_decode_engines(tmp_path: Path) -> None:
                 extra_headers={"x-session-id": "up-pd-1"})
             assert raw.headers["x-engine-id"] == decode
             assert await requests_on_prefill_engines() == seen  # no prefill engine asked
-        process.send_signal(signal.SIGINT)
-        rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
-        assert await process.wait() == 0, rest
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+        await up.finish()
 
 
 def test_up_refuses_roles_that_do_not_fit(capsys: pytest.CaptureFixture[str]) -> None:

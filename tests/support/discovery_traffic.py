@@ -1,5 +1,6 @@
 """Session traffic for discovery tests: sessions talking in turns through the gateway, every
-answer noted with the engine that gave it (the emulator's `x-engine-id`)."""
+answer noted with the engine that gave it (the emulator's `x-engine-id`); the endpoint records
+discovery writes, and an engine's drain as the sessions see it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,13 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import httpx
+
+from kvgate.endpoints import EndpointRecord, EndpointRecords
+from kvgate.etcd import EtcdClient
+from tests.support.polling import eventually
 
 
 def _chat(session: str, turn: int) -> dict[str, object]:
@@ -24,6 +30,7 @@ class Traffic:
     answers: list[tuple[float, str, str]] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
+    talkers: list[asyncio.Task[None]] = field(default_factory=list)
 
     async def ask(self, session: str, turn: int) -> str:
         reply = await self.http.post("/v1/chat/completions", json=_chat(session, turn),
@@ -44,7 +51,58 @@ class Traffic:
     def engines_of(self, session: str, since: float = 0.0) -> list[str]:
         return [e for t, s, e in self.answers if s == session and t >= since]
 
+    def talk_on(self, sessions: list[str]) -> None:
+        """`sessions` talking in the background until `close`."""
+        self.talkers += [asyncio.create_task(self.talk(s)) for s in sessions]
 
+    async def start(self, sessions: list[str]) -> None:
+        """`sessions` talking in the background, once each has been answered."""
+        self.talk_on(sessions)
+        await eventually(lambda: {s for _, s, _ in self.answers} >= set(sessions),
+                         what="every session answered")
+
+    async def close(self) -> None:
+        self.stop.set()
+        await asyncio.gather(*self.talkers)
+
+
+Records = dict[str, EndpointRecord]  # address → its record
+
+
+async def engine_records(client: EtcdClient, prefix: str, pool: str = "coder") -> Records:
+    return {r.address: r for r in await EndpointRecords(client, prefix).list(pool)}
+
+
+async def drained(traffic: Traffic, etcd: EtcdClient, prefix: str, leaving: str,
+                  sessions: list[str], siblings: set[str]) -> dict[str, str]:
+    """`leaving`'s record drains, then goes; its `sessions` end on `siblings`, none of them
+    before the drain's deadline. Returns where each session ended."""
+    def draining(records: Records) -> bool:
+        return records[leaving].drain_deadline is not None
+
+    def gone(records: Records) -> bool:
+        return leaving not in records
+
+    def ended(since: float) -> bool:
+        return all(traffic.engines_of(s, since)[-1:] and traffic.engines_of(s, since)[-1]
+                   in siblings for s in sessions)
+
+    listed = partial(engine_records, etcd, prefix)
+    deadline = (await eventually(listed, until=draining,
+                                 what=f"{leaving} draining"))[leaving].drain_deadline
+    assert deadline is not None
+    # Wall clock to monotonic: the record's deadline is unix time.
+    deadline_mono = time.monotonic() + (deadline - time.time())
+    await eventually(listed, until=gone, what=f"{leaving}'s record removed")
+    since = time.monotonic()
+    # Answers in flight when the record went may still come from the leaving engine: the
+    # sessions end on its siblings.
+    await eventually(partial(ended, since),
+                     what=f"{leaving}'s sessions ending on {sorted(siblings)} after the drain")
+    early = [(t, s, e) for t, s, e in traffic.answers
+             if s in sessions and e != leaving and t < deadline_mono - 0.2]
+    assert early == [], "a session moved before its drain's deadline"
+    return {s: traffic.engines_of(s, since)[-1] for s in sessions}
 
 
 async def first_new_session_on(traffic: Traffic, engine: str,

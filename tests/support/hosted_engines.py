@@ -8,6 +8,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from types import TracebackType
 
 from kvgate.runtime.children.child import Child
 from tests.support.ports import free_port
@@ -36,6 +37,14 @@ class HostedEngines:
         await child.wait_ready(written, 60)
         info: dict[str, object] = json.loads(ready.read_text())
         return info
+
+    async def __aenter__(self) -> HostedEngines:
+        await self.start()
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        traceback: TracebackType | None) -> None:
+        await self.stop()
 
     async def start(self) -> None:
         """The DDR pool's host (an engine on 127.0.0.1 that no test routes to)."""

@@ -1,8 +1,11 @@
-"""Build configs on free loopback ports and run the real stack (etcd, ext_proc, Envoy)."""
+"""Build configs on free loopback ports and run the real stack (etcd, ext_proc, Envoy); read
+what it stores and what its admin API says."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -119,3 +122,13 @@ async def stored_binding_values(etcd: Sequence[str], prefix: str) -> dict[str, d
     finally:
         await client.close()
     return {kv.key.decode().rsplit("/", 1)[1]: json.loads(kv.value) for kv in kvs}
+
+
+async def admin_json(admin: str, *args: str) -> Any:
+    """`kvgate ARGS --json` against the control plane's admin API (read-only: no token)."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "kvgate_cli", *args, "--json", "--admin", admin,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == 0, err.decode()
+    return json.loads(out)

@@ -1,7 +1,8 @@
-"""`kvgate up` as a subprocess under traffic, its children SIGKILLed one at a time: what the
-supervision tests (tests/gateway/test_up_supervision.py and the chaos tier's longer run)
-measure. Every request is timed and kept; each child's pid is read from what kvgate up prints
-("ready ... (pid N)" at start, "NAME is back (pid N, ...)" after a restart)."""
+"""`kvgate up` as a subprocess: started, read until it is ready, stopped by a signal. Under
+traffic, its children SIGKILLed one at a time: what the supervision tests
+(tests/gateway/test_up_supervision.py and the chaos tier's longer run) measure. Every request is
+timed and kept; each child's pid is read from what kvgate up prints ("ready ... (pid N)" at
+start, "NAME is back (pid N, ...)" after a restart)."""
 
 from __future__ import annotations
 
@@ -10,19 +11,24 @@ import os
 import re
 import signal
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from kvgate.session import normalize_session
 from tests.support.polling import eventually
+from tests.support.ports import free_ports
 from tests.support.stack import stored_bindings
 
 READY = re.compile(r"^\s+(\S+)\s+ready\s.*\(pid (\d+)\)$")
 BACK = re.compile(r"^kvgate up: (\S+) is back \(pid (\d+),")
 ETCD = re.compile(r"etcd\s+ready\s+http://(127\.0\.0\.1:\d+)")
+ALL_READY = "Ctrl-C stops everything"  # what kvgate up prints last, once all is ready
 
 
 @dataclass
@@ -44,17 +50,56 @@ class UpProcess:
 
     async def read(self) -> None:
         """Reads its output until it ends (run as a task)."""
+        while await self._line() is not None:
+            pass
+
+    async def _line(self) -> str | None:
+        """Its next line of output, noted (None: the output ended)."""
         assert self.process.stdout is not None
-        while line := (await self.process.stdout.readline()).decode():
-            line = line.rstrip("\n")
-            self.lines.append(line)
-            if ready := READY.match(line):
-                self.pids[ready.group(1)] = int(ready.group(2))
-            if back := BACK.match(line):
-                self.pids[back.group(1)] = int(back.group(2))
-                self.back[back.group(1)] = self.back.get(back.group(1), 0) + 1
-            if etcd := ETCD.search(line):
-                self.etcd = etcd.group(1)
+        line = (await self.process.stdout.readline()).decode()
+        if not line:
+            return None
+        line = line.rstrip("\n")
+        self.lines.append(line)
+        if ready := READY.match(line):
+            self.pids[ready.group(1)] = int(ready.group(2))
+        if back := BACK.match(line):
+            self.pids[back.group(1)] = int(back.group(2))
+            self.back[back.group(1)] = self.back.get(back.group(1), 0) + 1
+        if etcd := ETCD.search(line):
+            self.etcd = etcd.group(1)
+        return line
+
+    async def ready(self, within: float = 60.0) -> str:
+        """Reads its output until it says all is ready; that output."""
+        async def said() -> None:
+            while True:
+                line = await self._line()
+                assert line is not None, f"output ended before {ALL_READY!r}:\n{self.output}"
+                if ALL_READY in line:
+                    return
+
+        try:
+            await asyncio.wait_for(said(), within)
+        except TimeoutError:
+            raise AssertionError(
+                f"no {ALL_READY!r} within {within:g} s in:\n{self.output}") from None
+        return self.output
+
+    async def finish(self, sig: signal.Signals = signal.SIGINT, within: float = 30.0) -> str:
+        """Stops it with `sig`, which must end it with status 0; what it printed since last
+        read."""
+        start = len(self.lines)
+        self.process.send_signal(sig)
+        await asyncio.wait_for(self.read(), within)
+        rest = "\n".join(self.lines[start:])
+        assert await self.process.wait() == 0, rest
+        return rest
+
+    async def kill(self) -> None:
+        if self.process.returncode is None:
+            self.process.kill()
+            await self.process.wait()
 
     @property
     def output(self) -> str:
@@ -192,8 +237,32 @@ async def bindings_lost(etcd: str, prefix: str, traffic: Traffic) -> list[str]:
             if stored.get(str(normalize_session(session.encode()))) != upstream]
 
 
+@asynccontextmanager
+async def running_up(*args: str) -> AsyncIterator[tuple[UpProcess, str]]:
+    """`kvgate up ARGS` once it said all is ready, and what it printed until then; killed on the
+    way out unless it has ended (`UpProcess.finish`)."""
+    up = await UpProcess.start(*args)
+    try:
+        yield up, await up.ready()
+    finally:
+        await up.kill()
+
+
 def write_config(path: Path, data: dict[str, object]) -> Path:
     import yaml
 
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def ports_only(path: Path) -> dict[str, Any]:
+    """A config of nothing but free loopback ports (kvgate up's defaults for the rest), written
+    to `path`."""
+    listener, admin, xds, api, ext_proc, metrics = free_ports(6)
+    ports: dict[str, Any] = {
+        "listener": {"port": listener}, "envoy_admin": {"port": admin},
+        "control_plane": {"xds": f"127.0.0.1:{xds}", "admin": f"127.0.0.1:{api}"},
+        "ext_proc": {"address": f"127.0.0.1:{ext_proc}", "metrics": f"127.0.0.1:{metrics}"},
+    }
+    write_config(path, ports)
+    return ports
