@@ -193,7 +193,8 @@ class ExtProcService:
         settings = self._config.placement.load_gate
         if not settings.reads_prompts:
             return None
-        return PromptProcessor(handler, PromptBlocks(settings.prefix_block_tokens),
+        return PromptProcessor(handler, PromptBlocks(settings.prefix_block_tokens,
+                                                     settings.bytes_per_token),
                                self._config.session.body_limit, self.metrics.prompts_read)
 
     def _cut_off(self) -> bool:

@@ -20,7 +20,8 @@ here needs: keys that repeat when the prompt's start repeats. Their token count 
 
 Unlike the scorer, the text hashed is each message's role and content (text parts joined), not
 the messages' JSON: a client that orders a message's keys differently, or escapes differently,
-sends the same prompt.
+sends the same prompt. A token counts as `placement.load_gate.bytes_per_token` bytes (4 by
+default, the scorer's figure), the ratio the gate already sizes prompts with.
 """
 
 from __future__ import annotations
@@ -31,25 +32,27 @@ from typing import Any
 
 import xxhash
 
-# The scorer's `averageCharactersPerToken`, and kvgate's own content-length estimate's default
-# (`placement.load_gate.bytes_per_token`).
-CHARS_PER_TOKEN = 4
+# The scorer's `averageCharactersPerToken`, and the default of kvgate's own estimate of a prompt's
+# tokens from its size (`placement.load_gate.bytes_per_token`), which ext_proc passes.
+CHARS_PER_TOKEN = 4.0
 # The scorer's `maxPrefixBlocksToMatch`; also RoutedPrefixes' `leading_blocks`.
 MAX_BLOCKS = 256
 
 
 class PromptBlocks:
     """Chained hashes of a prompt's leading `block_tokens`-token blocks (`block_tokens` ×
-    `CHARS_PER_TOKEN` bytes of its UTF-8 text each), at most `max_blocks`."""
+    `chars_per_token` bytes of its UTF-8 text each), at most `max_blocks`."""
 
     __slots__ = ("block_chars", "block_tokens", "max_blocks")
 
-    def __init__(self, block_tokens: int, max_blocks: int = MAX_BLOCKS) -> None:
-        if block_tokens < 1 or max_blocks < 1:
-            raise ValueError(f"prompt blocks: block_tokens ({block_tokens}) and max_blocks "
-                             f"({max_blocks}) must be >= 1")
+    def __init__(self, block_tokens: int, chars_per_token: float = CHARS_PER_TOKEN,
+                 max_blocks: int = MAX_BLOCKS) -> None:
+        if block_tokens < 1 or max_blocks < 1 or chars_per_token <= 0:
+            raise ValueError(f"prompt blocks: block_tokens ({block_tokens}), max_blocks "
+                             f"({max_blocks}) and chars_per_token ({chars_per_token}) must be "
+                             "positive")
         self.block_tokens = block_tokens
-        self.block_chars = block_tokens * CHARS_PER_TOKEN
+        self.block_chars = max(1, round(block_tokens * chars_per_token))
         self.max_blocks = max_blocks
 
     def of_body(self, body: bytes) -> list[int]:

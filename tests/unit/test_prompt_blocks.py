@@ -90,7 +90,8 @@ def test_prompt_text_reads_chat_parts_and_completions() -> None:
     # A role's text cannot run into its content: ("ab", "c") is not ("a", "bc").
     assert (prompt_text({"messages": [{"role": "ab", "content": "c"}]})
             != prompt_text({"messages": [{"role": "a", "content": "bc"}]}))
-    assert BLOCKS.block_chars == 16 * CHARS_PER_TOKEN
+    assert BLOCKS.block_chars == 16 * CHARS_PER_TOKEN == 64
+    assert PromptBlocks(16, 5.3).block_chars == 85  # the bench's body bytes per token
 
 
 CONFIG = load_text("placement: {load_factor: 2.0, load_gate: {prefix_placement: true}}\n"

@@ -82,9 +82,9 @@ class GateConfig:
         "first (about 200 bytes a block)", default=65_536)
     prefix_block_tokens: int = key(
         Integer(1, 4096), "`prefix_placement` in ext_proc: the prompt is hashed in blocks of "
-        "this many tokens, counted as 4 characters each (no tokenizer, as the Gateway API "
-        "Inference Extension's prefix scorer), its first 256 blocks only: 128 covers a "
-        "32k-token template", default=128)
+        "this many tokens, counted as `bytes_per_token` bytes of its text each (no tokenizer, "
+        "as the Gateway API Inference Extension's prefix scorer), its first 256 blocks only: "
+        "128 covers a 32k-token template", default=128)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
