@@ -20,6 +20,7 @@ from ext_proc.prompt_stream import body_mode
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.config import load_text
 from kvgate.contract.envoy import PROMPT_METADATA_KEY
+from kvgate.contract.states import MoveReason
 from kvgate.endpoints import EndpointDirectory
 from kvgate.placement import place, session_hash
 from kvgate.placement.cost import EngineCost
@@ -163,3 +164,20 @@ def test_the_gateway_lets_ext_proc_ask_for_bodies_only_with_the_prefix_step() ->
     assert ext_proc(on).processing_mode.request_body_mode == pd_processing_mode().NONE
     assert marked(on)
     assert not ext_proc(off).allow_mode_override and not marked(off)
+
+
+async def test_a_move_for_load_asks_for_the_prompt_a_sticky_turn_does_not() -> None:
+    clock, board = Clock(), LoadBoard()
+    policy = build_policy(CONFIG.placement.load_gate, EngineCost(), board, clock=clock,
+                          block_tokens=16)
+    pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 2.0, policy=policy)
+    template = BLOCKS.of_body(chat(("system", TEMPLATE), ("user", "Fix the parser.")))
+    placed = (await pipeline.decide("p", b"s-0", 1000, blocks=template)).endpoints[0]
+    clock.now += 60.0
+    assert (await pipeline.decide("p", b"s-0", 1000, prompt=True)).outcome is Outcome.STICKY
+    clock.now += 60.0
+    board.routed(placed, clock.now, 20.0)  # 20 s queued there: a sibling answers sooner
+    assert (await pipeline.decide("p", b"s-0", 1000, prompt=True)).wants_prompt
+    moved = await pipeline.decide("p", b"s-0", 1000, blocks=template)
+    assert moved.outcome is Outcome.REBIND and moved.reason is MoveReason.LOAD
+    assert moved.endpoints[0] != placed
