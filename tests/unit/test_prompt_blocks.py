@@ -19,6 +19,7 @@ from control_plane.resources.routes import pd_processing_mode, route_configurati
 from ext_proc.prompt_stream import body_mode
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.config import load_text
+from kvgate.config.load import check_text
 from kvgate.contract.envoy import PROMPT_METADATA_KEY
 from kvgate.contract.states import MoveReason
 from kvgate.endpoints import EndpointDirectory
@@ -181,3 +182,13 @@ async def test_a_move_for_load_asks_for_the_prompt_a_sticky_turn_does_not() -> N
     moved = await pipeline.decide("p", b"s-0", 1000, blocks=template)
     assert moved.outcome is Outcome.REBIND and moved.reason is MoveReason.LOAD
     assert moved.endpoints[0] != placed
+
+
+def test_the_prefix_step_over_http_is_warned_about() -> None:
+    pools = "pools: [{name: p, endpoints: [10.0.0.1:1]}]\n"
+    step = "placement: {load_gate: {prefix_placement: true}}\n"
+    (warning,) = [str(w) for w in check_text(pools + step + "ext_proc: {transport: http}\n")
+                  .warnings]
+    assert "placement.load_gate.prefix_placement: ext_proc over HTTP reads no request body" in (
+        warning)
+    assert check_text(pools + step).warnings == ()
