@@ -78,6 +78,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
       "replica scrapes /metrics (scrape), or the control plane's collector does and also reads "
       "each engine's KV cache events, so the gate knows which sessions' blocks are in HBM "
       "(collector) (%(default)s)")
+    a("--gate-prefix-placement", choices=("on", "off"), default="off",
+      help="--compare: the load gate's prefix step (placement.load_gate.prefix_placement): "
+      "ext_proc reads a new session's prompt and places it where its leading blocks are held, "
+      "as `kvgate simulate --gate-prefix-placement` (%(default)s)")
     a("--port-range", type=_port_range, metavar="LOW-HIGH",
       help="--compare: take every port the run listens on from LOW-HIGH, e.g. on a shared host "
       "(default: free ports from the OS)")
@@ -98,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         _check_port_range(args, engine.instances)
         if args.compare:
             check_modes(args.modes)
+        elif args.gate_prefix_placement == "on":
+            raise ValueError("--gate-prefix-placement applies to --compare only (a running "
+                             "gateway's is its YAML's placement.load_gate.prefix_placement)")
         elif args.fleet_source != "scrape":
             raise ValueError("--fleet-source applies to --compare only (a running gateway's "
                              "config says where its fleet state comes from)")
@@ -142,7 +149,8 @@ def _run_compare(args: argparse.Namespace, engine: EmulatorOptions, workload: Wo
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="kvgate-bench-"))
     options = CompareOptions(engine, workdir, progress, header=args.session_header,
                              port_range=args.port_range, session_in=args.session_in,
-                             extra_headers=headers, fleet_source=args.fleet_source)
+                             extra_headers=headers, fleet_source=args.fleet_source,
+                             prefix_placement=args.gate_prefix_placement == "on")
     try:
         compared = asyncio.run(compare(workload, args.modes, options, say))
     except (NoFreePorts, ChildFailed) as exc:
@@ -183,6 +191,8 @@ def _describe(args: argparse.Namespace, workload: Workload, engine: EmulatorOpti
                 "pool_connector": engine.pool_connector} if args.compare else {}),
             **({"fleet_source": args.fleet_source}
                if args.compare and args.fleet_source != "scrape" else {}),
+            **({"load_gate": {"prefix_placement": True}}
+               if args.compare and args.gate_prefix_placement == "on" else {}),
             "tool": "kvgate bench"
             + (" --compare" if args.compare else f" --gateway {redact_url(args.gateway)}")}
 

@@ -34,6 +34,9 @@ class CompareOptions:
     # `scrape`: each ext_proc replica reads the engines' /metrics; `collector`: the control
     # plane's collector does, and reads each engine's KV cache events (HBM residency)
     fleet_source: str = "scrape"
+    # The gate's prefix step (`placement.load_gate.prefix_placement`): ext_proc reads the
+    # prompts of new sessions and places them where their leading blocks are held
+    prefix_placement: bool = False
 
 
 BENCH_BYTES_PER_TOKEN = 5.3  # the bench's request bodies per prompt token (bench/prompt_size.py)
@@ -78,12 +81,15 @@ class RunPorts:
                        events=run + engines, replay=run + 2 * engines)
 
 
-def gateway_config(header: str, ports: RunPorts, fleet_source: str = "scrape") -> Config:
+def gateway_config(header: str, ports: RunPorts, fleet_source: str = "scrape",
+                   prefix_placement: bool = False) -> Config:
     """No pools, so the Stack starts the emulated fleet itself; ext_proc (or the collector)
     reads the engines every 500 ms and sizes prompts at the bench's bytes per token (stack_for
-    says why); with the collector, it reads each engine's own KV event stream too."""
+    says why); with the collector, it reads each engine's own KV event stream too; with
+    `prefix_placement`, the gate's prefix step is on."""
     settings = gateway_settings(header, ports.gateway)
-    gate: dict[str, Any] = {"refresh_s": 0.5, "bytes_per_token": BENCH_BYTES_PER_TOKEN}
+    gate: dict[str, Any] = {"refresh_s": 0.5, "bytes_per_token": BENCH_BYTES_PER_TOKEN,
+                            **({"prefix_placement": True} if prefix_placement else {})}
     if fleet_source == "collector":
         gate |= {"source": "collector",
                  "kv_events_port_offset": ports.events - ports.engines[0],
@@ -123,7 +129,8 @@ def stack_for(mode: RoutingMode, options: CompareOptions, ports: RunPorts) -> St
     # every request sent, so the scrapes (which would show other routers' traffic) only cost
     # the emulator CPU here, which it counts as engine time: every 500 ms wall. The bench's
     # prompts are 5.3 body bytes per token (bench/prompt_size.py).
-    config = gateway_config(options.header, ports, options.fleet_source)
+    config = gateway_config(options.header, ports, options.fleet_source,
+                            options.prefix_placement)
     placement = for_emulated_fleet(config.placement, engine, engine.time_scale,
                                    gate_on=mode.load_aware)
     # One Envoy worker: its round robin is then one rotation over the engines, as in the

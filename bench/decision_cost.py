@@ -12,7 +12,9 @@ kept as columns (kvgate.placement.live.ObservedRound), each engine made on first
 round with HBM residency from the engines' KV events (kvgate.fleet.hbm_board.HbmBoard: every
 session's context in its engine's HBM, every engine's eviction rate known), which prices the
 stay and asks whether to re-home; and that with the prefix step on
-(`placement.load_gate.prefix_placement`: its booking hook on every decision, no lookup).
+(`placement.load_gate.prefix_placement`: its booking hook on every decision, no lookup), each
+request decided as ext_proc's prefix-step stream decides it (its prompt readable: a sticky turn
+is answered without it).
 """
 
 from __future__ import annotations
@@ -101,8 +103,12 @@ async def per_decision(gate_on: bool, decisions: int, sessions: int,
     for one in headers:
         await handler.decide(None, one, None)
     started = time.process_time()
-    for i in range(decisions):
-        await handler.decide(None, headers[i % sessions], None)
+    if prefix:  # ext_proc.prompt_stream: every request may give its prompt; sticky ones do not
+        for i in range(decisions):
+            await handler.decide(None, headers[i % sessions], None, prompt=True)
+    else:
+        for i in range(decisions):
+            await handler.decide(None, headers[i % sessions], None)
     return (time.process_time() - started) / decisions
 
 

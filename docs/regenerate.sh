@@ -44,6 +44,7 @@ group_results() {
         echo "$S --modes affinity+ddr,prefix-score --hbm-residency on --workload agentic-coding --sessions $n --out docs/results --name simulate-hbm-residency-agentic-coding-$n"
     done
     echo "kvgate simulate --jobs 2 --quiet --engines 1000 --sessions 100000 --block-size 512 --modes round_robin,ring_hash,affinity,round_robin+ddr,affinity+ddr,sticky+ddr --out docs/results --name simulate-fleet-1000-engines"
+    echo "$S --trace traces/prefix_families_300.jsonl.gz --engines 4 --modes affinity+ddr,round_robin+ddr --gate-prefix-placement on --addresses 127.0.0.1:58447,127.0.0.1:48355,127.0.0.1:55837,127.0.0.1:41975 --out docs/results --name simulate-small-prefix-families"
 }
 
 group_plans() {

@@ -35,6 +35,11 @@ class ExtProcMetrics(DecisionMetrics):
         )
         for reason in ("pending_full", "max_bindings"):
             self.unbound.labels(reason)
+        self.prompts_read = Counter(
+            "kvgate_ext_proc_prompts_read", "Request bodies asked of Envoy to place by the "
+            "prompt's leading blocks (the prefix step: new sessions and moves for load only)",
+            registry=self.registry,
+        )
 
     def track(
         self, bindings: Callable[[], float], pending: Callable[[], float],

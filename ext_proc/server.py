@@ -21,7 +21,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from google.protobuf import struct_pb2
 
 from ext_proc.answers import Answers, protobuf_answer
-from kvgate.contract.envoy import PD_METADATA_KEY, POOL_METADATA_KEY
+from kvgate.contract.envoy import PD_METADATA_KEY, POOL_METADATA_KEY, PROMPT_METADATA_KEY
 from kvgate.routing.handler import RequestHandler
 from kvgate.routing.sources import BodyFields
 from kvgate.session import BODY_METADATA_NAMESPACE
@@ -36,24 +36,28 @@ StreamHandler = Callable[[AsyncIterator[pb.ProcessingRequest],
 
 
 class ExternalProcessor:
-    def __init__(self, handler: RequestHandler, pd: StreamHandler | None = None) -> None:
+    def __init__(self, handler: RequestHandler, pd: StreamHandler | None = None,
+                 prompt: StreamHandler | None = None) -> None:
         self._handler = handler
         self._answers = Answers(protobuf_answer)
-        self._pd = pd
+        self._streams = {key: serve for key, serve in ((PD_METADATA_KEY, pd),
+                                                        (PROMPT_METADATA_KEY, prompt))
+                         if serve is not None}
 
     def generic_handler(self) -> grpc.GenericRpcHandler:
         """The service, registered with no response serializer: answers are already bytes.
         Unary on purpose (see the module's docstring); Envoy's streaming client is served.
-        With prefill/decode pools, their routes' streams (marked in their initial metadata)
-        are served whole by `pd`."""
+        Streams marked in their initial metadata are served whole: prefill/decode routes' by
+        `pd`, and with the prefix step on, colocated routes' by `prompt` (it may read the
+        body)."""
         unary: Handler = grpc.unary_unary_rpc_method_handler(
             self.Process, request_deserializer=pb.ProcessingRequest.FromString,
             response_serializer=None)
-        if self._pd is None:
+        if not self._streams:
             return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Process": unary})
-        return _Dispatch(unary, grpc.stream_stream_rpc_method_handler(
-            self._pd, request_deserializer=pb.ProcessingRequest.FromString,
-            response_serializer=None))
+        return _Dispatch(unary, {key: grpc.stream_stream_rpc_method_handler(
+            serve, request_deserializer=pb.ProcessingRequest.FromString,
+            response_serializer=None) for key, serve in self._streams.items()})
 
     async def Process(
         self, request: pb.ProcessingRequest,
@@ -83,18 +87,19 @@ def body_fields(body: struct_pb2.Struct) -> BodyFields:
 
 
 class _Dispatch(grpc.GenericRpcHandler):
-    """Process: the one-message handler, or the whole-stream one for a P/D route's stream."""
+    """Process: the one-message handler, or the whole-stream one its metadata marks."""
 
-    def __init__(self, unary: Handler, stream: Handler) -> None:
+    def __init__(self, unary: Handler, streams: dict[str, Handler]) -> None:
         self._unary = unary
-        self._stream = stream
+        self._streams = streams
 
     def service(self, details: grpc.HandlerCallDetails) -> Handler | None:
         if details.method != METHOD:
             return None
         for key, _ in details.invocation_metadata or ():
-            if key == PD_METADATA_KEY:
-                return self._stream
+            stream = self._streams.get(key)
+            if stream is not None:
+                return stream
         return self._unary
 
 

@@ -16,6 +16,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from ext_proc.http_server import HttpProcessor
 from ext_proc.metrics import SERVICE, ExtProcMetrics
 from ext_proc.pd_stream import PdProcessor, build_pd
+from ext_proc.prompt_stream import PromptProcessor
 from ext_proc.readiness import Readiness
 from ext_proc.server import ExternalProcessor
 from kvgate.admin_api.auth import READ_TOKEN_ENV, TOKEN_ENV, load_token
@@ -40,6 +41,7 @@ from kvgate.replicas import ReplicaReport, ReportPublisher
 from kvgate.routing import STATIC, Pipeline, Policy, build_policy
 from kvgate.routing.engine_load import EngineLoadScraper, EngineScrapeMetrics
 from kvgate.routing.handler import RequestHandler
+from kvgate.routing.prompt_blocks import PromptBlocks
 from kvgate.routing.recent import RecentSessions
 from kvgate.routing.sources import SessionSources
 from kvgate.runtime.tasks.supervisor import Supervisor
@@ -177,12 +179,23 @@ class ExtProcService:
         assert self._server is not None
         self._pd = build_pd(self._config, handler, self.directory, self.metrics.registry,
                             hbm=self._hbm, board=self.board, etcd=self._etcd)
-        processor = ExternalProcessor(handler, None if self._pd is None else self._pd.process)
+        prompt = self._prompt(handler)
+        processor = ExternalProcessor(handler, None if self._pd is None else self._pd.process,
+                                      None if prompt is None else prompt.process)
         self._server.add_generic_rpc_handlers((processor.generic_handler(),))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, self._server)
         await self._server.start()
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set(DECISIONS_HEALTH_SERVICE, health_pb2.HealthCheckResponse.SERVING)
+
+    def _prompt(self, handler: RequestHandler) -> PromptProcessor | None:
+        """The prefix step's stream, when the gate places by prompts (its routes are marked)."""
+        settings = self._config.placement.load_gate
+        if not settings.reads_prompts:
+            return None
+        return PromptProcessor(handler, PromptBlocks(settings.prefix_block_tokens,
+                                                     settings.bytes_per_token),
+                               self._config.session.body_limit, self.metrics.prompts_read)
 
     def _cut_off(self) -> bool:
         """This replica's writes do not reach etcd, or its copy of the bindings is not current
@@ -211,7 +224,7 @@ class ExtProcService:
                            else None)
         policy = build_policy(settings, config.placement.engine_cost, board,
                               recent=RecentSessions(max_age_s=config.session.idle_ttl), mix=mix,
-                              hbm=hbm, log=log)
+                              hbm=hbm, log=log, block_tokens=settings.prefix_block_tokens)
         if settings.feed == "collector":
             addresses = [str(a) for a in settings.collectors(config.control_plane.admin)]
             token = load_token(READ_TOKEN_ENV) or load_token(TOKEN_ENV)

@@ -28,6 +28,7 @@ from envoy.type.matcher.v3 import string_pb2
 from control_plane.resources import protos
 from control_plane.resources.affinity import affinity_metadata
 from control_plane.resources.local_replies import body_limit_filter, local_reply_config
+from control_plane.resources.routes import pd_processing_mode
 from control_plane.resources.session_filters import body_session_filters, buffer_limit
 from kvgate.config.model import Config
 from kvgate.contract.envoy import (
@@ -160,6 +161,11 @@ def _ext_proc(config: Config) -> hcm.HttpFilter:
         ),
         stat_prefix="kvgate",
     )
+    if config.placement.load_gate.reads_prompts and not http:
+        # The prefix step reads the body of a request whose placement weighs its prompt, and
+        # only that one: ext_proc asks in its headers' answer, for this one mode only.
+        processor.allow_mode_override = True
+        processor.allowed_override_modes.append(pd_processing_mode())
     if any(pool.disaggregated for pool in config.pools):
         # A P/D route's ext_proc waits for a prefill engine: it asks for this much, per message.
         processor.max_message_timeout.CopyFrom(

@@ -21,6 +21,7 @@ from kvgate.contract.envoy import (
     PD_METADATA_KEY,
     POOL_HEADER,
     POOL_METADATA_KEY,
+    PROMPT_METADATA_KEY,
     ROUTE_CONFIG_NAME,
     pool_cluster_name,
 )
@@ -132,10 +133,17 @@ def _tell_pool(pool: str, config: Config) -> dict[str, any_pb2.Any]:
         per_route.overrides.grpc_initial_metadata.append(
             base_pb2.HeaderValue(key=PD_METADATA_KEY, value="1"))
         per_route.overrides.processing_mode.CopyFrom(pd_processing_mode())
+    elif config.placement.load_gate.reads_prompts:
+        # The prefix step: ext_proc may ask for a request's body (new sessions, moves), on the
+        # same stream; the route itself sends headers only.
+        per_route.overrides.grpc_initial_metadata.append(
+            base_pb2.HeaderValue(key=PROMPT_METADATA_KEY, value="1"))
     return {EXT_PROC_FILTER: protos.pack(per_route)}
 
 
 def pd_processing_mode() -> processing_mode_pb2.ProcessingMode:
+    """The request body buffered, nothing else: a P/D route's mode, and the one override the
+    prefix step's ext_proc may ask for (listener.py)."""
     mode = processing_mode_pb2.ProcessingMode
     return mode(request_header_mode=mode.SEND, response_header_mode=mode.SKIP,
                 request_body_mode=mode.BUFFERED, response_body_mode=mode.NONE,

@@ -49,6 +49,7 @@ def validate(f: Fields, config: Config, *, require_pools: bool) -> None:
     _check_exposure(f, config)
     _check_collector(f, config)
     _check_kv_event_streams(f, config)
+    _check_prompt_reads(f, config)
 
 
 def _check_roles(f: Fields, config: Config, pool: Pool, i: int) -> None:
@@ -172,3 +173,12 @@ def _check_kv_event_streams(f: Fields, config: Config) -> None:
                    f"would be read from one stream, tcp://{host}:{gate.kv_events_port}, so the "
                    "collector reads none of them; give each its own with kv_events_port_offset "
                    "(its port plus the offset)")
+
+
+def _check_prompt_reads(f: Fields, config: Config) -> None:
+    """The prefix step reads request bodies over ext_proc's gRPC stream (ext_proc.prompt_stream);
+    over HTTP it sees none, and places as without it. A warning: the gateway still works."""
+    path = ("placement", "load_gate", "prefix_placement")
+    if config.placement.load_gate.reads_prompts and config.ext_proc.transport != "grpc":
+        f.warn(path, "ext_proc over HTTP reads no request body, so the prefix step sees no "
+               "prompt and places as without it: use ext_proc.transport grpc")

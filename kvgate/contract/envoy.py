@@ -13,6 +13,9 @@ POOL_HEADER = POOL_METADATA_KEY
 # gRPC initial metadata a prefill/decode pool's routes add: ext_proc serves that stream in full
 # (headers, then the buffered body: the two-stage wire), the others with one answer.
 PD_METADATA_KEY = "x-kvgate-pd"
+# ... and a colocated pool's routes with the prefix step on: ext_proc may ask for the body of a
+# request whose decision weighs its prompt (a per-request mode override), on the same stream.
+PROMPT_METADATA_KEY = "x-kvgate-prompt"
 
 LISTENER_NAME = "kvgate_gateway"
 ROUTE_CONFIG_NAME = "kvgate_routes"

@@ -18,10 +18,11 @@ of leading blocks. Two sources answer, behind one protocol (`PrefixHolders`):
   recently placed forgotten first; only a prompt's first `leading_blocks` (256, as the
   scorer's) are kept.
 
-Both need the prompt's block hashes. The peers' endpoint pickers read the request body to make
-them; kvgate's ext_proc sees request headers only, and the engines' KV events reach it keyed by
-session (kvgate.fleet.residency), so today only the simulator, which hashes every prompt,
-passes them (`Pipeline.decide(blocks=...)`).
+Both need the prompt's block hashes (`Pipeline.decide(blocks=...)`). The simulator hashes every
+prompt; ext_proc, like the peers' endpoint pickers, reads the request body, but only for the
+decisions that weigh it (ext_proc.prompt_stream), and hashes it in character blocks
+(kvgate.routing.prompt_blocks), which the routed index takes; the engines' KV events reach it
+keyed by session (kvgate.fleet.residency), not by these hashes.
 """
 
 from __future__ import annotations

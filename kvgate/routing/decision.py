@@ -38,6 +38,10 @@ class Decision:
     endpoints: tuple[str, ...] = ()  # primary first, then the retry fallback
     session: str | None = None
     reason: MoveReason | None = None  # why a REBIND moved the session
+    # Not decided yet: the decision would weigh the prompt's leading blocks (the prefix step),
+    # which the caller said it can read; asked again with them (Pipeline.decide's `prompt`).
+    wants_prompt: bool = False
 
 
 SESSIONLESS = Decision(Outcome.SESSIONLESS)
+PROMPT_WANTED = Decision(Outcome.NEW, wants_prompt=True)

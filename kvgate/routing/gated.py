@@ -111,6 +111,7 @@ class GatedPolicy:
             # The reads it books queue on the links, which the term prices.
             self._ledger.links = LinkBacklog(cost, node_of)
         self.prefix = _prefix_step(config, prefixes, block_tokens)
+        self.reads_prompts = self.prefix is not None
         if self.prefix is not None:
             self.hooks = (*self.hooks, self.prefix)
         self.residency = residency

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -84,18 +84,32 @@ class RequestHandler:
         pool: str | None,
         headers: Mapping[str, bytes],
         body: BodyFields | None,
+        *, prompt: bool = False, blocks: Sequence[int] = (),
     ) -> Decision:
         """`headers`: the forwarded request headers, name -> value; `body`: the session fields
-        Envoy found in the body (metadata namespace kvgate.session), None if it found none."""
+        Envoy found in the body (metadata namespace kvgate.session), None if it found none.
+        `prompt`: the transport can read the request's prompt; a decision that would weigh it
+        answers `wants_prompt` (not counted), and is asked again with its `blocks`."""
         self.last_decided = started = time.perf_counter()
         pool = pool or self.default_pool
         try:
             if pool is None:
                 raise DecisionError("route carries no pool and more than one pool is configured")
             found = self._sources.pick(headers, body)
-            self._source_counters[found.source].inc()
-            decision = await self._pipeline.decide(pool, found.raw or None,
-                                                  self._prompt_tokens(headers), ring=found.ring)
+            if not prompt:
+                self._source_counters[found.source].inc()
+            if prompt or blocks:
+                decision = await self._pipeline.decide(
+                    pool, found.raw or None, self._prompt_tokens(headers), ring=found.ring,
+                    blocks=blocks, prompt=prompt)
+            else:  # the path of every request that cannot give its prompt, sticky turns first
+                decision = await self._pipeline.decide(pool, found.raw or None,
+                                                      self._prompt_tokens(headers),
+                                                      ring=found.ring)
+            if decision.wants_prompt:
+                return decision  # counted when asked again, with the prompt
+            if prompt:
+                self._source_counters[found.source].inc()
         except asyncio.CancelledError:
             self._outcome_counters[Outcome.ABANDONED].inc()
             raise

@@ -22,6 +22,7 @@ from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.placement import fallback_for, place, session_hash
 from kvgate.placement.view import PoolView
 from kvgate.routing.decision import (
+    PROMPT_WANTED,
     SESSIONLESS,
     Decision,
     NoActiveEndpoint,
@@ -63,12 +64,15 @@ class Pipeline:
 
     async def decide(self, pool: str, raw_session: bytes | None,
                      prompt_tokens: int = 0, *, ring: bytes | None = None,
-                     blocks: Sequence[int] = ()) -> Decision:
+                     blocks: Sequence[int] = (), prompt: bool = False) -> Decision:
         """`prompt_tokens`: an estimate of the request's prompt size (0: unknown), which a
         load-aware policy prices the request with. `ring`: what Envoy's ring hashes for this
         session when not `raw_session` itself (a key carried percent-encoded). `blocks`: the
         prompt's chained block hashes where the caller knows them (the simulator), which the
-        gate's prefix step places new sessions with."""
+        gate's prefix step places new sessions with. `prompt`: the caller can still read the
+        prompt (ext_proc, which then asks Envoy for the body): where the policy would weigh
+        its blocks, the answer is `PROMPT_WANTED`, and the caller asks again with `blocks`. A
+        bound session's sticky turn never asks."""
         session = self._sessions.normalize(raw_session) if raw_session is not None else None
         if session is None:
             return self._sessionless(pool, prompt_tokens)
@@ -97,8 +101,21 @@ class Pipeline:
                     hook.kept(pool, session, binding.endpoint, known)
                 return self._decision(Outcome.STICKY, view, hash_value, binding.endpoint,
                                       session)
+        if prompt and self._wants_prompt(moved):
+            return PROMPT_WANTED
         return await self._place(pool, session, view, hash_value, binding, state, known,
                                  moved)
+
+    def _wants_prompt(self, moved: Moved | None) -> bool:
+        """The policy would weigh the prompt's blocks: it places by them (a new session, or
+        one whose engine left), or it moves the session for load (a move prices what each
+        sibling holds of the prompt). Not a re-home (the session's own context decides it),
+        nor a placement on Envoy's ring (while writes do not reach etcd)."""
+        if not self.policy.reads_prompts:
+            return False
+        if moved is not None:
+            return moved.reason is MoveReason.LOAD
+        return not self._store.places_on_ring
 
     async def _place(self, pool: str, session: str, view: PoolView, hash_value: int,
                      binding: Binding | None, state: EndpointState | None, known: Known,

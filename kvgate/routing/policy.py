@@ -97,6 +97,8 @@ class Policy(Protocol):
     """How sessions are placed and kept; the pipeline does the rest."""
 
     hooks: tuple[BookingHook, ...]
+    # It places new sessions and moves for load with the prompt's leading blocks (`Known.blocks`).
+    reads_prompts: bool
 
     def known(self, pool: str, session: str, prompt_tokens: int) -> Known:
         """What this policy needs of the request; `prompt_tokens` 0 when unknown."""
@@ -128,6 +130,7 @@ class StaticPolicy:
     the load bound (its KV pool first)."""
 
     hooks: tuple[BookingHook, ...] = ()
+    reads_prompts = False
 
     def known(self, pool: str, session: str, prompt_tokens: int) -> Known:
         return NOTHING_KNOWN  # nothing read, nothing allocated on the sticky path

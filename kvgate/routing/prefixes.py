@@ -5,9 +5,9 @@ beside the ring's candidates if the load bound admits them. A bound session's tu
 (the sticky path is unchanged); what the gateway routed is recorded when a session is placed or
 moved, never on its sticky turns.
 
-Where the request's blocks are not known (`Known.blocks` empty: ext_proc sees a request's
-headers, not its prompt) the step answers 0 held everywhere, and the gate decides as without
-it.
+Where the request's blocks are not known (`Known.blocks` empty: a body ext_proc could not read,
+or a prompt shorter than one block) the step answers 0 held everywhere, and the gate decides as
+without it.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ EXT_PROC = {f"kvgate_ext_proc_{name}" for name in (
     "fleet_state_oldest_figure_seconds", "fleet_state_replaced_age_seconds",
     "fleet_state_rounds", "hbm_eviction_rates", "hbm_residency_pairs", "pending_writes",
     "rebinds", "session_sources", "unbound",
+    "prompts_read",  # since: the prefix step's body reads (issue 42)
 )}
 
 

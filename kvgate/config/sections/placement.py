@@ -72,13 +72,19 @@ class GateConfig:
         "with what that engine already holds of its prompt's leading blocks (prefixes shared "
         "across sessions: templates, common documents), and the engines holding them are "
         "scored beside the ring's candidates under the load bound: exactly where the engines' "
-        "KV events tell it, else from what the gateway placed (`prefix_index_blocks`). Needs "
-        "the prompt's block hashes, which the simulator has and ext_proc does not yet",
+        "KV events tell it, else from what the gateway placed (`prefix_index_blocks`). Live, "
+        "ext_proc reads a request's body only for those decisions (gRPC transport, bodies up "
+        "to `session.body_limit`); a bound session's turns send none",
         default=False)
     prefix_index_blocks: int = key(
         Integer(1, 1 << 24), "`prefix_placement` without KV events: leading blocks the gateway "
         "remembers having placed, each on at most 4 engines, least recently placed forgotten "
         "first (about 200 bytes a block)", default=65_536)
+    prefix_block_tokens: int = key(
+        Integer(1, 4096), "`prefix_placement` in ext_proc: the prompt is hashed in blocks of "
+        "this many tokens, counted as `bytes_per_token` bytes of its text each (no tokenizer, "
+        "as the Gateway API Inference Extension's prefix scorer), its first 256 blocks only: "
+        "128 covers a 32k-token template", default=128)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
@@ -121,6 +127,11 @@ class GateConfig:
         """Where ext_proc gets the engines' load (`source`); None: the gate is off, so nothing
         feeds or scores (static stickiness)."""
         return self.source if self.enabled else None
+
+    @property
+    def reads_prompts(self) -> bool:
+        """ext_proc may ask for a request's body (the prefix step, live)."""
+        return self.enabled and self.prefix_placement
 
     @property
     def request_headers(self) -> tuple[str, ...]:
