@@ -78,13 +78,13 @@ group_profiles() {
     done
 }
 
-# The load sweep, default profile, every mode (480 and 960 agentic sessions and the default
-# bank-coding load are the committed results above).
+# The load sweep, default profile, every mode, 0.5x to 4x the default load (480 and 960 agentic
+# sessions and the default bank-coding load, 3,200, are the committed results above).
 group_load() {
     for n in 240 1440 1920; do
         echo "$S --workload agentic-coding --sessions $n --out docs/results/load --name agentic-coding-$n"
     done
-    for n in 1600 6400 9600; do
+    for n in 1600 6400 9600 12800; do
         echo "$S --sessions $n --out docs/results/load --name bank-coding-$n"
     done
 }
@@ -96,7 +96,7 @@ group_load_profiles() {
         for n in 240 480 960 1440 1920; do
             echo "$S --workload agentic-coding --sessions $n $o --name agentic-coding-$n-$c"
         done
-        for n in 1600 3200 6400 9600; do
+        for n in 1600 3200 6400 9600 12800; do
             echo "$S --sessions $n $o --name bank-coding-$n-$c"
         done
     done
