@@ -43,6 +43,7 @@ group_results() {
     for n in 1440 1920; do
         echo "$S --modes affinity+ddr,prefix-score --hbm-residency on --workload agentic-coding --sessions $n --out docs/results --name simulate-hbm-residency-agentic-coding-$n"
     done
+    echo "$S --modes affinity+ddr --hbm-residency on --sessions 12800 --out docs/results --name simulate-hbm-residency-bank-coding-12800"
     echo "kvgate simulate --jobs 2 --quiet --engines 1000 --sessions 100000 --block-size 512 --modes round_robin,ring_hash,affinity,round_robin+ddr,affinity+ddr,sticky+ddr --out docs/results --name simulate-fleet-1000-engines"
 }
 
