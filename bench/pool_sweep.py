@@ -148,7 +148,7 @@ def profiles_markdown(document: dict[str, Any]) -> str:
 LOADS = {
     "agentic-coding": ((240, 480, 960, 1440, 1920), 480,
                        {480: "simulate-agentic-coding", 960: "simulate-agentic-coding-960"}),
-    "bank-coding": ((1600, 3200, 6400, 9600), 3200, {3200: "simulate-bank-coding"}),
+    "bank-coding": ((1600, 3200, 6400, 9600, 12800), 3200, {3200: "simulate-bank-coding"}),
 }
 
 

@@ -43,6 +43,7 @@ group_results() {
     for n in 1440 1920; do
         echo "$S --modes affinity+ddr,prefix-score --hbm-residency on --workload agentic-coding --sessions $n --out docs/results --name simulate-hbm-residency-agentic-coding-$n"
     done
+    echo "$S --modes affinity+ddr --hbm-residency on --sessions 12800 --out docs/results --name simulate-hbm-residency-bank-coding-12800"
     echo "kvgate simulate --jobs 2 --quiet --engines 1000 --sessions 100000 --block-size 512 --modes round_robin,ring_hash,affinity,round_robin+ddr,affinity+ddr,sticky+ddr --out docs/results --name simulate-fleet-1000-engines"
     echo "$S --trace traces/prefix_families_300.jsonl.gz --engines 4 --modes affinity+ddr,round_robin+ddr --gate-prefix-placement on --addresses 127.0.0.1:58447,127.0.0.1:48355,127.0.0.1:55837,127.0.0.1:41975 --out docs/results --name simulate-small-prefix-families"
 }
@@ -79,13 +80,13 @@ group_profiles() {
     done
 }
 
-# The load sweep, default profile, every mode (480 and 960 agentic sessions and the default
-# bank-coding load are the committed results above).
+# The load sweep, default profile, every mode, 0.5x to 4x the default load (480 and 960 agentic
+# sessions and the default bank-coding load, 3,200, are the committed results above).
 group_load() {
     for n in 240 1440 1920; do
         echo "$S --workload agentic-coding --sessions $n --out docs/results/load --name agentic-coding-$n"
     done
-    for n in 1600 6400 9600; do
+    for n in 1600 6400 9600 12800; do
         echo "$S --sessions $n --out docs/results/load --name bank-coding-$n"
     done
 }
@@ -97,7 +98,7 @@ group_load_profiles() {
         for n in 240 480 960 1440 1920; do
             echo "$S --workload agentic-coding --sessions $n $o --name agentic-coding-$n-$c"
         done
-        for n in 1600 3200 6400 9600; do
+        for n in 1600 3200 6400 9600 12800; do
             echo "$S --sessions $n $o --name bank-coding-$n-$c"
         done
     done

@@ -206,6 +206,8 @@ RESIDENCY = (
      "simulate-hbm-residency-agentic-coding-1440"),
     ("agentic-coding, 1,920 sessions", "load/agentic-coding-1920", "",
      "simulate-hbm-residency-agentic-coding-1920"),
+    ("bank-coding, 12,800 sessions", "load/bank-coding-12800", "",
+     "simulate-hbm-residency-bank-coding-12800"),
 )
 
 
