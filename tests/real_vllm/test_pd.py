@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,9 +45,12 @@ P2P = ("vllm:prompt_tokens_cached_by_source", {"source": "p2p"})
 FINISHED = ("vllm:request_success", {})
 
 
+PULL_TIMEOUT_S = 10.0  # the decode engine's wait for a handoff's files, then it recomputes
+
+
 @pytest.fixture(scope="module")
 def transfer() -> Iterator[PdTransfer]:
-    with PdTransfer() as found:
+    with PdTransfer(pull_timeout_s=PULL_TIMEOUT_S) as found:
         yield found
 
 
@@ -182,8 +187,33 @@ async def test_a_long_first_turn_is_pulled_whole_and_the_short_next_turn_skips_p
     assert await gateway.metric(gateway.prefill, FINISHED) - prefilled == 1  # never reached
     # The pulled prompt stayed in the decode engine's prefix cache: every whole block of it hits.
     assert second.cached >= first.prompt // BLOCK_SIZE * BLOCK_SIZE, (first, second)
-    print(f"\nfirst turn {first.prompt} tokens pulled; next turn {second.prompt} tokens, "
+    write, pull = transfer.calls("write")[-1], transfer.calls("pull")[-1]
+    print(f"\nfirst turn {first.prompt} tokens pulled ({write['blocks']} blocks, "
+          f"{write['bytes'] / 2**20:.0f} MiB written in {write['seconds'] * 1000:.0f} ms, "
+          f"read in {pull['seconds'] * 1000:.0f} ms); next turn {second.prompt} tokens, "
           f"{second.cached} cached on the decode engine, prefill engine not asked")
+
+
+async def test_a_handoff_whose_files_never_come_is_prefilled_on_the_decode_engine(
+        gateway: PdGateway, transfer: PdTransfer) -> None:
+    """A decode request naming a prefill nobody wrote (its prefill engine died after it
+    answered, before its worker wrote the blocks): the decode engine waits PULL_TIMEOUT_S,
+    reports the pull failed, and vLLM prefills the prompt itself (kv_load_failure_policy
+    recompute). Sent to the engine directly: the gateway lets no client name KV to pull."""
+    prompt = [random.Random(5).randrange(200, 8000) for _ in range(1000)]
+    params = {"do_remote_prefill": True, "do_remote_decode": False,
+              "remote_block_ids": list(range(1, 9)), "remote_engine_id": "gone-engine",
+              "remote_request_id": "cmpl-never-written", "remote_host": socket.gethostname(),
+              "remote_port": gateway.prefill.port, "tp_size": 1}
+    started = time.monotonic()
+    _, answer = await complete(gateway.http, gateway.decode.url,
+                               {**completion(prompt), "kv_transfer_params": params})
+    waited = time.monotonic() - started
+    pull = transfer.calls("pull")[-1]
+    assert (pull["remote"], pull["ok"], pull["why"]) == ("cmpl-never-written", False, "timed out")
+    assert waited >= PULL_TIMEOUT_S
+    assert [answer] == await colocated(gateway, [prompt], 24)
+    print(f"\na pull that never came: answered after {waited:.1f} s, recomputed, as colocated")
 
 
 async def test_the_prefill_engine_killed_mid_run_fails_nothing(
