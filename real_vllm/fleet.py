@@ -17,6 +17,7 @@ import aiohttp
 from kvgate.runtime.children.child import Child, ChildFailed
 from kvgate.runtime.children.ports import free_ports
 from real_vllm.install import VllmEnv
+from real_vllm.pd_store import PORT_ENV
 
 SERVED_MODEL = "kvgate-tiny-llama"
 BLOCK_SIZE = 128  # vLLM-CPU's block size (and the prefix cache's granularity)
@@ -149,6 +150,7 @@ class RealFleet:
     async def start_engine(self, index: int, port: int, cores: tuple[int, ...]) -> Engine:
         env = engine_environment(self.cache, cores, self.options.kv_cache_gib)
         env["KVGATE_REAL_VLLM_ENGINE"] = str(index)  # named in a KV connector's call log
+        env[PORT_ENV] = str(port)  # the P/D connector's remote_port
         if self.options.python_path:
             env["PYTHONPATH"] = self.options.python_path
         child = Child(f"vllm[{index}]", engine_argv(self.env, self.model, port, cores,

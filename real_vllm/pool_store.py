@@ -76,9 +76,10 @@ class BlockFiles:
     hold an exclusive lock on the directory, so a block is never collected between its file
     being written and its key entering the index."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, create: bool = True) -> None:
         self.root = root
-        root.mkdir(parents=True, exist_ok=True)
+        if create:  # a reader of another engine's directory leaves it as it finds it
+            root.mkdir(parents=True, exist_ok=True)
 
     def path(self, key: int) -> Path:
         return self.root / f"{key:016x}{_SUFFIX}"

@@ -31,6 +31,17 @@ def real_gateway_config(addresses: list[str], prefix: str) -> Config:
     return replace(config, pools=pools, upstream_header=UPSTREAM_HEADER)
 
 
+def pd_gateway_config(prefill: str, decode: str, prefix: str,
+                      skip_prefill_below: int) -> Config:
+    """One prefill and one decode engine in a P/D pool (disaggregation.skip_prefill_below)."""
+    config = gateway_config([{"address": prefill, "role": "prefill"},
+                             {"address": decode, "role": "decode"}], prefix=prefix,
+                            kv_pool="cpu-a",
+                            extra={"disaggregation": {"skip_prefill_below": skip_prefill_below}})
+    pools = tuple(replace(p, health=HEALTH) for p in config.pools)
+    return replace(config, pools=pools, upstream_header=UPSTREAM_HEADER)
+
+
 async def kvgate(*args: str) -> tuple[int, str]:
     """The kvgate command as a user runs it: exit code and standard output."""
     process = await asyncio.create_subprocess_exec(
