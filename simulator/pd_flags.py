@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from benchkit.modes import ModeError, parse_simulated_modes
+from kvgate.config.sections.disaggregation import DEFAULT_SKIP_PREFILL_BELOW
 from kvgate.contract.modes import PdMode, RoutingMode
 from simulator.setup import SimConfig
 
@@ -50,6 +51,10 @@ def add_pd_flags(parser: argparse.ArgumentParser) -> None:
         "--pd", type=parse_split, metavar="P:D",
         help="a prefill/decode fleet for the P/D modes: the first P engines prefill, the next "
              "D decode (P + D = --engines); colocated modes use every engine as it is")
+    parser.add_argument(
+        "--skip-prefill-below", type=int, default=DEFAULT_SKIP_PREFILL_BELOW, metavar="TOKENS",
+        help="pd-kvgate: a turn goes to a prefill engine only when its decode engine lacks at "
+             "least this many tokens (disaggregation.skip_prefill_below; %(default)s)")
 
 
 def check_pd(args: argparse.Namespace, engines: int) -> None:
@@ -59,6 +64,8 @@ def check_pd(args: argparse.Namespace, engines: int) -> None:
         if pd_modes:
             raise ValueError(f"mode {pd_modes[0]} needs --pd P:D (prefill:decode engines)")
         return
+    if args.skip_prefill_below < 0:
+        raise ValueError(f"--skip-prefill-below must be >= 0, got {args.skip_prefill_below}")
     if sum(args.pd) != engines:
         raise ValueError(f"--pd {args.pd[0]}:{args.pd[1]} is {sum(args.pd)} engines, but "
                          f"--engines is {engines}")

@@ -15,8 +15,9 @@ from emulator.options import EmulatorOptions
 from emulator.timing import TimingParams
 from kvgate.contract.modes import PdMode, RoutingMode
 from kvgate.runtime.tasks.loop import run as run_loop
+from simulator.command import add_arguments
 from simulator.itl import EngineItl
-from simulator.pd_flags import parse_modes, parse_split
+from simulator.pd_flags import check_pd, parse_modes, parse_split
 from simulator.pd_routers import DynamoPd, LlmdPd, PdPick, VllmAscendPd
 from simulator.pd_simulation import PdSimulation
 from simulator.routing import Ask
@@ -127,6 +128,20 @@ def test_flags_parse_the_split_and_the_pd_modes() -> None:
     assert parse_modes("affinity+ddr,pd-dynamo") == (RoutingMode.AFFINITY_DDR, PdMode.DYNAMO)
     with pytest.raises(ValueError, match="unknown P/D mode"):
         parse_modes("pd-nope")
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    (["--modes", "pd-kvgate"], "needs --pd"),
+    (["--modes", "pd", "--pd", "4:8"], "is 12 engines"),
+    (["--modes", "pd", "--pd", "4:12", "--skip-prefill-below", "-1"], ">= 0"),
+    (["--modes", "pd", "--pd", "4:12", "--fail", "3@10"], "not simulated"),
+])
+def test_the_command_refuses_what_it_cannot_simulate(argv: list[str], error: str) -> None:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--engines", "16", *argv])
+    with pytest.raises(ValueError, match=error):
+        check_pd(args, 16)
 
 
 def _config(**fields: object) -> SimConfig:
