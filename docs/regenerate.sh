@@ -114,7 +114,7 @@ group_seeds() {
 
 # Prefill/decode fleets on 16 devices (`--pd P:D`): colocated kvgate (affinity+ddr) and the
 # four P/D policies, at the default and twice the default load. Not in the default list: about
-# 3.5 minutes a run. KV events on (`--hbm-residency on`): the peers' P/D routers use them too.
+# 4 minutes a run (1 for the pd-kvgate-only ones). KV events on (`--hbm-residency on`): the peers' P/D routers use them too.
 group_pd() {
     local o="--modes pd --hbm-residency on --out docs/results/pd"
     for split in 4:12 8:8; do
@@ -123,6 +123,12 @@ group_pd() {
         echo "$S --pd $split --sessions 6400 $o --name $n-bank-coding-6400"
         echo "$S --pd $split --workload agentic-coding $o --name $n-agentic-coding"
         echo "$S --pd $split --workload agentic-coding --sessions 960 $o --name $n-agentic-coding-960"
+        # pd-kvgate with every turn prefilled remotely (skip_prefill_below 0), beside the default
+        local k="--modes pd-kvgate --skip-prefill-below 0 --hbm-residency on --no-oracle --out docs/results/pd"
+        echo "$S --pd $split $k --name $n-bank-coding-skip-0"
+        echo "$S --pd $split --workload agentic-coding $k --name $n-agentic-coding-skip-0"
+        echo "$S --pd $split --sessions 6400 $k --name $n-bank-coding-6400-skip-0"
+        echo "$S --pd $split --workload agentic-coding --sessions 960 $k --name $n-agentic-coding-960-skip-0"
     done
 }
 

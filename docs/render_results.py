@@ -268,14 +268,16 @@ def pd_table() -> str:
         return f"{f['ttft_p99_s']:.1f} s · {1000 * f['itl_p99_s']:.0f} ms"
 
     rows = ["| run | P:D | `affinity+ddr` (colocated) | " + " | ".join(
-        f"`{m}`" for m in PD_MODES) + " | `pd-kvgate` skips prefill |",
-        "|---|---|---:|" + "---:|" * len(PD_MODES) + "---:|"]
+        f"`{m}`" for m in PD_MODES) + " | `pd-kvgate` skips prefill | `pd-kvgate`, every turn "
+        "remote |", "|---|---|---:|" + "---:|" * len(PD_MODES) + "---:|---:|"]
     for name, what in PD_RUNS:
         for split in PD_SPLITS:
             modes = load(f"pd/pd-{split}-{name}")["modes"]
+            remote = load(f"pd/pd-{split}-{name}-skip-0")["modes"]["pd-kvgate"]
             rows.append(f"| {what} | {split.replace('-', ':')} | {cell(modes['affinity+ddr'])} | "
                         + " | ".join(cell(modes[m]) for m in PD_MODES)
-                        + f" | {pct(modes['pd-kvgate']['prefill_skipped_share'])} |")
+                        + f" | {pct(modes['pd-kvgate']['prefill_skipped_share'])} | "
+                        f"{cell(remote)} |")
     return "\n".join(rows)
 
 
