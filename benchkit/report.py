@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchkit.itl import ItlSamples
+
 
 @dataclass(slots=True)
 class ModeStats:
@@ -34,6 +36,11 @@ class ModeStats:
     window: tuple[float, float] | None = None
     window_prompt_tokens: int = 0
     window_cached_tokens: int = 0
+    # Inter-token gaps (the simulator's step accounting; None where not measured), and for a
+    # prefill/decode mode, the measured turns it routed and those that skipped a prefill engine.
+    itl: ItlSamples | None = None
+    pd_turns: int | None = None
+    pd_skipped: int = 0
 
     def add(self, arrival: float, ttft: float, finish: float, prompt: int, cached: int,
             hbm: int | None = None, ddr: int | None = None) -> None:
@@ -70,8 +77,18 @@ class ModeStats:
             "requests": len(self.ttfts) + self.errors,
             "errors": self.errors,
             "throughput_rps": len(self.ttfts) / span if span > 0 else 0.0,
+            "itl_p50_s": None if self.itl is None else self.itl.percentile(50),
+            "itl_p99_s": None if self.itl is None else self.itl.percentile(99),
+            **self.pd_figures(),
             **self.cost_figures(),
         }
+
+    def pd_figures(self) -> dict[str, Any]:
+        """A prefill/decode mode's share of turns that never reached a prefill engine."""
+        if self.pd_turns is None:
+            return {}
+        return {"prefill_skipped_share": self.pd_skipped / self.pd_turns if self.pd_turns
+                else 0.0}
 
     def cost_figures(self) -> dict[str, Any]:
         """What the pool costs: DDR bytes read per request (mean, p99), the pool's read traffic
@@ -126,13 +143,16 @@ def _pct(value: float | None) -> str:
 
 
 def markdown_table(document: Mapping[str, Any]) -> str:
-    rows = ["| mode | hit rate | HBM | DDR | TTFT p50 | TTFT p90 | TTFT p99 | requests | errors "
-            "| req/s |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = ["| mode | hit rate | HBM | DDR | TTFT p50 | TTFT p90 | TTFT p99 | ITL p50 | ITL p99 "
+            "| prefill skipped | requests | errors | req/s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for mode, f in document["modes"].items():
         rows.append(
             f"| {mode} | {_pct(f['hit_rate'])} | {_pct(f['hbm_hit_rate'])} | "
             f"{_pct(f['ddr_hit_rate'])} | {f['ttft_p50_s']:.2f} s | {f['ttft_p90_s']:.2f} s | "
-            f"{f['ttft_p99_s']:.2f} s | {f['requests']} | {f['errors']} | "
+            f"{f['ttft_p99_s']:.2f} s | {_num(f.get('itl_p50_s'), 1e-3, 0, ' ms')} | "
+            f"{_num(f.get('itl_p99_s'), 1e-3, 0, ' ms')} | "
+            f"{_pct(f.get('prefill_skipped_share'))} | {f['requests']} | {f['errors']} | "
             f"{f['throughput_rps']:.2f} |"
         )
     rows.append(f"\noracle hit rate (infinite cache, perfect routing): "

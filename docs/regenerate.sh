@@ -5,7 +5,7 @@
 # `python bench/pool_sweep.py` builds the profile table and the load sweep (tables and charts).
 #
 #   docs/regenerate.sh [GROUP...]    groups: results plans sweep profiles load load-profiles seeds
-#                                    (default: all of them, in that order)
+#                                    (default: all of them, in that order), and pd (on request)
 #   JOBS=N                           commands run N at a time (default 2)
 #
 # Each line is one command; all of them are deterministic (fixed seeds).
@@ -111,6 +111,26 @@ group_seeds() {
         local o="--workload agentic-coding --sessions 960 --seed $seed --out docs/results/seeds"
         echo "$S $o --modes affinity+ddr,sticky+ddr,prefix-score --name agentic-coding-960-seed-$seed"
         echo "$S $o --modes affinity+ddr --hbm-residency on --name hbm-residency-agentic-coding-960-seed-$seed"
+    done
+}
+
+# Prefill/decode fleets on 16 devices (`--pd P:D`): colocated kvgate (affinity+ddr) and the
+# four P/D policies, at the default and twice the default load. Not in the default list: about
+# 4 minutes a run (1 for the pd-kvgate-only ones). KV events on (`--hbm-residency on`): the peers' P/D routers use them too.
+group_pd() {
+    local o="--modes pd --hbm-residency on --out docs/results/pd"
+    for split in 4:12 8:8; do
+        local n="pd-${split/:/-}"
+        echo "$S --pd $split $o --name $n-bank-coding"
+        echo "$S --pd $split --sessions 6400 $o --name $n-bank-coding-6400"
+        echo "$S --pd $split --workload agentic-coding $o --name $n-agentic-coding"
+        echo "$S --pd $split --workload agentic-coding --sessions 960 $o --name $n-agentic-coding-960"
+        # pd-kvgate with every turn prefilled remotely (skip_prefill_below 0), beside the default
+        local k="--modes pd-kvgate --skip-prefill-below 0 --hbm-residency on --no-oracle --out docs/results/pd"
+        echo "$S --pd $split $k --name $n-bank-coding-skip-0"
+        echo "$S --pd $split --workload agentic-coding $k --name $n-agentic-coding-skip-0"
+        echo "$S --pd $split --sessions 6400 $k --name $n-bank-coding-6400-skip-0"
+        echo "$S --pd $split --workload agentic-coding --sessions 960 $k --name $n-agentic-coding-960-skip-0"
     done
 }
 

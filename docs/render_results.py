@@ -252,7 +252,39 @@ def seeds_table() -> str:
     return "\n".join(rows)
 
 
+# The P/D runs (docs/results/pd/pd-P-D-NAME.json): (NAME, what it is).
+PD_RUNS = (
+    ("bank-coding", "bank-coding, 3,200 sessions"),
+    ("bank-coding-6400", "bank-coding, 6,400 sessions (2×)"),
+    ("agentic-coding", "agentic-coding, 480 sessions"),
+    ("agentic-coding-960", "agentic-coding, 960 sessions (2×)"),
+)
+PD_SPLITS = ("4-12", "8-8")
+PD_MODES = ("pd-kvgate", "pd-vllm-ascend", "pd-llm-d", "pd-dynamo")
+
+
+def pd_table() -> str:
+    """TTFT p99 and inter-token p99 of colocated kvgate and each P/D policy, on 16 devices."""
+
+    def cell(f: dict[str, Any]) -> str:
+        return f"{f['ttft_p99_s']:.1f} s · {1000 * f['itl_p99_s']:.0f} ms"
+
+    rows = ["| run | P:D | `affinity+ddr` (colocated) | " + " | ".join(
+        f"`{m}`" for m in PD_MODES) + " | `pd-kvgate` skips prefill | `pd-kvgate`, every turn "
+        "remote |", "|---|---|---:|" + "---:|" * len(PD_MODES) + "---:|---:|"]
+    for name, what in PD_RUNS:
+        for split in PD_SPLITS:
+            modes = load(f"pd/pd-{split}-{name}")["modes"]
+            remote = load(f"pd/pd-{split}-{name}-skip-0")["modes"]["pd-kvgate"]
+            rows.append(f"| {what} | {split.replace('-', ':')} | {cell(modes['affinity+ddr'])} | "
+                        + " | ".join(cell(modes[m]) for m in PD_MODES)
+                        + f" | {pct(modes['pd-kvgate']['prefill_skipped_share'])} | "
+                        f"{cell(remote)} |")
+    return "\n".join(rows)
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "pd": pd_table,
     "sweep": sweep_table,
     "scenarios": scenarios_table,
     "plans": plans_table,

@@ -12,7 +12,6 @@ from typing import Any
 
 from benchkit.fleet_options import add_fleet_arguments
 from benchkit.inputs import InputError, engines_and_workload
-from benchkit.modes import parse_simulated_modes
 from benchkit.report import (
     ModeStats,
     markdown_table,
@@ -24,6 +23,7 @@ from kvgate.config.sections.placement import decision_settings
 from kvgate.runtime.tasks.collector import collector_paused
 from simulator.gate_flags import add_gate_flags, gate_settings
 from simulator.parallel import simulate_modes
+from simulator.pd_flags import add_pd_flags, check_pd, parse_modes, pd_description
 from simulator.run import LOAD_REFRESH_S, PROMPT_ERROR, FleetEvent, SimConfig
 from workload.cli import add_workload_arguments
 from workload.hashing import PromptBlocks, oracle_hits
@@ -51,9 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_workload_arguments(parser)
     add_fleet_arguments(parser, DEFAULT_ENGINES)
     a = parser.add_argument
-    a("--modes", type=parse_simulated_modes, default=parse_simulated_modes("all"),
+    a("--modes", type=parse_modes, default=parse_modes("all"),
       help="comma-separated: round_robin,ring_hash,affinity,round_robin+ddr,affinity+ddr,"
-      "sticky+ddr,prefix-score,kv-cost,bounded-hash (all)")
+      "sticky+ddr,prefix-score,kv-cost,bounded-hash (all), and with --pd the P/D modes "
+      "pd-kvgate,pd-vllm-ascend,pd-llm-d,pd-dynamo (pd: these and affinity+ddr)")
+    add_pd_flags(parser)
     a("--fail", type=fleet_event("fail"), action="append", default=[], metavar="ENGINE@T",
       help="engine index ENGINE fails at emulated second T (repeatable)")
     a("--drain", type=fleet_event("drain"), action="append", default=[], metavar="ENGINE@T",
@@ -88,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
                        progress=not args.quiet and sys.stderr.isatty() and args.jobs <= 1,
-                       addresses=addresses, **router_settings(args))
+                       addresses=addresses, pd=args.pd,
+                       skip_prefill_below=args.skip_prefill_below, **router_settings(args))
     blocks = hashed(workload, options.block_size, args.jobs)
     print(f"prompts hashed into {options.block_size}-token blocks "
           f"({time.perf_counter() - built:.1f} s)", file=sys.stderr)
@@ -150,6 +153,7 @@ def _describe(args: argparse.Namespace, workload: Workload, options: EmulatorOpt
                 "fail": [vars_of(e) for e in args.fail],
                 "drain": [vars_of(e) for e in args.drain], "tool": "kvgate simulate"}
     describe.update(router_description(config))
+    describe.update(pd_description(config))
     return describe
 
 
@@ -163,6 +167,7 @@ def _check(args: argparse.Namespace, engines: int) -> None:
             if event.time < 0:
                 raise ValueError(f"{flag} {event.engine}@{event.time:g}: time must be >= 0")
     check_run_flags(args)
+    check_pd(args, engines)
 
 
 def check_run_flags(args: argparse.Namespace) -> None:

@@ -11,27 +11,29 @@ from multiprocessing.process import BaseProcess
 from typing import TypeAlias
 
 from benchkit.report import ModeStats
-from kvgate.contract.modes import RoutingMode
+from kvgate.contract.modes import PdMode, RoutingMode
 from simulator.run import SimConfig, simulate
 from workload.hashing import PromptBlocks
 from workload.model import Workload
 
-Run = tuple[RoutingMode, SimConfig]
+Mode: TypeAlias = RoutingMode | PdMode
+Run = tuple[Mode, SimConfig]
 # What a worker sends back: the run's index, its stats and seconds, or None and the error.
 _Results: TypeAlias = "multiprocessing.Queue[tuple[int, ModeStats | None, float | str]]"
 
 # Relative time of a mode's run (1,000 engines: about 37, 32, 20 and 15 s): the longest start
 # first, so the short ones fill in behind them instead of leaving one worker on a long run alone.
-_WORK = {RoutingMode.ROUND_ROBIN_DDR: 5, RoutingMode.PREFIX_SCORE: 5, RoutingMode.KV_COST: 5,
-         RoutingMode.AFFINITY_DDR: 4, RoutingMode.STICKY_DDR: 4, RoutingMode.BOUNDED_HASH: 4,
-         RoutingMode.AFFINITY: 3, RoutingMode.RING_HASH: 2, RoutingMode.ROUND_ROBIN: 1}
+_WORK: dict[Mode, int] = {
+    RoutingMode.ROUND_ROBIN_DDR: 5, RoutingMode.PREFIX_SCORE: 5, RoutingMode.KV_COST: 5,
+    RoutingMode.AFFINITY_DDR: 4, RoutingMode.STICKY_DDR: 4, RoutingMode.BOUNDED_HASH: 4,
+    RoutingMode.AFFINITY: 3, RoutingMode.RING_HASH: 2, RoutingMode.ROUND_ROBIN: 1}
 
 
-def simulate_modes(workload: Workload, modes: Sequence[RoutingMode], config: SimConfig, jobs: int,
+def simulate_modes(workload: Workload, modes: Sequence[Mode], config: SimConfig, jobs: int,
                    blocks: PromptBlocks | None = None,
                    meanwhile: Callable[[], None] | None = None,
-                   on_done: Callable[[RoutingMode, float], None] | None = None,
-                   ) -> dict[RoutingMode, tuple[ModeStats, float]]:
+                   on_done: Callable[[Mode, float], None] | None = None,
+                   ) -> dict[Mode, tuple[ModeStats, float]]:
     """``{mode: (stats, seconds)}`` in ``modes`` order, using up to ``jobs`` processes.
 
     ``meanwhile`` runs in this process while the workers simulate (the oracle, say);
@@ -121,7 +123,7 @@ def _gather(results: _Results, workers: Sequence[BaseProcess], runs: Sequence[Ru
     return done
 
 
-def _timed(workload: Workload, mode: RoutingMode, config: SimConfig,
+def _timed(workload: Workload, mode: Mode, config: SimConfig,
            blocks: PromptBlocks | None) -> tuple[ModeStats, float]:
     start = time.perf_counter()
     stats = simulate(workload, mode, config, blocks).stats

@@ -24,7 +24,7 @@ given and returns is in ``simulator.setup`` (re-exported here, where callers loo
 
 from __future__ import annotations
 
-from kvgate.contract.modes import RoutingMode
+from kvgate.contract.modes import PdMode, RoutingMode
 from kvgate.runtime.tasks.collector import collector_paused
 from kvgate.runtime.tasks.loop import run as run_loop
 from simulator.setup import (
@@ -53,14 +53,18 @@ __all__ = [
 ]
 
 
-def simulate(workload: Workload, mode: RoutingMode, config: SimConfig,
+def simulate(workload: Workload, mode: RoutingMode | PdMode, config: SimConfig,
              blocks: PromptBlocks | None = None) -> SimResult:
     """Run one mode over the whole workload (``blocks``: its prompts, hashed beforehand)."""
     with collector_paused():
         return run_loop(simulate_async(workload, mode, config, blocks))
 
 
-async def simulate_async(workload: Workload, mode: RoutingMode, config: SimConfig,
+async def simulate_async(workload: Workload, mode: RoutingMode | PdMode, config: SimConfig,
                          blocks: PromptBlocks | None = None) -> SimResult:
     """``simulate`` inside a running event loop (a router may await, e.g. a real gateway's)."""
+    if isinstance(mode, PdMode):
+        from simulator.pd_simulation import PdSimulation
+
+        return await PdSimulation(workload, mode, config, blocks).run()
     return await Simulation(workload, mode, config, blocks).run()

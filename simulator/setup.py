@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from benchkit.report import ModeStats
 from emulator.options import EmulatorOptions
+from kvgate.config.sections.disaggregation import DEFAULT_SKIP_PREFILL_BELOW
 from kvgate.config.sections.placement import GateConfig
 from kvgate.placement.cost import EngineCost
 from simulator.routing import RouterSetup
@@ -51,6 +52,10 @@ class SimConfig:
     # The gate knows what each engine's HBM holds of a session (exactly, from the simulated
     # engines' caches: what their KV events tell it) and prices staying with that.
     hbm_residency: bool = False
+    # A prefill/decode fleet (`--pd P:D`): engines 0..P-1 prefill, the next D decode; its P/D
+    # modes use the split, the colocated ones all engines as they are. None: colocated only.
+    pd: tuple[int, int] | None = None
+    skip_prefill_below: int = DEFAULT_SKIP_PREFILL_BELOW  # pd-kvgate's decider
 
 
 def router_setup(options: EmulatorOptions, config: SimConfig) -> RouterSetup:

@@ -11,17 +11,19 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING, NoReturn, TypeAlias
 
+from benchkit.itl import ItlSamples
 from benchkit.report import ModeStats, percentile
 from emulator.ddr_pool import DdrPool
 from emulator.engine_model import Admission, EngineConfig, EngineModel, Probe
 from emulator.pool_faults import PoolFaults
 from emulator.prefix_cache import PrefixCache
 from emulator.transfer import TransferModel
-from kvgate.contract.modes import RoutingMode
+from kvgate.contract.modes import PdMode, RoutingMode
 from kvgate.contract.states import EndpointState
 from simulator.estimate import PromptEstimate
+from simulator.itl import EngineItl
 from simulator.observe import EngineGauges, Scraper
-from simulator.routing import Ask, EngineHoldings, PoolHoldings, make_router
+from simulator.routing import Ask, EngineHoldings, PoolHoldings, Router, make_router
 from simulator.sending import NEVER, SendOrder
 from simulator.setup import FleetEvent, SimConfig, SimResult, engine_address, router_setup
 from workload.hashing import PromptBlocks
@@ -45,7 +47,7 @@ _INF = float("inf")
 class Simulation:
     """One mode over one workload: build it, then ``await run()`` once."""
 
-    def __init__(self, workload: Workload, mode: RoutingMode, config: SimConfig,
+    def __init__(self, workload: Workload, mode: RoutingMode | PdMode, config: SimConfig,
                  blocks: PromptBlocks | None = None) -> None:
         options = config.engine
         if blocks is None or blocks.block_size != options.block_size:
@@ -58,7 +60,9 @@ class Simulation:
         for event in config.events:
             if not 0 <= event.engine < n:
                 raise ValueError(f"no engine {event.engine} (engines are 0..{n - 1})")
-        self.fleet = _Fleet(options.engine_config(), n)
+        engine_config = options.engine_config()
+        self.fleet = _Fleet(engine_config, n)
+        self.itl = [EngineItl(engine_config.timing) for _ in range(n)]
         self.index = {a: i for i, a in enumerate(self.addresses)}
         self.pool = (DdrPool(options.pool_tokens, options.block_size, options.pool_connector,
                              options.pool_high_watermark, options.pool_low_watermark)
@@ -81,9 +85,7 @@ class Simulation:
         hbm = (EngineHoldings(self._cache_of, options.block_size, lambda: self.now,
                               self.addresses)
                if config.hbm_residency else None)
-        self.router = make_router(mode, self.addresses, lambda: self.now, config.load_factor,
-                                  config.idle_ttl, router_setup(options, config), scraper,
-                                  holdings, hbm)
+        self.router = self._build_router(mode, config, scraper, holdings, hbm)
         self.estimate = PromptEstimate(config.prompt_error)
         self.requests = workload.requests
         self.measured = [workload.measured(r) for r in self.requests]
@@ -105,6 +107,21 @@ class Simulation:
                 self._push(at, _POOL, None)
         self.bar = _progress(config.progress, len(self.requests), mode)
         self.done = 0
+
+    def _build_router(self, mode: RoutingMode | PdMode, config: SimConfig, scraper: Scraper,
+                      holdings: PoolHoldings | None, hbm: EngineHoldings | None) -> Router:
+        assert isinstance(mode, RoutingMode)
+        return make_router(mode, self.addresses, lambda: self.now, config.load_factor,
+                           config.idle_ttl, router_setup(config.engine, config), scraper,
+                           holdings, hbm)
+
+    def _reads_pool(self, e: int) -> bool:
+        """Engine ``e`` looks prompts up in the DDR pool (when there is one)."""
+        return True
+
+    def _output(self, e: int, i: int) -> tuple[int, list[int]]:
+        """What engine ``e`` generates for request ``i``: its tokens and their blocks."""
+        return self.requests[i].max_tokens, self.blocks.answer_hashes(i)
 
     def _cache_of(self, address: str) -> PrefixCache | None:
         engine = self.index.get(address)
@@ -172,6 +189,9 @@ class Simulation:
             self._failed(i, now, now)
             return  # (the progress bar counts it with the next routed one)
         self._send(self.index[address], i, ask, hashes, now)
+        self._tick()
+
+    def _tick(self) -> None:
         bar = self.bar
         if bar is not None and self.done % 2000 == 0:
             bar.update(self.done - bar.n)
@@ -184,7 +204,7 @@ class Simulation:
         self.gauges[e].arrived(now)
         probe = engine.probe_hashes(now, hashes, ask.tokens)
         pool = self.pool
-        if pool is None:
+        if pool is None or not self._reads_pool(e):
             ddr = None
         elif self.pool_up and probe.hbm_blocks < probe.limit_blocks:
             ddr = pool.lookup(probe.pool_hashes, probe.hbm_blocks, now)
@@ -194,13 +214,13 @@ class Simulation:
             tid = self.transfers.start(now, e, ddr * self.block_bytes)
             self.loading[tid] = (e, self.fleet.generation[e], probe, i, ddr, now, ask)
         else:
-            self._place(e, i, engine.admit(now, probe, self.requests[i].max_tokens, ddr,
-                                           self.blocks.answer_hashes(i)), ask)
+            tokens, answer = self._output(e, i)
+            self._place(e, i, engine.admit(now, probe, tokens, ddr, answer), ask)
 
     def _place(self, e: int, i: int, admission: Admission, ask: Ask) -> None:
         """An admitted request's schedule is closed form: push its first token and its end."""
         slot = admission.slot
-        self.gauges[e].admitted(slot.prefill_start, slot.finish)
+        self._admitted(e, admission)
         self.router.answered(self.addresses[e], ask, slot.first_token, slot.finish)
         event = (e, self.fleet.generation[e], admission, i)
         heap, seq = self.heap, self.seq
@@ -216,13 +236,23 @@ class Simulation:
             self._served(i, admission)
         self.seq = seq + 3
 
-    def _served(self, i: int, admission: Admission) -> None:
+    def _admitted(self, e: int, admission: Admission) -> None:
+        """Engine ``e``'s gauges and step accounting hear of an admitted request."""
         slot = admission.slot
-        self.ddr_tokens[i] = admission.ddr_hit_tokens
+        self.gauges[e].admitted(slot.prefill_start, slot.finish)
+        self.itl[e].prefill(slot.prefill_start, slot.first_token,
+                            admission.prompt_tokens - admission.cached_tokens)
+
+    def _served(self, i: int, admission: Admission, prefill: Admission | None = None) -> None:
+        """Request ``i`` answered (``prefill``: its prompt's figures, when another engine
+        prefilled it)."""
+        slot = admission.slot
+        prompt = admission if prefill is None else prefill
+        self.ddr_tokens[i] = prompt.ddr_hit_tokens
         if self.measured[i]:
-            self.stats.add(slot.arrival, slot.ttft, slot.finish, admission.prompt_tokens,
-                           admission.cached_tokens, admission.hbm_hit_tokens,
-                           admission.ddr_hit_tokens)
+            self.stats.add(slot.arrival, slot.ttft, slot.finish, prompt.prompt_tokens,
+                           prompt.cached_tokens, prompt.hbm_hit_tokens, prompt.ddr_hit_tokens)
+            self.itl[self.assignments[i]].stream(slot.first_token, slot.finish)
         self.order.answered(i, slot.finish)
 
     def _failed(self, i: int, arrival: float, at: float) -> None:
@@ -267,8 +297,8 @@ class Simulation:
         if gen != self.fleet.generation[e]:  # its engine failed while the blocks were on their way
             self._failed(i, arrival, at)
             return
-        self._place(e, i, self.fleet.engines[e].admit(at, probe, self.requests[i].max_tokens, ddr,
-                                                      self.blocks.answer_hashes(i),
+        tokens, answer = self._output(e, i)
+        self._place(e, i, self.fleet.engines[e].admit(at, probe, tokens, ddr, answer,
                                                       arrival=arrival), ask)
 
     def _on_pool_fault_change(self, at: float) -> None:
@@ -288,6 +318,9 @@ class Simulation:
             bar.close()
         if self.transfers is not None:
             _pool_figures(self.stats, self.transfers, self.n)
+        self.stats.itl = ItlSamples()
+        for engine in self.itl:
+            engine.collect(self.stats.itl)
         return SimResult(self.stats, self.per_engine, self.assignments, self.order.sent,
                          self.order.answered_at, self.ddr_tokens)
 
@@ -333,7 +366,7 @@ class _Fleet:
         return broken
 
 
-def _progress(enabled: bool, total: int, mode: RoutingMode) -> tqdm[NoReturn] | None:
+def _progress(enabled: bool, total: int, mode: RoutingMode | PdMode) -> tqdm[NoReturn] | None:
     if not enabled:
         return None
     from tqdm import tqdm

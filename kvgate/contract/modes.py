@@ -45,3 +45,18 @@ class RoutingMode(StrEnum):
         """The peers' policies: they score prompts' blocks, which kvgate keeps out of ext_proc,
         so they run in `kvgate simulate` and `kvgate plan` only."""
         return self in (RoutingMode.PREFIX_SCORE, RoutingMode.KV_COST, RoutingMode.BOUNDED_HASH)
+
+
+class PdMode(StrEnum):
+    """Routing over a prefill/decode-disaggregated fleet (`kvgate simulate --pd P:D`): which
+    engine prefills a turn and which decodes it. kvgate's and the peers' policies, simulated."""
+
+    KVGATE = "pd-kvgate"  # decode engine by the session's binding, skip prefill when cached
+    VLLM_ASCEND = "pd-vllm-ascend"  # vLLM-Ascend's load-balance proxy: both by load, never skips
+    LLM_D = "pd-llm-d"  # llm-d: decode first, remote prefill past nonCachedTokens
+    DYNAMO = "pd-dynamo"  # Dynamo: prefill by KV overlap, decode by load, conditional disagg
+
+    @property
+    def ddr_pool(self) -> bool:
+        """The prefill engines share the DDR pool (the decode engines use none by default)."""
+        return True

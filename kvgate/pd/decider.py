@@ -19,8 +19,9 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
-from kvgate.endpoints.directory import EndpointDirectory
+from kvgate.placement.view import Member
 
 # Sessions whose previous turn is remembered (per replica); older ones count as new.
 MAX_SESSIONS = 100_000
@@ -47,8 +48,14 @@ class Plan:
 HbmTokens = Callable[[str, str, int], int | None]  # (engine, session, prompt) -> tokens held
 
 
+class Prefillers(Protocol):
+    """A pool's active prefill engines (ext_proc's EndpointDirectory; the simulator's fleet)."""
+
+    def prefillers(self, pool: str) -> tuple[Member, ...]: ...
+
+
 class PrefillDecider:
-    def __init__(self, directory: EndpointDirectory, skip_below: int, *,
+    def __init__(self, directory: Prefillers, skip_below: int, *,
                  hbm_tokens: HbmTokens | None = None,
                  backlog_s: Callable[[str], float] | None = None) -> None:
         self._directory = directory

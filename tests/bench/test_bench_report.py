@@ -16,9 +16,9 @@ from benchkit.report import (
 from kvgate.contract.modes import RoutingMode
 
 KEYS = {"hit_rate", "hbm_hit_rate", "ddr_hit_rate", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-        "requests", "errors", "throughput_rps", "ddr_bytes_per_request_mean",
-        "ddr_bytes_per_request_p99", "pool_read_gbps_mean", "pool_read_gbps_peak",
-        "node_link_utilisation_p99"}
+        "itl_p50_s", "itl_p99_s", "requests", "errors", "throughput_rps",
+        "ddr_bytes_per_request_mean", "ddr_bytes_per_request_p99", "pool_read_gbps_mean",
+        "pool_read_gbps_peak", "node_link_utilisation_p99"}
 
 
 def test_percentiles_are_nearest_rank() -> None:
