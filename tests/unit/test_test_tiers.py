@@ -35,3 +35,12 @@ def test_a_run_naming_a_serial_tier_goes_serial(markexpr: str) -> None:
                                       "chaoslike", "slow"])
 def test_a_run_leaving_them_out_stays_parallel(markexpr: str) -> None:
     assert not selects_serial_tier(markexpr)
+
+
+def test_every_test_module_has_its_own_name() -> None:
+    # The test folders are not packages: pytest imports each module by its basename, so two
+    # `test_x.py` in different tiers fail the whole collection ("import file mismatch").
+    seen: dict[str, Path] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        assert path.name not in seen, f"{path} and {seen[path.name]} share a module name"
+        seen[path.name] = path
