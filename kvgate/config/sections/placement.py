@@ -76,9 +76,17 @@ class GateConfig:
         "the prompt's block hashes, which the simulator has and ext_proc does not yet",
         default=False)
     prefix_index_blocks: int = key(
-        Integer(1, 1 << 24), "`prefix_placement` without KV events: leading blocks the gateway "
-        "remembers having placed, each on at most 4 engines, least recently placed forgotten "
-        "first (about 200 bytes a block)", default=65_536)
+        Integer(1, 1 << 24), "`prefix_placement` or `book_uncached_prefill` without KV "
+        "events: leading blocks the gateway remembers having placed, each on at most 4 "
+        "engines, least recently placed forgotten first (about 200 bytes a block)",
+        default=65_536)
+    book_uncached_prefill: bool = key(
+        Boolean(), "the load board books a placed request's prefill as the prompt tokens its "
+        "engine must compute: the prompt less the leading blocks that engine already holds "
+        "(a shared system prompt or template), exactly where the engines' KV events tell it, "
+        "else from what the gateway placed (`prefix_index_blocks`). `false`: a new session is "
+        "booked as its whole prompt. Needs the prompt's block hashes, which the simulator has "
+        "and ext_proc does not yet", default=False)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
@@ -169,10 +177,10 @@ class GateConfig:
 # a result's `load_gate` (simulator.command).
 DECISION_KEYS = tuple(e for e in entries(GateConfig) if e.attr in (
     "min_saving_s", "min_saving_ratio", "cooldown_s", "candidates", "miss_safe", "terms",
-    "prefix_placement", "prefix_index_blocks"))
+    "prefix_placement", "prefix_index_blocks", "book_uncached_prefill"))
 
 
-_NEWER_KEYS = ("terms", "prefix_placement", "prefix_index_blocks")
+_NEWER_KEYS = ("terms", "prefix_placement", "prefix_index_blocks", "book_uncached_prefill")
 
 
 def decision_settings(gate: GateConfig) -> dict[str, Any]:
