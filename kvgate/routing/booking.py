@@ -41,7 +41,8 @@ class Ledger:
         self.hbm: HbmResidency | None = None  # what each engine's HBM holds, where known
         self.links: LinkBacklog | None = None  # the reads booked on each link, where kept
         # What an engine holds of a placed prompt's leading blocks, where booked as not
-        # prefilled (`book_uncached_prefill`); None: a placed prompt is booked whole.
+        # prefilled (`book_uncached_prefill`; the ledger records placements in it, so the
+        # sticky path has no second hook); None: a placed prompt is booked whole.
         self.prefix: PrefixStep | None = None
 
     def _book(self, endpoint: str, now: float, prefill_s: float,
@@ -105,3 +106,5 @@ class Ledger:
             uncached, _ = placed_work(prompt, 0, held, read_context=False)
             self._book(endpoint, now, cost.prefill_s(uncached, prompt))
         self._recent.remember(pool, session, max(prompt, context), moved_at)
+        if step is not None:  # recorded once booked: a placement never finds itself held
+            step.routed(pool, session, view, endpoint, previous, known, moved=moved)

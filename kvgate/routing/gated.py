@@ -113,10 +113,10 @@ class GatedPolicy:
         step = _prefix_step(config, prefixes, block_tokens)
         self._prefixes = step  # recorded (the index) and forgotten, whoever reads it
         self.prefix = step if config.prefix_placement else None  # what placement weighs
-        if step is not None:
-            self.hooks = (*self.hooks, step)  # after the ledger: it reads before a record
-            if config.book_uncached_prefill:
-                self._ledger.prefix = step
+        if step is not None and config.book_uncached_prefill:
+            self._ledger.prefix = step  # reads what is held, then records (routed only)
+        elif step is not None:
+            self.hooks = (*self.hooks, step)
         self.residency = residency
         self.hbm = hbm
         self._log = log
