@@ -83,17 +83,25 @@ class Ledger:
     def routed(self, pool: str, session: str, view: PoolView, endpoint: str,
                previous: str | None, known: Known, *, moved: bool) -> None:
         """A session placed (new, or moved): where its context comes from sets the work."""
-        size, now, cost = known.size, known.now, self._cost
-        context = size.context_tokens
+        size, now, step = known.size, known.now, self.prefix
         moved_at = now if moved else None
         if size.prompt_tokens <= 0:
             # A request of unknown size (no body: /v1/models; a chunked body) books nothing:
             # guessing would build a backlog from requests that may prefill nothing. Its
             # engine's own report still counts.
-            self._recent.remember(pool, session, context, moved_at)
-            return
-        prompt, step = size.prompt_tokens, self.prefix
-        held = 0 if step is None else step.held(endpoint, known.blocks, prompt)
+            self._recent.remember(pool, session, size.context_tokens, moved_at)
+        else:
+            held = 0 if step is None else step.held(endpoint, known.blocks, size.prompt_tokens)
+            self._placed(pool, session, view, endpoint, previous, known, held, moved_at)
+        if step is not None:  # recorded once booked: a placement never finds itself held
+            step.routed(pool, session, view, endpoint, previous, known, moved=moved)
+
+    def _placed(self, pool: str, session: str, view: PoolView, endpoint: str,
+                previous: str | None, known: Known, held: int, moved_at: float | None
+                ) -> None:
+        """`routed` for a prompt of known size, `held` tokens of it on `endpoint` already."""
+        size, now, cost = known.size, known.now, self._cost
+        prompt, context = size.prompt_tokens, size.context_tokens
         if previous == endpoint:  # its context is in this engine's HBM
             uncached, _ = placed_work(prompt, context, held, read_context=False)
             self._book(endpoint, now, cost.prefill_s(uncached, prompt))
@@ -106,5 +114,3 @@ class Ledger:
             uncached, _ = placed_work(prompt, 0, held, read_context=False)
             self._book(endpoint, now, cost.prefill_s(uncached, prompt))
         self._recent.remember(pool, session, max(prompt, context), moved_at)
-        if step is not None:  # recorded once booked: a placement never finds itself held
-            step.routed(pool, session, view, endpoint, previous, known, moved=moved)
