@@ -111,3 +111,12 @@ def test_the_setting_reads_from_yaml_and_stays_out_of_results_when_off() -> None
     assert config.placement.load_gate.book_uncached_prefill
     assert "book_uncached_prefill" not in decision_settings(GateConfig())
     assert decision_settings(ON)["book_uncached_prefill"] is True
+
+
+def test_a_placement_of_unknown_size_books_nothing_but_is_recorded() -> None:
+    board = LoadBoard()
+    policy = GatedPolicy(COST, ON, board, clock=lambda: 0.0, block_tokens=BLOCK)
+    assert _booked(policy, board, ADDRESSES[0], "s1", 0, [*HARNESS, 1]) == 0.0
+    held = len(HARNESS) * BLOCK
+    assert _booked(policy, board, ADDRESSES[0], "s2", 20_000, [*HARNESS, 2]) == pytest.approx(
+        COST.prefill_s(20_000 - held, 20_000))
