@@ -10,7 +10,23 @@ from kvgate.placement.links import LinkBacklog
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.view import PoolView
 from kvgate.routing.policy import HbmResidency, Known
+from kvgate.routing.prefixes import PrefixStep
 from kvgate.routing.recent import RecentSessions
+
+
+def placed_work(prompt: int, context: int, held: int, *, read_context: bool
+                ) -> tuple[int, int]:
+    """A placed request's work on its engine, in tokens: (to prefill, to read from the DDR pool
+    first). `context`: its session's last prompt, in that engine's HBM (`read_context` False)
+    or read from its DDR pool (True: a move within it); `held`: what that engine's prefix
+    cache holds of the prompt's leading blocks (0: not known). What the engine holds is not
+    prefilled, nor read (vLLM's scheduler computes only the tokens past
+    ``KVCacheManager.get_computed_blocks``), except the prompt's last token, which is always
+    computed to sample from (vllm/v1/core/kv_cache_manager.py, ``get_computed_blocks``:
+    ``max_cache_hit_length = request.num_tokens - 1``; emulator.prefix_cache.max_hit_blocks)."""
+    held = min(held, max(0, prompt - 1))
+    read = max(0, context - held) if read_context else 0
+    return max(0, prompt - max(context, held)), read
 
 
 class Ledger:
@@ -24,6 +40,10 @@ class Ledger:
         self._mix = mix
         self.hbm: HbmResidency | None = None  # what each engine's HBM holds, where known
         self.links: LinkBacklog | None = None  # the reads booked on each link, where kept
+        # What an engine holds of a placed prompt's leading blocks, where booked as not
+        # prefilled (`book_uncached_prefill`; the ledger records placements in it, so the
+        # sticky path has no second hook); None: a placed prompt is booked whole.
+        self.prefix: PrefixStep | None = None
 
     def _book(self, endpoint: str, now: float, prefill_s: float,
               ready_at: float | None = None) -> None:
@@ -63,22 +83,34 @@ class Ledger:
     def routed(self, pool: str, session: str, view: PoolView, endpoint: str,
                previous: str | None, known: Known, *, moved: bool) -> None:
         """A session placed (new, or moved): where its context comes from sets the work."""
-        size, now, cost = known.size, known.now, self._cost
-        context = size.context_tokens
+        size, now, step = known.size, known.now, self.prefix
         moved_at = now if moved else None
         if size.prompt_tokens <= 0:
             # A request of unknown size (no body: /v1/models; a chunked body) books nothing:
             # guessing would build a backlog from requests that may prefill nothing. Its
             # engine's own report still counts.
-            self._recent.remember(pool, session, context, moved_at)
-            return
-        prompt = size.prompt_tokens
+            self._recent.remember(pool, session, size.context_tokens, moved_at)
+        else:
+            held = 0 if step is None else step.held(endpoint, known.blocks, size.prompt_tokens)
+            self._placed(pool, session, view, endpoint, previous, known, held, moved_at)
+        if step is not None:  # recorded once booked: a placement never finds itself held
+            step.routed(pool, session, view, endpoint, previous, known, moved=moved)
+
+    def _placed(self, pool: str, session: str, view: PoolView, endpoint: str,
+                previous: str | None, known: Known, held: int, moved_at: float | None
+                ) -> None:
+        """`routed` for a prompt of known size, `held` tokens of it on `endpoint` already."""
+        size, now, cost = known.size, known.now, self._cost
+        prompt, context = size.prompt_tokens, size.context_tokens
         if previous == endpoint:  # its context is in this engine's HBM
-            self._book(endpoint, now, cost.prefill_s(prompt - context, prompt))
+            uncached, _ = placed_work(prompt, context, held, read_context=False)
+            self._book(endpoint, now, cost.prefill_s(uncached, prompt))
         elif previous is not None and view.kv_pool_of(previous) == view.kv_pool_of(endpoint):
             # Moved within its DDR pool: the context is read from DDR first.
-            self._book(endpoint, now, cost.prefill_s(prompt - context, prompt),
-                       ready_at=self._read(endpoint, now, context))
-        else:
-            self._book(endpoint, now, cost.prefill_s(prompt, prompt))
+            uncached, read = placed_work(prompt, context, held, read_context=True)
+            self._book(endpoint, now, cost.prefill_s(uncached, prompt),
+                       ready_at=self._read(endpoint, now, read))
+        else:  # new, or from another pool: nothing of its context is here
+            uncached, _ = placed_work(prompt, 0, held, read_context=False)
+            self._book(endpoint, now, cost.prefill_s(uncached, prompt))
         self._recent.remember(pool, session, max(prompt, context), moved_at)

@@ -110,10 +110,14 @@ class GatedPolicy:
         if any(term.name == QueuedDdrRead.name for term in self.estimate.terms):
             # The reads it books queue on the links, which the term prices.
             self._ledger.links = LinkBacklog(cost, node_of)
-        self.prefix = _prefix_step(config, prefixes, block_tokens)
-        self.reads_prompts = self.prefix is not None
-        if self.prefix is not None:
-            self.hooks = (*self.hooks, self.prefix)
+        step = _prefix_step(config, prefixes, block_tokens)
+        self._prefixes = step  # recorded (the index) and forgotten, whoever reads it
+        self.prefix = step if config.prefix_placement else None  # what placement weighs
+        self.reads_prompts = step is not None  # both uses need a placed prompt's blocks
+        if step is not None and config.book_uncached_prefill:
+            self._ledger.prefix = step  # reads what is held, then records (routed only)
+        elif step is not None:
+            self.hooks = (*self.hooks, step)
         self.residency = residency
         self.hbm = hbm
         self._log = log
@@ -141,8 +145,8 @@ class GatedPolicy:
         self.board.forget(address)
         if self.links is not None:
             self.links.forget(address)
-        if self.prefix is not None:
-            self.prefix.forget(address)
+        if self._prefixes is not None:
+            self._prefixes.forget(address)
 
     def engine(self, address: str, now: float, backlog_s: float | None = None
                ) -> EngineSignals:
@@ -379,9 +383,10 @@ def _least(scored: Iterable[tuple[str, float]]) -> tuple[str | None, float]:
 
 def _prefix_step(config: GateConfig, exact: PrefixHolders | None,
                  block_tokens: int | None) -> PrefixStep | None:
-    """The prefix step when `config.prefix_placement` is on: over the engines' own holdings
-    where known, else over an index of what this router placed (`prefix_index_blocks`)."""
-    if not config.prefix_placement:
+    """The prefix step when `config.prefix_placement` or `config.book_uncached_prefill` is
+    on: over the engines' own holdings where known, else over an index of what this router
+    placed (`prefix_index_blocks`)."""
+    if not (config.prefix_placement or config.book_uncached_prefill):
         return None
     if exact is not None:
         return PrefixStep(exact)

@@ -77,14 +77,22 @@ class GateConfig:
         "to `session.body_limit`); a bound session's turns send none",
         default=False)
     prefix_index_blocks: int = key(
-        Integer(1, 1 << 24), "`prefix_placement` without KV events: leading blocks the gateway "
-        "remembers having placed, each on at most 4 engines, least recently placed forgotten "
-        "first (about 200 bytes a block)", default=65_536)
+        Integer(1, 1 << 24), "`prefix_placement` or `book_uncached_prefill` without KV "
+        "events: leading blocks the gateway remembers having placed, each on at most 4 "
+        "engines, least recently placed forgotten first (about 200 bytes a block)",
+        default=65_536)
     prefix_block_tokens: int = key(
-        Integer(1, 4096), "`prefix_placement` in ext_proc: the prompt is hashed in blocks of "
-        "this many tokens, counted as `bytes_per_token` bytes of its text each (no tokenizer, "
-        "as the Gateway API Inference Extension's prefix scorer), its first 256 blocks only: "
-        "128 covers a 32k-token template", default=128)
+        Integer(1, 4096), "`prefix_placement` or `book_uncached_prefill` in ext_proc: the "
+        "prompt is hashed in blocks of this many tokens, counted as `bytes_per_token` bytes of "
+        "its text each (no tokenizer, as the Gateway API Inference Extension's prefix scorer), "
+        "its first 256 blocks only: 128 covers a 32k-token template", default=128)
+    book_uncached_prefill: bool = key(
+        Boolean(), "the load board books a placed request's prefill as the prompt tokens its "
+        "engine must compute: the prompt less the leading blocks that engine already holds "
+        "(a shared system prompt or template), exactly where the engines' KV events tell it, "
+        "else from what the gateway placed (`prefix_index_blocks`). `false`: a new session is "
+        "booked as its whole prompt. Live, ext_proc reads the body only for placements, as "
+        "for `prefix_placement`", default=False)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
@@ -130,8 +138,9 @@ class GateConfig:
 
     @property
     def reads_prompts(self) -> bool:
-        """ext_proc may ask for a request's body (the prefix step, live)."""
-        return self.enabled and self.prefix_placement
+        """ext_proc may ask for a request's body: the prefix step, or booking a placed prompt
+        less what its engine holds, live."""
+        return self.enabled and (self.prefix_placement or self.book_uncached_prefill)
 
     @property
     def request_headers(self) -> tuple[str, ...]:
@@ -180,10 +189,10 @@ class GateConfig:
 # a result's `load_gate` (simulator.command).
 DECISION_KEYS = tuple(e for e in entries(GateConfig) if e.attr in (
     "min_saving_s", "min_saving_ratio", "cooldown_s", "candidates", "miss_safe", "terms",
-    "prefix_placement", "prefix_index_blocks"))
+    "prefix_placement", "prefix_index_blocks", "book_uncached_prefill"))
 
 
-_NEWER_KEYS = ("terms", "prefix_placement", "prefix_index_blocks")
+_NEWER_KEYS = ("terms", "prefix_placement", "prefix_index_blocks", "book_uncached_prefill")
 
 
 def decision_settings(gate: GateConfig) -> dict[str, Any]:
