@@ -30,8 +30,8 @@ def splits(engines: Sequence[int], shares: Sequence[float] | None = None,
                 raise ValueError(f"--splits {p}:{d} is {p + d} engines, not one of --engines "
                                  f"{','.join(map(str, totals))}")
         return sorted(set(explicit), key=lambda s: (sum(s), s[0]))
-    found = {(p, total - p) for total in totals
-             for p in (min(total - 1, max(1, round(share * total)))
+    found = {(p, total - p) for total in totals  # halves round up (0.25 x 10 is 3)
+             for p in (min(total - 1, max(1, int(share * total + 0.5)))
                        for share in (shares or DEFAULT_PREFILL_SHARES))}
     return sorted(found, key=lambda s: (sum(s), s[0]))
 

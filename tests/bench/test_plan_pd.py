@@ -23,6 +23,7 @@ def test_splits_are_tried_cheapest_first_once_each() -> None:
     # Rounding keeps one engine on each side; a share rounding twice to one split counts once.
     assert splits([2], [0.1, 0.9]) == [(1, 1)]
     assert splits([8], [0.3, 0.25]) == [(2, 6)]
+    assert splits([10], [0.25]) == [(3, 7)]  # halves round up
     assert splits([8, 4], explicit=[(5, 3), (1, 3), (5, 3)]) == [(1, 3), (5, 3)]
 
 
