@@ -29,6 +29,9 @@ def splits(engines: Sequence[int], shares: Sequence[float] | None = None,
             if p + d not in totals:
                 raise ValueError(f"--splits {p}:{d} is {p + d} engines, not one of --engines "
                                  f"{','.join(map(str, totals))}")
+        for total in totals:
+            if not any(p + d == total for p, d in explicit):
+                raise ValueError(f"--engines {total}: no split of it in --splits")
         return sorted(set(explicit), key=lambda s: (sum(s), s[0]))
     found = {(p, total - p) for total in totals  # halves round up (0.25 x 10 is 3)
              for p in (min(total - 1, max(1, int(share * total + 0.5)))

@@ -30,6 +30,8 @@ def test_splits_are_tried_cheapest_first_once_each() -> None:
 def test_a_split_that_cannot_exist_is_refused() -> None:
     with pytest.raises(ValueError, match="--splits 3:4 is 7 engines, not one of --engines 8"):
         splits([8], explicit=[(3, 4)])
+    with pytest.raises(ValueError, match="--engines 12: no split of it in --splits"):
+        splits([8, 12], explicit=[(2, 6)])
     with pytest.raises(ValueError, match="a P/D fleet needs at least 2 engines"):
         splits([1, 4])
 
