@@ -132,6 +132,9 @@ group_pd() {
         echo "$S --pd $split --sessions 6400 $k --name $n-bank-coding-6400-skip-0"
         echo "$S --pd $split --workload agentic-coding --sessions 960 $k --name $n-agentic-coding-960-skip-0"
     done
+    # `kvgate plan --pd`: the smallest P/D fleet and split meeting TTFT p99 10 s and ITL p99
+    # 100 ms (12 runs, about 3 minutes)
+    echo "$P --pd --engines 8,12,16 --prefill-shares 0.25,0.375,0.5,0.625 --itl-p99 0.1 --hbm-residency on --out docs/results/pd --name plan-pd-bank-coding"
 }
 
 groups=("$@")

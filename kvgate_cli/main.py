@@ -25,7 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
                  "(pools[].discover.etcd)"),
     "bench": ("bench.command", "benchmark a gateway, or compare routing modes"),
     "simulate": ("simulator.command", "simulate a fleet behind each routing mode"),
-    "plan": ("simulator.plan_command", "find the smallest fleet that meets a TTFT goal"),
+    "plan": ("simulator.plan_command", "the smallest fleet (or P/D split) meeting a TTFT goal"),
     "profile": ("workload.profile_command",
                 "measure a workload's shapes (a trace beside bank-coding)"),
 }

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from benchkit.report import _num
+
 
 @dataclass(frozen=True, slots=True)
 class Fleet:
@@ -19,16 +21,35 @@ class Fleet:
 class Goal:
     ttft_p99_s: float
     min_hit_rate: float = 0.0
+    itl_p99_s: float | None = None  # None: no inter-token goal
 
     def met_by(self, figures: Mapping[str, Any]) -> bool:
+        itl = figures.get("itl_p99_s")
         return bool(figures["errors"] == 0 and figures["ttft_p99_s"] <= self.ttft_p99_s
-                    and figures["hit_rate"] >= self.min_hit_rate)
+                    and figures["hit_rate"] >= self.min_hit_rate
+                    and (self.itl_p99_s is None or (itl is not None and itl <= self.itl_p99_s)))
+
+    def strain(self, figures: Mapping[str, Any]) -> float:
+        """The largest of the latency figures' ratios to their goals (below 1: met with room)."""
+        ratio = figures["ttft_p99_s"] / self.ttft_p99_s
+        if self.itl_p99_s is not None:
+            ratio = max(ratio, (figures.get("itl_p99_s") or float("inf")) / self.itl_p99_s)
+        return float(ratio)
 
     def describe(self) -> str:
         text = f"TTFT p99 <= {self.ttft_p99_s:g} s"
+        if self.itl_p99_s is not None:
+            text += f" and ITL p99 <= {1000 * self.itl_p99_s:g} ms"
         if self.min_hit_rate > 0:
             text += f" and hit rate >= {100 * self.min_hit_rate:g} %"
         return text
+
+    def document(self) -> dict[str, Any]:
+        """The goal in a plan's JSON (the inter-token goal only when there is one)."""
+        out: dict[str, Any] = {"ttft_p99_s": self.ttft_p99_s, "min_hit_rate": self.min_hit_rate}
+        if self.itl_p99_s is not None:
+            out["itl_p99_s"] = self.itl_p99_s
+        return {**out, "text": self.describe()}
 
 
 def fleets(engines: Sequence[int], ddr_tokens: Sequence[int] | None,
@@ -49,14 +70,19 @@ def _tokens(value: int) -> str:
     return f"{value / 1e6:.1f}M" if value >= 1_000_000 else f"{value / 1e3:.0f}k"
 
 
+def _itl(row: Mapping[str, Any]) -> str:
+    return f"{_num(row.get('itl_p99_s'), 1e-3, 0, ' ms')} | "
+
+
 def _uses_pool(document: Mapping[str, Any]) -> bool:
     return str(document["mode"]).endswith("+ddr")
 
 
 def markdown_plan(document: Mapping[str, Any]) -> str:
+    itl = "itl_p99_s" in document["goal"]  # the column only with an inter-token goal
     rows = ["| engines | DDR pool | node link | hit rate | HBM | DDR | TTFT p50 | TTFT p99 | "
-            "pool reads mean / peak | errors | meets goal |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+            f"{'ITL p99 | ' if itl else ''}pool reads mean / peak | errors | meets goal |",
+            f"|---:|---:|---:|---:|---:|---:|---:|---:|{'---:|' if itl else ''}---:|---:|---|"]
     pooled = _uses_pool(document)
     for row in document["fleets"]:
         pool = (f"{_tokens(row['ddr_tokens'])} tokens ({row['ddr_tib']:.1f} TiB)"
@@ -68,7 +94,8 @@ def markdown_plan(document: Mapping[str, Any]) -> str:
             f"| {row['engines']} | {pool} | {link} | {100 * row['hit_rate']:.1f} % | "
             f"{100 * (row['hbm_hit_rate'] or 0):.1f} % | "
             f"{100 * (row['ddr_hit_rate'] or 0):.1f} % | "
-            f"{row['ttft_p50_s']:.2f} s | {row['ttft_p99_s']:.2f} s | {traffic} | "
+            f"{row['ttft_p50_s']:.2f} s | {row['ttft_p99_s']:.2f} s | "
+            f"{_itl(row) if itl else ''}{traffic} | "
             f"{row['errors']} | "
             f"{'yes' if row['meets_goal'] else 'no'} |")
     best = document["cheapest"]
