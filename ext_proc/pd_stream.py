@@ -133,7 +133,7 @@ class PdProcessor:
         path = "/v1/chat/completions" if "messages" in client else "/v1/completions"
         forwarded = {name: headers[name].decode("latin-1")
                      for name in self._session_headers if name in headers}
-        self._decider.started(plan.prefill)
+        self._decider.started(plan.prefill, plan.lacking_tokens)
         started = time.perf_counter()
         try:
             params = await prefill(self._http, plan.prefill, path, client, forwarded,
@@ -143,7 +143,7 @@ class PdProcessor:
                         fallback="the decode engine prefills the turn")
             return unchanged, Plan(Path.FAILED, plan.prefill, plan.lacking_tokens, plan.source)
         finally:
-            self._decider.ended(plan.prefill)
+            self._decider.ended(plan.prefill, plan.lacking_tokens)
         self._metrics.prefill_seconds.observe(time.perf_counter() - started)
         self._metrics.prefills.labels(plan.prefill).inc()
         return decode_request(client, params), plan
@@ -182,7 +182,8 @@ def build_pd(config: Config, handler: RequestHandler, directory: EndpointDirecto
 
     decider = PrefillDecider(directory, settings.skip_prefill_below,
                              hbm_tokens=None if hbm is None else hbm.hbm_tokens,
-                             backlog_s=None if board is None else backlog_s)
+                             backlog_s=None if board is None else backlog_s,
+                             cost=config.placement.engine_cost)
     return PdProcessor(handler, decider, PdMetrics(registry),
                        timeout_s=settings.prefill_timeout,
                        prompt_tokens=config.placement.load_gate.prompt_tokens,
