@@ -13,8 +13,8 @@ from kvgate.contract.envoy import EXT_PROC_FILTER, PD_METADATA_KEY
 from kvgate.endpoints.directory import EndpointDirectory
 from kvgate.endpoints.records import EndpointRecord
 from kvgate.pd.decider import Path, PrefillDecider
-from kvgate.placement.cost import EngineCost
 from kvgate.pd.wire import PREFILL_PARAMS, decode_request, prefill_request
+from kvgate.placement.cost import EngineCost
 
 PD = """
 pools:
