@@ -10,9 +10,14 @@ else from the binding: the session's previous turn on the same engine is assumed
 Otherwise the prefill engine whose queue ends soonest takes it, round robin on ties: the pool's
 prefill engines all read the same DDR pool, so none holds the session's prefix better than
 another. Its queue is the larger of the gate's backlog estimate and this replica's own prefills
-in flight there, each priced by the gate's cost model (`EngineCost.prefill_s` of the tokens it
-prefills), not counted: one long prompt in flight is seconds of work, as vLLM-Ascend's proxy
-weighs its prefill engines by active tokens. The larger, not the sum: the backlog estimate
+in flight there, priced in seconds by the gate's cost model (`EngineCost.prefill_s`), not
+counted: one long prompt in flight is seconds of work. Each is priced at its whole prompt, as
+vLLM-Ascend's proxy scores a prefill engine by the prompt tokens it has in flight: the prefill
+engine reads from the DDR pool or computes every token of it (and the pool never holds the
+previous answer), and the decider knows neither its HBM nor the pool. Priced at the decode
+engine's lacking tokens instead, a continuing turn looks nearly free and agentic-coding's TTFT
+p99 got worse (8:8, 960 sessions, every turn remote: 8.97 s against 7.74 s at the prompt; see
+docs/sessions-and-placement.md, "P/D"). The larger, not the sum: the backlog estimate
 (kvgate.placement.live.LoadBoard) already counts those prefills when a scrape saw them waiting,
 and takes the larger of its ledger and its observations for the same reason.
 """
@@ -71,7 +76,7 @@ class PrefillDecider:
         self._backlog_s = backlog_s
         self._turns: OrderedDict[str, tuple[str, int]] = OrderedDict()  # session -> last turn
         self._cost = cost or EngineCost()
-        # prefill engine -> the tokens each of this replica's prefills in flight there prefills
+        # prefill engine -> the prompt tokens of each of this replica's prefills in flight there
         self._inflight: dict[str, list[int]] = {}
         self._ties = itertools.count()
 
@@ -126,15 +131,15 @@ class PrefillDecider:
         price = self._cost.prefill_s
         return sum(price(tokens, tokens) for tokens in self._inflight.get(prefill, ()))
 
-    def started(self, prefill: str, tokens: int) -> None:
-        """A prefill of `tokens` (the plan's `lacking_tokens`) was sent to `prefill`."""
-        self._inflight.setdefault(prefill, []).append(tokens)
+    def started(self, prefill: str, prompt_tokens: int) -> None:
+        """A prefill of a `prompt_tokens` prompt was sent to `prefill`."""
+        self._inflight.setdefault(prefill, []).append(prompt_tokens)
 
-    def ended(self, prefill: str, tokens: int) -> None:
-        """The prefill `started` with the same `tokens` answered or failed."""
+    def ended(self, prefill: str, prompt_tokens: int) -> None:
+        """The prefill `started` with the same `prompt_tokens` answered or failed."""
         inflight = self._inflight.get(prefill)
-        if inflight is None or tokens not in inflight:
+        if inflight is None or prompt_tokens not in inflight:
             return
-        inflight.remove(tokens)
+        inflight.remove(prompt_tokens)
         if not inflight:
             del self._inflight[prefill]

@@ -83,7 +83,7 @@ def test_a_long_prompt_in_flight_weighs_its_seconds_not_one_request() -> None:
     cost = EngineCost(prefill_tokens_per_s=5000.0, prefill_overhead_s=0.02)
     decider = PrefillDecider(EndpointDirectory(load_text(PD)), 0, cost=cost)
     long, idle = "10.0.0.1:8000", "10.0.0.2:8000"
-    decider.started(long, 40_000)  # 8 s of prefill, one request
+    decider.started(long, 40_000)  # a 40,000-token prompt: 8 s of prefill, one request
     assert decider.inflight_s(long) == cost.prefill_s(40_000, 40_000)
     assert {decider.plan("coder", D, f"s{i}", 500).prefill for i in range(4)} == {idle}
     # Two short prefills on the idle engine still weigh less than the one long prompt.
