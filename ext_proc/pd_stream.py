@@ -103,8 +103,8 @@ class PdProcessor:
         body = message.request_body.body
         client = parse(body)
         decode = decision.endpoints[0] if decision.endpoints and client is not None else None
-        plan = self._decider.plan(pool or "", decode, decision.session,
-                                  self._prompt_tokens(len(body)))
+        prompt = self._prompt_tokens(len(body))
+        plan = self._decider.plan(pool or "", decode, decision.session, prompt)
         replaced: bytes | None = None
         if client is not None and "kv_transfer_params" in client:
             # A client never names KV to pull (an address the decode engine would connect to).
@@ -114,7 +114,7 @@ class PdProcessor:
             assert client is not None and plan.prefill is not None
             # This message may now take the prefill's time (within max_message_timeout).
             yield _longer_deadline(self._timeout_s + 1.0)
-            replaced, plan = await self._prefill(client, plan, headers, replaced)
+            replaced, plan = await self._prefill(client, plan, prompt, headers, replaced)
         self._metrics.turns.labels(plan.path.value).inc()
         log.info("pd_turn", pool=pool, session=decision.session, decode=decode,
                  prefill=plan.prefill, path=plan.path.value, lacking_tokens=plan.lacking_tokens,
@@ -124,8 +124,9 @@ class PdProcessor:
                 plan.path.value, decode, plan.prefill, plan.lacking_tokens, time.time()))
         yield _body_answer(replaced)
 
-    async def _prefill(self, client: dict[str, Any], plan: Plan, headers: dict[str, bytes],
-                       unchanged: bytes | None) -> tuple[bytes | None, Plan]:
+    async def _prefill(self, client: dict[str, Any], plan: Plan, prompt: int,
+                       headers: dict[str, bytes], unchanged: bytes | None,
+                       ) -> tuple[bytes | None, Plan]:
         """The decode request's body, or `unchanged` when the prefill failed."""
         assert plan.prefill is not None
         if self._http is None:
@@ -133,7 +134,7 @@ class PdProcessor:
         path = "/v1/chat/completions" if "messages" in client else "/v1/completions"
         forwarded = {name: headers[name].decode("latin-1")
                      for name in self._session_headers if name in headers}
-        self._decider.started(plan.prefill)
+        self._decider.started(plan.prefill, prompt)
         started = time.perf_counter()
         try:
             params = await prefill(self._http, plan.prefill, path, client, forwarded,
@@ -143,7 +144,7 @@ class PdProcessor:
                         fallback="the decode engine prefills the turn")
             return unchanged, Plan(Path.FAILED, plan.prefill, plan.lacking_tokens, plan.source)
         finally:
-            self._decider.ended(plan.prefill)
+            self._decider.ended(plan.prefill, prompt)
         self._metrics.prefill_seconds.observe(time.perf_counter() - started)
         self._metrics.prefills.labels(plan.prefill).inc()
         return decode_request(client, params), plan
@@ -182,7 +183,8 @@ def build_pd(config: Config, handler: RequestHandler, directory: EndpointDirecto
 
     decider = PrefillDecider(directory, settings.skip_prefill_below,
                              hbm_tokens=None if hbm is None else hbm.hbm_tokens,
-                             backlog_s=None if board is None else backlog_s)
+                             backlog_s=None if board is None else backlog_s,
+                             cost=config.placement.engine_cost)
     return PdProcessor(handler, decider, PdMetrics(registry),
                        timeout_s=settings.prefill_timeout,
                        prompt_tokens=config.placement.load_gate.prompt_tokens,

@@ -12,7 +12,9 @@ cache holds of a prompt (its KV events, exactly), for the peers whose routers us
   ``kvgate.pd.decider.PrefillDecider``, the code ext_proc runs: skip the prefill engines when the
   decode engine lacks fewer than ``disaggregation.skip_prefill_below`` tokens (from its KV
   events with ``--hbm-residency on``, else the session's previous turn there), else the prefill
-  engine with the shortest backlog (the gate's load board).
+  engine with the shortest queue: the gate's backlog estimate (its load board) or, if larger,
+  its prefills in flight from this router priced in seconds (``EngineCost.prefill_s`` of their
+  prompts).
 - ``pd-vllm-ascend``: vllm-project/vllm-ascend ``examples/disaggregated_prefill_v1/
   load_balance_proxy_server_example.py``: ``ProxyState._update_prefiller_priority`` (prefill
   engine by the least ``active_tokens + 0.3 x active_kv_cache``), ``_update_decoder_priority``
@@ -259,7 +261,7 @@ class KvgatePd(_Quiet):
         self.decider = PrefillDecider(
             _Prefillers(prefill), skip_below,
             hbm_tokens=None if hbm is None else hbm.hbm_tokens,
-            backlog_s=lambda address: self.board.backlog_s(address, clock()))
+            backlog_s=lambda address: self.board.backlog_s(address, clock()), cost=setup.cost)
 
     async def pick(self, ask: Ask, now: float) -> PdPick | None:
         decode = await self._decode.route(ask, now)
@@ -268,11 +270,11 @@ class KvgatePd(_Quiet):
         plan = self.decider.plan(POOL, decode, ask.session, ask.prompt_tokens)
         if plan.path is not Path.REMOTE or plan.prefill is None:
             return PdPick(decode, None)
-        self.decider.started(plan.prefill)
+        self.decider.started(plan.prefill, ask.prompt_tokens)
         return PdPick(decode, plan.prefill)
 
     def prefill_done(self, prefill: str, ask: Ask, now: float) -> None:
-        self.decider.ended(prefill)
+        self.decider.ended(prefill, ask.prompt_tokens)
 
 
 def make_pd_router(mode: PdMode, prefill: Sequence[str], decode: Sequence[str], *,

@@ -7,9 +7,19 @@ the shape of llm-d's `prefix-based-pd-decider` (`nonCachedTokens`, on the chosen
 and Dynamo's conditional disaggregation (`isl_bounding`: the prompt minus the decode worker's
 overlap). What the engine lacks comes from its KV events (the gate's HBM residency) when known,
 else from the binding: the session's previous turn on the same engine is assumed still there.
-Otherwise the prefill engine whose queue ends soonest takes it (the gate's backlog estimate plus
-this replica's own prefills in flight), round robin on ties: the pool's prefill engines all read
-the same DDR pool, so none holds the session's prefix better than another.
+Otherwise the prefill engine whose queue ends soonest takes it, round robin on ties: the pool's
+prefill engines all read the same DDR pool, so none holds the session's prefix better than
+another. Its queue is the larger of the gate's backlog estimate and this replica's own prefills
+in flight there, priced in seconds by the gate's cost model (`EngineCost.prefill_s`), not
+counted: one long prompt in flight is seconds of work. Each is priced at its whole prompt, as
+vLLM-Ascend's proxy scores a prefill engine by the prompt tokens it has in flight: the prefill
+engine reads from the DDR pool or computes every token of it (and the pool never holds the
+previous answer), and the decider knows neither its HBM nor the pool. Priced at the decode
+engine's lacking tokens instead, a continuing turn looks nearly free and agentic-coding's TTFT
+p99 got worse (8:8, 960 sessions, every turn remote: 8.97 s against 7.74 s at the prompt; see
+docs/sessions-and-placement.md, "P/D"). The larger, not the sum: the backlog estimate
+(kvgate.placement.live.LoadBoard) already counts those prefills when a scrape saw them waiting,
+and takes the larger of its ledger and its observations for the same reason.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from kvgate.placement.cost import EngineCost
 from kvgate.placement.view import Member
 
 # Sessions whose previous turn is remembered (per replica); older ones count as new.
@@ -57,13 +68,16 @@ class Prefillers(Protocol):
 class PrefillDecider:
     def __init__(self, directory: Prefillers, skip_below: int, *,
                  hbm_tokens: HbmTokens | None = None,
-                 backlog_s: Callable[[str], float] | None = None) -> None:
+                 backlog_s: Callable[[str], float] | None = None,
+                 cost: EngineCost | None = None) -> None:
         self._directory = directory
         self.skip_below = skip_below
         self._hbm_tokens = hbm_tokens
         self._backlog_s = backlog_s
         self._turns: OrderedDict[str, tuple[str, int]] = OrderedDict()  # session -> last turn
-        self._inflight: dict[str, int] = {}
+        self._cost = cost or EngineCost()
+        # prefill engine -> the prompt tokens of each of this replica's prefills in flight there
+        self._inflight: dict[str, list[int]] = {}
         self._ties = itertools.count()
 
     def plan(self, pool: str, decode: str | None, session: str | None,
@@ -105,19 +119,27 @@ class PrefillDecider:
         backlog = self._backlog_s
         tie = next(self._ties)
 
-        def cost(i: int) -> tuple[float, int, int]:
+        def cost(i: int) -> tuple[float, int]:
             address = engines[i].address
             queued = 0.0 if backlog is None else backlog(address)
-            return queued, self._inflight.get(address, 0), (i - tie) % len(engines)
+            return max(queued, self.inflight_s(address)), (i - tie) % len(engines)
 
         return engines[min(range(len(engines)), key=cost)].address
 
-    def started(self, prefill: str) -> None:
-        self._inflight[prefill] = self._inflight.get(prefill, 0) + 1
+    def inflight_s(self, prefill: str) -> float:
+        """Seconds of prefill this replica has in flight on `prefill`, as the gate prices one."""
+        price = self._cost.prefill_s
+        return sum(price(tokens, tokens) for tokens in self._inflight.get(prefill, ()))
 
-    def ended(self, prefill: str) -> None:
-        left = self._inflight.get(prefill, 0) - 1
-        if left > 0:
-            self._inflight[prefill] = left
-        else:
-            self._inflight.pop(prefill, None)
+    def started(self, prefill: str, prompt_tokens: int) -> None:
+        """A prefill of a `prompt_tokens` prompt was sent to `prefill`."""
+        self._inflight.setdefault(prefill, []).append(prompt_tokens)
+
+    def ended(self, prefill: str, prompt_tokens: int) -> None:
+        """The prefill `started` with the same `prompt_tokens` answered or failed."""
+        inflight = self._inflight.get(prefill)
+        if inflight is None or prompt_tokens not in inflight:
+            return
+        inflight.remove(prompt_tokens)
+        if not inflight:
+            del self._inflight[prefill]

@@ -14,6 +14,7 @@ from kvgate.endpoints.directory import EndpointDirectory
 from kvgate.endpoints.records import EndpointRecord
 from kvgate.pd.decider import Path, PrefillDecider
 from kvgate.pd.wire import PREFILL_PARAMS, decode_request, prefill_request
+from kvgate.placement.cost import EngineCost
 
 PD = """
 pools:
@@ -67,15 +68,52 @@ def test_the_prefill_engine_whose_queue_ends_first_and_none_when_all_failed() ->
     assert len(set(picks)) == 2
     busy = even.plan("coder", D, "u", 100).prefill
     assert busy is not None
-    even.started(busy)
+    even.started(busy, 100)
     assert all(even.plan("coder", D, f"v{i}", 100).prefill != busy for i in range(3))
-    even.ended(busy)
+    even.ended(busy, 100)
     for address in ("10.0.0.1:8000", "10.0.0.2:8000"):
         directory.set_record(EndpointRecord("coder", address, "coder", healthy=False,
                                             role=load_text(PD).pools[0].endpoints[0].role))
     directory.set_record(EndpointRecord("coder", D, "coder",
                                         role=load_text(PD).pools[0].endpoints[2].role))
     assert even.plan("coder", D, "w", 9000).path is Path.NO_PREFILL_ENGINE
+
+
+def test_a_long_prompt_in_flight_weighs_its_seconds_not_one_request() -> None:
+    cost = EngineCost(prefill_tokens_per_s=5000.0, prefill_overhead_s=0.02)
+    decider = PrefillDecider(EndpointDirectory(load_text(PD)), 0, cost=cost)
+    long, idle = "10.0.0.1:8000", "10.0.0.2:8000"
+    decider.started(long, 40_000)  # a 40,000-token prompt: 8 s of prefill, one request
+    assert decider.inflight_s(long) == cost.prefill_s(40_000, 40_000)
+    assert {decider.plan("coder", D, f"s{i}", 500).prefill for i in range(4)} == {idle}
+    # Two short prefills on the idle engine still weigh less than the one long prompt.
+    decider.started(idle, 500)
+    decider.started(idle, 500)
+    assert decider.plan("coder", D, "t", 500).prefill == idle
+    # A backlog the gate sees counts when it is the larger; this replica's own when it is.
+    seen = {long: 0.0, idle: 9.0}
+    with_board = PrefillDecider(EndpointDirectory(load_text(PD)), 0, cost=cost,
+                                backlog_s=seen.__getitem__)
+    with_board.started(long, 40_000)
+    assert with_board.plan("coder", D, "u", 500).prefill == long  # 8.02 s < 9 s
+    seen[idle] = 1.0
+    assert with_board.plan("coder", D, "v", 500).prefill == idle  # max(1, 0) < 8.02 s
+
+
+def test_ended_releases_exactly_its_tokens() -> None:
+    cost = EngineCost()
+    decider = PrefillDecider(EndpointDirectory(load_text(PD)), 0, cost=cost)
+    engine = "10.0.0.1:8000"
+    decider.started(engine, 3000)
+    decider.started(engine, 7000)
+    decider.ended(engine, 7000)
+    assert decider.inflight_s(engine) == cost.prefill_s(3000, 3000)
+    decider.ended(engine, 999)  # never started: nothing else is released
+    assert decider.inflight_s(engine) == cost.prefill_s(3000, 3000)
+    decider.ended(engine, 3000)
+    assert decider.inflight_s(engine) == 0.0
+    decider.ended(engine, 3000)  # released twice: still nothing in flight, never negative
+    assert decider.inflight_s(engine) == 0.0
 
 
 def test_the_wire_follows_vllms_proxy() -> None:
