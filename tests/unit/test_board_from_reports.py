@@ -24,18 +24,26 @@ def test_off_the_larger_of_ledger_and_report() -> None:
     assert board.backlog_s("a", 1.0) == pytest.approx(9.0)
 
 
-def test_on_a_fresh_report_replaces_the_ledger_before_it() -> None:
+def test_on_a_fresh_report_caps_the_ledgers_drift() -> None:
     board = _board(True)
-    board.routed("a", 0.0, 10.0)
+    for _ in range(10):  # ten 1 s prefills booked: the engine reports 2 s left
+        board.routed("a", 0.0, 1.0)
     board.observe("a", ObservedLoad(1.0, 2.0))
-    assert board.backlog_s("a", 1.0) == pytest.approx(2.0)
-    assert board.backlog_s("a", 1.5) == pytest.approx(1.5)  # aged by the time since
+    # The report, plus at most the largest prefill booked before it (it may be running).
+    assert board.backlog_s("a", 1.0) == pytest.approx(3.0)
+    assert board.backlog_s("a", 1.5) == pytest.approx(2.0)  # both aged by the time since
+
+
+def test_on_the_ledger_keeps_a_running_prefill_the_report_misses() -> None:
+    board = _board(True)
+    board.routed("a", 0.0, 4.0)  # in prefill: vLLM counts it running, not waiting
+    board.observe("a", ObservedLoad(1.0, 0.0))
+    assert board.backlog_s("a", 1.0) == pytest.approx(3.0)
 
 
 def test_on_what_was_booked_since_the_report_counts() -> None:
     board = _board(True)
     board.observe("a", ObservedLoad(1.0, 2.0))
-    board.routed("a", 1.0, 3.0)  # at the report's instant: in it already
     board.routed("a", 1.2, 0.5)
     board.routed("a", 1.4, 0.25)
     assert board.backlog_s("a", 1.5) == pytest.approx(1.5 + 0.75)

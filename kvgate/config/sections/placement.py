@@ -95,10 +95,11 @@ class GateConfig:
         "for `prefix_placement`", default=False)
     board_from_reports: bool = key(
         Boolean(), "an engine's backlog is its latest report (its waiting requests), aged, "
-        "plus what this router booked there since that report, rather than the larger of the "
-        "report and the router's own ledger, which never learns that it booked too much or "
-        "too little (docs/journal/load-gate.md, bank-coding 4x). Without a fresh report the "
-        "ledger is used", default=False)
+        "plus what this router booked there since; the router's own ledger counts only up to "
+        "the largest prefill booked before the report (one the report shows as running). "
+        "`false`: the larger of report and ledger, and the ledger never learns it booked too "
+        "much or too little (docs/journal/load-gate.md, bank-coding 4x). Without a fresh "
+        "report the ledger is used", default=False)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
