@@ -1,9 +1,11 @@
 """Where a simulated run's TTFT tail comes from, per engine and per gate decision (issue 42).
 
-    python bench/peak_probe.py OUT.json -- simulate --jobs 1 --quiet --sessions 6400 \
-        --engines 8 --modes affinity+ddr
+    python bench/peak_probe.py OUT.json -- simulate --jobs 1 --quiet --sessions 12800 \
+        --modes affinity+ddr --no-oracle
 
-Wraps the simulator's engine model and the load gate (no behaviour changes) and writes:
+`--raw` (before `--`) also writes OUT.json.raw.json: every request's row, the board's estimate
+per request and every move. It wraps the simulator's engine model and the load gate (no
+behaviour changes) and writes to OUT.json:
 - per engine, per 300 s window: requests admitted, prefill seconds, mean queue wait;
 - the slowest 1 % of requests (by TTFT): their DDR read wait, queue wait and prefill,
   and on which engines they fell;
