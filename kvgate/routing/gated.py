@@ -101,6 +101,7 @@ class GatedPolicy:
         self.cost = cost
         self.config = config
         self.board = board
+        board.from_reports = config.board_from_reports
         self.clock = clock  # the load board's clock
         self.recent = recent if recent is not None else RecentSessions()
         self.mix = mix if mix is not None else PrefillMix()  # what booked requests cost

@@ -93,6 +93,13 @@ class GateConfig:
         "else from what the gateway placed (`prefix_index_blocks`). `false`: a new session is "
         "booked as its whole prompt. Live, ext_proc reads the body only for placements, as "
         "for `prefix_placement`", default=False)
+    board_from_reports: bool = key(
+        Boolean(), "an engine's backlog is its latest report (its waiting requests), aged, "
+        "plus what this router booked there since; the router's own ledger counts only up to "
+        "the largest prefill booked before the report (one the report shows as running). "
+        "`false`: the larger of report and ledger, and the ledger never learns it booked too "
+        "much or too little (docs/journal/load-gate.md, bank-coding 4x). Without a fresh "
+        "report the ledger is used", default=False)
     source: str = key(
         Choice(LOAD_SOURCES), "where each ext_proc replica gets the engines' load: `scrape` "
         "(it scrapes every active engine's `/metrics` itself: replicas × engines scrapes per "
@@ -189,10 +196,11 @@ class GateConfig:
 # a result's `load_gate` (simulator.command).
 DECISION_KEYS = tuple(e for e in entries(GateConfig) if e.attr in (
     "min_saving_s", "min_saving_ratio", "cooldown_s", "candidates", "miss_safe", "terms",
-    "prefix_placement", "prefix_index_blocks", "book_uncached_prefill"))
+    "prefix_placement", "prefix_index_blocks", "book_uncached_prefill", "board_from_reports"))
 
 
-_NEWER_KEYS = ("terms", "prefix_placement", "prefix_index_blocks", "book_uncached_prefill")
+_NEWER_KEYS = ("terms", "prefix_placement", "prefix_index_blocks", "book_uncached_prefill",
+               "board_from_reports")
 
 
 def decision_settings(gate: GateConfig) -> dict[str, Any]:
