@@ -1,7 +1,11 @@
 """Where a simulated run's TTFT tail comes from, per engine and per gate decision (issue 42).
 
-    python bench/peak_probe.py OUT.json -- simulate --jobs 1 --quiet --sessions 12800 \
+    python -m simulator.peak_probe OUT.json -- --jobs 1 --quiet --sessions 12800 \
         --modes affinity+ddr --no-oracle
+
+(the arguments after `--` are `kvgate simulate`'s; `--jobs 1`, since the probe wraps this
+process's classes). A diagnostic kept for the journal's measurements: its tallies are this
+process's, for one run.
 
 `--raw` (before `--`) also writes OUT.json.raw.json: every request's row, the board's estimate
 per request and every move. It wraps the simulator's engine model and the load gate (no
@@ -18,6 +22,7 @@ behaviour changes) and writes to OUT.json:
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import sys
@@ -27,6 +32,7 @@ from typing import Any
 from emulator.engine_model import EngineModel
 from kvgate.placement.pick import candidates
 from kvgate.routing.gated import GatedPolicy
+from simulator.command import add_arguments, run
 from simulator.routing import AffinityRouter
 from simulator.simulation import Simulation
 
@@ -216,9 +222,11 @@ def summary(warmup_s: float) -> dict[str, Any]:
 def main(argv: list[str]) -> int:
     out, rest = argv[0], argv[argv.index("--") + 1:]
     _wrap()
-    from kvgate_cli.main import main as cli
-
-    code = cli(rest)
+    if rest and rest[0] == "simulate":
+        rest = rest[1:]
+    parser = argparse.ArgumentParser(prog="python -m simulator.peak_probe OUT.json --")
+    add_arguments(parser)
+    code = run(parser.parse_args(rest))
     warmup = 0.0
     if "--duration-s" in rest:
         warmup = float(rest[rest.index("--duration-s") + 1]) * 0.1
