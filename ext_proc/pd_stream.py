@@ -27,7 +27,7 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from ext_proc.answers import Answers, protobuf_answer
-from ext_proc.server import body_fields, pool_of
+from ext_proc.server import decision_inputs, pool_of
 from kvgate.config.model import Config
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient
@@ -37,7 +37,6 @@ from kvgate.pd.turns import TurnLog, TurnRecord
 from kvgate.pd.wire import PrefillFailed, compact, decode_request, parse, prefill
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.handler import RequestHandler
-from kvgate.session import BODY_METADATA_NAMESPACE
 
 log = structlog.get_logger("kvgate.ext_proc.pd")
 Context = grpc.aio.ServicerContext[pb.ProcessingRequest, bytes]
@@ -87,13 +86,9 @@ class PdProcessor:
         first = await anext(requests, None)
         if first is None or not first.HasField("request_headers"):
             return
-        headers: dict[str, bytes] = {}
-        for header in first.request_headers.headers.headers:
-            headers[header.key] = header.raw_value or header.value.encode()
-        found = first.metadata_context.filter_metadata.get(BODY_METADATA_NAMESPACE)
+        headers, fields = decision_inputs(first)
         pool = pool_of(context) or self._handler.default_pool
-        decision = await self._handler.decide(
-            pool, headers, None if found is None else body_fields(found))
+        decision = await self._handler.decide(pool, headers, fields)
         yield self._answers.of(decision)
         if first.request_headers.end_of_stream:
             return  # no body: nothing to prefill

@@ -26,11 +26,10 @@ from google.protobuf import struct_pb2
 from prometheus_client import Counter
 
 from ext_proc.answers import Answers, protobuf_answer
-from ext_proc.server import body_fields, pool_of
+from ext_proc.server import decision_inputs, pool_of
 from kvgate.contract.envoy import DESTINATION_KEY, LB_NAMESPACE
 from kvgate.routing.handler import RequestHandler
 from kvgate.routing.prompt_blocks import PromptBlocks
-from kvgate.session import BODY_METADATA_NAMESPACE
 
 Context = grpc.aio.ServicerContext[pb.ProcessingRequest, bytes]
 _Mode = processing_mode_pb2.ProcessingMode
@@ -82,11 +81,7 @@ class PromptProcessor:
         first = await anext(requests, None)
         if first is None or not first.HasField("request_headers"):
             return
-        headers: dict[str, bytes] = {}
-        for header in first.request_headers.headers.headers:
-            headers[header.key] = header.raw_value or header.value.encode()
-        found = first.metadata_context.filter_metadata.get(BODY_METADATA_NAMESPACE)
-        fields = None if found is None else body_fields(found)
+        headers, fields = decision_inputs(first)
         pool = pool_of(context)
         readable = not first.request_headers.end_of_stream and self._fits(headers)
         decision = await self._handler.decide(pool, headers, fields, prompt=readable)

@@ -71,12 +71,18 @@ class ExternalProcessor:
         return answer
 
     async def _on_request_headers(self, request: pb.ProcessingRequest, pool: str | None) -> bytes:
-        headers: dict[str, bytes] = {}
-        for header in request.request_headers.headers.headers:
-            headers[header.key] = header.raw_value or header.value.encode()
-        body = request.metadata_context.filter_metadata.get(BODY_METADATA_NAMESPACE)
-        return self._answers.of(await self._handler.decide(
-            pool, headers, None if body is None else body_fields(body)))
+        headers, fields = decision_inputs(request)
+        return self._answers.of(await self._handler.decide(pool, headers, fields))
+
+
+def decision_inputs(request: pb.ProcessingRequest) -> tuple[dict[str, bytes], BodyFields | None]:
+    """A request-headers message as the core decides on it: its headers, and the session
+    fields the Lua filter lifted from the body (None: it lifted none)."""
+    headers: dict[str, bytes] = {}
+    for header in request.request_headers.headers.headers:
+        headers[header.key] = header.raw_value or header.value.encode()
+    body = request.metadata_context.filter_metadata.get(BODY_METADATA_NAMESPACE)
+    return headers, None if body is None else body_fields(body)
 
 
 def body_fields(body: struct_pb2.Struct) -> BodyFields:
