@@ -96,13 +96,7 @@ class PdSimulation(Simulation):
         return super()._output(e, i)
 
     async def _on_arrival(self) -> None:
-        now, i = self.order.pop()
-        request = self.requests[i]
-        self.done += 1
-        self.now = now
-        hashes = self.blocks.hashes(i)
-        tokens = self.blocks.tokens[i]
-        ask = Ask(request.session, self.estimate.tokens(request.session, tokens), tokens, hashes)
+        now, i, ask, hashes = self._next_ask()
         pick: PdPick | None = await self.pd.pick(ask, now)
         if pick is None:
             self._failed(i, now, now)

@@ -175,8 +175,9 @@ class Simulation:
         else:
             self._on_finish(data)
 
-    async def _on_arrival(self) -> None:
-        """The next request is sent: route it, then admit it or start loading its DDR blocks."""
+    def _next_ask(self) -> tuple[float, int, Ask, list[int]]:
+        """The next request sent, as a router is asked about it: (when, its index, the ask, its
+        block hashes)."""
         now, i = self.order.pop()
         request = self.requests[i]
         self.done += 1
@@ -184,6 +185,11 @@ class Simulation:
         hashes = self.blocks.hashes(i)
         tokens = self.blocks.tokens[i]
         ask = Ask(request.session, self.estimate.tokens(request.session, tokens), tokens, hashes)
+        return now, i, ask, hashes
+
+    async def _on_arrival(self) -> None:
+        """The next request is sent: route it, then admit it or start loading its DDR blocks."""
+        now, i, ask, hashes = self._next_ask()
         address = await self.router.route(ask, now)
         if address is None:
             self._failed(i, now, now)
