@@ -51,6 +51,7 @@ from kvgate.etcd.client import WatchEvent, wait_until_ready
 from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
 from kvgate.observability.http import MetricsServer
+from kvgate.runtime.tasks.listen import listen_grpc
 from kvgate.runtime.tasks.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.control_plane")
@@ -171,7 +172,8 @@ class ControlPlaneService:
         ads_pb2_grpc.add_AggregatedDiscoveryServiceServicer_to_server(
             AdsServer(self.cache, XdsMetrics(self.registry), self.nodes), self._xds
         )
-        self.xds_port = self._listen(self._xds, self.config.control_plane.xds)
+        self.xds_port = listen_grpc(self._xds, self.config.control_plane.xds, "xDS",
+                                    "--xds or control_plane.xds")
         await self._admin.start(serving=False)
         if self._options.metrics is not None:
             self._metrics_server = MetricsServer(
@@ -215,16 +217,6 @@ class ControlPlaneService:
     def _configured_states(self) -> dict[str, dict[str, EndpointState]]:
         return {p.name: {e.key: EndpointState.ACTIVE for e in p.endpoints}
                 for p in self.config.pools}
-
-    @staticmethod
-    def _listen(server: grpc.aio.Server, address: HostPort) -> int:
-        try:
-            port = server.add_insecure_port(str(address))
-        except RuntimeError:  # grpc's words for a port in use (SO_REUSEPORT is off)
-            port = 0
-        if port == 0:
-            raise OSError(f"cannot listen on {address} (address in use?)")
-        return port
 
     def request_reload(self) -> None:
         self._reload_wanted.set()

@@ -44,6 +44,7 @@ from kvgate.routing.handler import RequestHandler
 from kvgate.routing.prompt_blocks import PromptBlocks
 from kvgate.routing.recent import RecentSessions
 from kvgate.routing.sources import SessionSources
+from kvgate.runtime.tasks.listen import listen_error, listen_grpc
 from kvgate.runtime.tasks.supervisor import Supervisor
 from kvgate.session import SessionIds
 
@@ -54,6 +55,7 @@ log = structlog.get_logger("kvgate.ext_proc")
 DRAIN_QUIET_S = 0.5
 DRAIN_MAX_S = 3.0
 _MAX_METADATA = 256 * 1024
+_LISTEN_SETTING = "--listen or ext_proc.address"  # where a user changes the bound address
 
 
 @dataclass(frozen=True, slots=True)
@@ -321,18 +323,13 @@ class ExtProcService:
                      ("grpc.max_metadata_size", _MAX_METADATA),
                      ("grpc.absolute_max_metadata_size", _MAX_METADATA)]
         )
-        try:
-            self.port = self._server.add_insecure_port(f"{listen}")
-        except RuntimeError:
-            self.port = 0
-        if self.port == 0:
-            raise OSError(f"ext_proc: cannot listen on {listen} (address in use?)")
+        self.port = listen_grpc(self._server, listen, "gRPC", _LISTEN_SETTING)
 
     def _bind_http(self, listen: HostPort) -> None:
         try:
             self._http_socket = socket.create_server((listen.host, listen.port))
         except OSError as exc:
-            raise OSError(f"ext_proc: cannot listen on {listen} ({exc.strerror})") from exc
+            raise listen_error(listen, "HTTP", _LISTEN_SETTING, exc) from exc
         self._http_socket.setblocking(False)
         self.port = self._http_socket.getsockname()[1]
 

@@ -24,6 +24,7 @@ from kvgate.admin_api.tls import ServerTls, TlsError
 from kvgate.admin_api.token_file import new_token, remove_token, token_path, write_token
 from kvgate.admin_api.v1 import admin_pb2, admin_pb2_grpc
 from kvgate.config.model import HostPort
+from kvgate.runtime.tasks.listen import listen_grpc
 
 __all__ = ["AdminServer", "ServerTls", "TlsError", "TokenError", "load_token"]
 
@@ -32,6 +33,7 @@ log = structlog.get_logger("kvgate.admin")
 TOKEN_HINT = "the kvgate CLI sends it from KVGATE_ADMIN_TOKEN or --token-file"
 
 ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name  # kvgate.admin.v1.Admin
+_LISTEN_SETTING = "--admin or control_plane.admin"  # where a user changes the bound address
 
 
 class AdminServer:
@@ -86,17 +88,13 @@ class AdminServer:
             (ADMIN_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
         )
         if self._tls is None:
-            try:
-                port = server.add_insecure_port(str(self._listen))
-            except RuntimeError:  # grpc's words for a port in use
-                port = 0
+            port = listen_grpc(server, self._listen, "admin API", _LISTEN_SETTING)
         else:
             try:
-                port = server.add_secure_port(str(self._listen), self._tls.credentials())
+                port = listen_grpc(server, self._listen, "admin API", _LISTEN_SETTING,
+                                   self._tls.credentials())
             except RuntimeError as exc:  # grpc's own words for a key that fits no certificate
                 raise TlsError(f"admin TLS {self._tls.cert_file}: {exc}") from None
-        if port == 0:
-            raise OSError(f"admin API: cannot listen on {self._listen} (address in use?)")
         if self._token is None:  # bound, so the port names the file
             path = token_path(port)
             write_token(path, token)

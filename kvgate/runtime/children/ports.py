@@ -153,14 +153,20 @@ def _held(host: str, port: int) -> socket.socket:
 
 
 def port_in_use(host: str, port: int) -> bool:
+    return bind_refusal(host, port) is not None
+
+
+def bind_refusal(host: str, port: int) -> OSError | None:
+    """Why a server could not bind `host:port` now (EADDRINUSE, EADDRNOTAVAIL, ...), or None
+    when it could. Tried with SO_REUSEADDR, as servers bind (gRPC and asyncio's included)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
-        except OSError:
-            return True
-        return False
+        except OSError as exc:
+            return exc
+        return None
 
 
 class _Address(Protocol):
