@@ -12,13 +12,12 @@ import signal
 import sys
 from pathlib import Path
 
-import yaml
-
 from kvgate.config.dump import to_dict
 from kvgate.runtime.children.ports import port_in_use
 from tests.support.polling import eventually
 from tests.support.ports import free_port
 from tests.support.stack import gateway_config
+from tests.support.up_children import running_up, write_config
 
 
 def _alive(pid: int) -> bool:
@@ -28,25 +27,6 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
-
-
-async def _read_until(stream: asyncio.StreamReader, pattern: str, within: float) -> str:
-    seen = ""
-    deadline = asyncio.get_running_loop().time() + within
-    while pattern not in seen:
-        remaining = deadline - asyncio.get_running_loop().time()
-        assert remaining > 0, f"no {pattern!r} in:\n{seen}"
-        line = await asyncio.wait_for(stream.readline(), remaining)
-        assert line, f"output ended before {pattern!r}:\n{seen}"
-        seen += line.decode()
-    return seen
-
-
-async def _up(path: Path, env: dict[str, str]) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "kvgate_cli", "up", "-c", str(path),
-        env={**os.environ, **env}, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT)
 
 
 async def _cli(*args: str, env: dict[str, str]) -> tuple[int, str]:
@@ -69,36 +49,24 @@ async def test_killed_up_leaves_nothing_and_sighup_stops_cleanly(
     ups = await upstreams(1)
     dead = f"127.0.0.1:{free_port()}"  # nothing listens there
     config = gateway_config([ups[0].address, dead], prefix=prefix)
-    path = tmp_path / "kvgate.yaml"
-    path.write_text(yaml.safe_dump(to_dict(config)))
+    path = write_config(tmp_path / "kvgate.yaml", to_dict(config))
     temp = tmp_path / "tmp"  # where kvgate up makes its work directories
     temp.mkdir()
     env = {"TMPDIR": str(temp)}
 
     # 1. Killed with SIGKILL: nothing can run in kvgate up, yet every child stops.
-    first = await _up(path, env)
-    try:
-        assert first.stdout is not None
-        output = await _read_until(first.stdout, "Ctrl-C stops everything", 60)
+    async with running_up("-c", str(path), env=env) as (first, output):
         pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", output)]
         assert len(pids) == 4, output  # etcd, control plane, ext_proc, Envoy
         ports = _ports(output)
         assert (config.listener.host, config.listener.port) in ports and len(ports) >= 6
-        first.kill()
-        await first.wait()
-    finally:
-        if first.returncode is None:
-            first.kill()
-            await first.wait()
+        await first.kill()
     await eventually(lambda: not any(_alive(pid) for pid in pids), 30)
     await eventually(lambda: not any(port_in_use(h, p) for h, p in ports), 30)
     (left,) = temp.glob("kvgate-up-*")  # a killed run cannot remove its work directory
 
     # 2. The next run removes it; at ready it names the engine that fails its health check.
-    second = await _up(path, env)
-    try:
-        assert second.stdout is not None
-        output = await _read_until(second.stdout, "Ctrl-C stops everything", 60)
+    async with running_up("-c", str(path), env=env) as (second, output):
         assert "removed 1 work directories of runs that were killed" in output
         assert not left.exists()
         assert "kvgate is ready" in output
@@ -120,14 +88,8 @@ async def test_killed_up_leaves_nothing_and_sighup_stops_cleanly(
         code, said = await _cli("status", "--admin", str(admin), env=stranger)
         assert code == 0 and "draining" in said, said
 
-        # 3. The terminal closes: SIGHUP stops everything cleanly.
-        second.send_signal(signal.SIGHUP)
-        rest = (await asyncio.wait_for(second.stdout.read(), 30)).decode()
-        assert await second.wait() == 0, rest
-    finally:
-        if second.returncode is None:
-            second.kill()
-            await second.wait()
+        # 3. The terminal closes: SIGHUP stops everything cleanly (status 0).
+        rest = await second.finish(signal.SIGHUP)
     assert "kvgate up: stopped" in rest and f"work directory removed: {workdir}" in rest
     assert [pid for pid in pids if _alive(pid)] == []
     assert list(temp.glob("kvgate-up-*")) == []
@@ -137,19 +99,9 @@ async def test_killed_up_leaves_nothing_and_sighup_stops_cleanly(
 async def test_ready_is_not_said_when_no_engine_answers(tmp_path: Path, prefix: str) -> None:
     engines = [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]
     config = gateway_config(engines, prefix=prefix)
-    path = tmp_path / "kvgate.yaml"
-    path.write_text(yaml.safe_dump(to_dict(config)))
-    process = await _up(path, {"TMPDIR": str(tmp_path)})
-    try:
-        assert process.stdout is not None
-        output = await _read_until(process.stdout, "Ctrl-C stops everything", 60)
-        process.send_signal(signal.SIGTERM)
-        rest = (await asyncio.wait_for(process.stdout.read(), 30)).decode()
-        assert await process.wait() == 0, rest
-    finally:
-        if process.returncode is None:
-            process.kill()
-            await process.wait()
+    path = write_config(tmp_path / "kvgate.yaml", to_dict(config))
+    async with running_up("-c", str(path), env={"TMPDIR": str(tmp_path)}) as (up, output):
+        await up.finish(signal.SIGTERM)  # status 0
     assert "kvgate is ready" not in output
     assert "kvgate is up, but no engine passes its health check" in output
     assert "WARNING: 2 of 2 engines fail their health check:" in output

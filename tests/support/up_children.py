@@ -11,7 +11,7 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -42,9 +42,11 @@ class UpProcess:
     etcd: str = ""
 
     @classmethod
-    async def start(cls, *args: str) -> UpProcess:
+    async def start(cls, *args: str, env: Mapping[str, str] | None = None) -> UpProcess:
+        """`kvgate up ARGS`, with `env` added to this process's environment."""
         process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "kvgate_cli", "up", *args,
+            env=None if env is None else {**os.environ, **env},
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
         return cls(process)
 
@@ -238,10 +240,11 @@ async def bindings_lost(etcd: str, prefix: str, traffic: Traffic) -> list[str]:
 
 
 @asynccontextmanager
-async def running_up(*args: str) -> AsyncIterator[tuple[UpProcess, str]]:
-    """`kvgate up ARGS` once it said all is ready, and what it printed until then; killed on the
-    way out unless it has ended (`UpProcess.finish`)."""
-    up = await UpProcess.start(*args)
+async def running_up(*args: str, env: Mapping[str, str] | None = None
+                     ) -> AsyncIterator[tuple[UpProcess, str]]:
+    """`kvgate up ARGS` (`env` added to the environment) once it said all is ready, and what it
+    printed until then; killed on the way out unless it has ended (`UpProcess.finish`)."""
+    up = await UpProcess.start(*args, env=env)
     try:
         yield up, await up.ready()
     finally:
