@@ -17,15 +17,7 @@ import yaml
 from kvgate.config.dump import to_dict
 from tests.support.ports import free_port
 from tests.support.stack import admin_json, gateway_config
-from tests.support.up_children import ports_only, running_up, write_config
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+from tests.support.up_children import ports_only, running, running_up, write_config
 
 
 async def test_up_serves_then_sigterm_stops_everything(
@@ -46,7 +38,7 @@ async def test_up_serves_then_sigterm_stops_everything(
         assert len(homes) == 1
         rest = await up.finish(signal.SIGTERM)
     assert "stopped" in rest
-    assert [pid for pid in pids if _alive(pid)] == []
+    assert [pid for pid in pids if running(pid)] == []
     assert not (tmp_path / "w").exists()  # made by this run, removed with it
 
 
@@ -160,7 +152,7 @@ async def test_up_with_emulated_fleet_keeps_a_conversation_on_one_engine(tmp_pat
         assert cached[0][0] == 0
         assert all(hit >= 0.9 * (total - 200) for hit, total in cached[1:]), cached
         rest = await up.finish()
-    assert [pid for pid in pids if _alive(pid)] == []
+    assert [pid for pid in pids if running(pid)] == []
     assert f"work directory kept (--keep-workdir): {tmp_path / 'w'}" in rest
     assert (tmp_path / "w" / "control-plane.log").stat().st_size > 0
 
@@ -215,7 +207,7 @@ async def test_up_ports_auto_avoids_taken_defaults_and_prints_the_ports_it_took(
             await up.finish()
     finally:
         held.close()
-    assert [pid for pid in pids if _alive(pid)] == []
+    assert [pid for pid in pids if running(pid)] == []
 
 
 def test_ports_from_a_base_are_consecutive_and_bad_values_are_refused() -> None:

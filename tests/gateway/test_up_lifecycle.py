@@ -17,16 +17,7 @@ from kvgate.runtime.children.ports import port_in_use
 from tests.support.polling import eventually
 from tests.support.ports import free_port
 from tests.support.stack import gateway_config
-from tests.support.up_children import running_up, write_config
-
-
-def _alive(pid: int) -> bool:
-    """Running: not gone and not a zombie (a dead child nobody has reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
+from tests.support.up_children import running, running_up, write_config
 
 
 async def _cli(*args: str, env: dict[str, str]) -> tuple[int, str]:
@@ -61,7 +52,7 @@ async def test_killed_up_leaves_nothing_and_sighup_stops_cleanly(
         ports = _ports(output)
         assert (config.listener.host, config.listener.port) in ports and len(ports) >= 6
         await first.kill()
-    await eventually(lambda: not any(_alive(pid) for pid in pids), 30)
+    await eventually(lambda: not any(running(pid) for pid in pids), 30)
     await eventually(lambda: not any(port_in_use(h, p) for h, p in ports), 30)
     (left,) = temp.glob("kvgate-up-*")  # a killed run cannot remove its work directory
 
@@ -91,7 +82,7 @@ async def test_killed_up_leaves_nothing_and_sighup_stops_cleanly(
         # 3. The terminal closes: SIGHUP stops everything cleanly (status 0).
         rest = await second.finish(signal.SIGHUP)
     assert "kvgate up: stopped" in rest and f"work directory removed: {workdir}" in rest
-    assert [pid for pid in pids if _alive(pid)] == []
+    assert [pid for pid in pids if running(pid)] == []
     assert list(temp.glob("kvgate-up-*")) == []
     assert not token_file.exists()
 

@@ -26,6 +26,7 @@ from tests.support.up_children import (
     assess,
     bindings_lost,
     kill_in_turn,
+    running,
     write_config,
 )
 from tests.support.upstreams import Upstream
@@ -91,14 +92,6 @@ async def test_each_child_killed_in_turn_comes_back_while_the_gateway_serves(
     assert "kvgate up: stopped" in output and "work directory removed" in output
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 async def test_a_child_that_cannot_come_back_stops_everything_and_says_why(
         tmp_path: Path, upstreams: Callable[[int], Awaitable[list[Upstream]]],
         prefix: str) -> None:
@@ -147,4 +140,4 @@ async def test_a_child_that_cannot_come_back_stops_everything_and_says_why(
     assert f"change it in {path}, or use --ports auto" in output
     assert f"work directory kept (something failed: the logs are there): {workdir}" in output
     assert (workdir / "envoy.log").stat().st_size > 0
-    assert all(not _alive(pid) for pid in [*pids.values(), *up.pids.values()]), up.pids
+    assert all(not running(pid) for pid in [*pids.values(), *up.pids.values()]), up.pids

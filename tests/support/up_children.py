@@ -239,6 +239,16 @@ async def bindings_lost(etcd: str, prefix: str, traffic: Traffic) -> list[str]:
             if stored.get(str(normalize_session(session.encode()))) != upstream]
 
 
+def running(pid: int) -> bool:
+    """The process runs: it is not gone and not a zombie (a dead child nobody has reaped yet,
+    which kvgate up's orphaned children briefly are)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 @asynccontextmanager
 async def running_up(*args: str, env: Mapping[str, str] | None = None
                      ) -> AsyncIterator[tuple[UpProcess, str]]:
