@@ -2,10 +2,10 @@
 test changes, the real stack (etcd, control plane, ext_proc, Envoy), emulated engines on
 127.0.0.x. Scale-out, scale-in and a DNS server that stops answering, in one run.
 
-Targets (issue 44): a new engine gets its first new session within 2 resolution intervals and
-no existing session moves; a leaving engine's sessions stay until its drain's deadline, then
-end on engines of its kv_pool, with no failed request; a DNS server that does not answer
-removes no engine and fails no request.
+Targets (issue 44): a new engine gets its first new session within 2 resolution intervals (the
+gateway timed itself, see PROBES below) and no existing session moves; a leaving engine's sessions
+stay until its drain's deadline, then end on engines of its kv_pool, with no failed request; a
+DNS server that does not answer removes no engine and fails no request.
 
     python -m pytest -m chaos tests/chaos/test_discovery_dns.py -s
 """
@@ -20,8 +20,17 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvgate.config.model import Config
 from kvgate.etcd import EtcdClient
-from tests.support.discovery_traffic import Traffic, drained, engine_records, first_new_session_on
+from tests.support.discovery_traffic import (
+    Ready,
+    Traffic,
+    drained,
+    engine_records,
+    first_new_session_on,
+    placed_on,
+    ready_for,
+)
 from tests.support.dnsmasq import Dnsmasq, available
 from tests.support.hosted_engines import HostedEngines
 from tests.support.polling import eventually
@@ -32,6 +41,21 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600),
                                  "(apt-get install dnsmasq-base)")]
 
 EVERY = 1.0  # seconds between resolutions
+# Scale-out: issue 44's target is that a new engine gets its first new session within 2
+# resolution intervals of the DNS change: up to one until the control plane's next resolution
+# (DNS adds no wait: dnsmasq's TTL is 0 and the resolver keeps no cache), one more for the
+# leader's etcd write, ext_proc's endpoints mirror and Envoy's EDS push. The test holds the
+# gateway to it with no margin, timing each step itself (every 20 ms, each time an upper bound):
+# the record in etcd, ext_proc's mirror at its revision, Envoy listing the engine. It does not
+# time it by a new session's answer: under the chaos tier's load (load average 9-10 on 2 cores)
+# one round trip through Envoy, ext_proc and an engine took 0.3-1.9 s (2026-12-07), and with
+# any new session 3 in 4 landed elsewhere by the hash's luck, each costing a round trip, which
+# is how a 2 s measured that way flaked. New sessions show the gateway then places there:
+# PROBES at a time, of ids Envoy's ring puts on the new engine, so each lands there once the
+# gateway can place there, and every one sent from SETTLE_S after that must (the time Envoy's
+# workers take the main thread's EDS update).
+PROBES = 4
+SETTLE_S = 0.1
 DRAIN = 3.0  # seconds a leaving engine keeps its sessions
 NAME = "engines.test"
 SESSIONS = 24
@@ -78,7 +102,8 @@ async def test_dns_scale_out_scale_in_and_outage(tmp_path: Path, dnsmasq: Dnsmas
                 await traffic.start(sessions)
                 homes = {s: traffic.engines_of(s)[0] for s in sessions}
                 assert set(homes.values()) <= {a2, a3, static}
-                await _scale_out(traffic, dnsmasq, homes, a4)
+                await _scale_out(traffic, dnsmasq, etcd, config, homes, a4,
+                                 [a2, a3, a4, static])
                 await _flapping(traffic, dnsmasq, etcd, prefix, homes, a4)
                 await _scale_in(traffic, dnsmasq, etcd, prefix, homes, a3, {a2, a4})
                 admin = str(config.control_plane.admin)
@@ -93,16 +118,38 @@ async def test_dns_scale_out_scale_in_and_outage(tmp_path: Path, dnsmasq: Dnsmas
             await etcd.close()
 
 
-async def _scale_out(traffic: Traffic, dnsmasq: Dnsmasq, homes: dict[str, str],
-                     new: str) -> None:
-    first = await first_new_session_on(
-        traffic, new, lambda: dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3", "127.0.0.4"]}),
-        within=10 * EVERY)
-    assert first is not None
-    print(f"scale-out: the first new session on the new engine was placed {first[0]:.2f}.."
-          f"{first[1]:.2f} s after the record changed (target: within 2 resolution intervals, "
-          f"{2 * EVERY:g} s)")
-    assert first[1] <= 2 * EVERY
+async def _scale_out(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, config: Config,
+                     homes: dict[str, str], new: str, pool: list[str]) -> None:
+    ready: list[asyncio.Task[Ready]] = []
+
+    async def change() -> float:
+        changed = await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3", "127.0.0.4"]})
+        ready.append(asyncio.create_task(ready_for(
+            new, etcd, config.etcd.prefix, str(config.ext_proc.metrics),
+            str(config.envoy_admin))))
+        return changed
+
+    try:
+        landed = await first_new_session_on(traffic, new, change, within=10 * EVERY,
+                                            sessions=placed_on(new, pool), probes=PROBES)
+        at = await asyncio.wait_for(ready[0], 10 * EVERY)
+    finally:
+        for task in ready:
+            task.cancel()
+        await asyncio.gather(*ready, return_exceptions=True)
+    assert landed is not None
+    record, ext_proc, envoy, gateway, sent, answered = (
+        when - landed.changed for when in (at.record, at.ext_proc, at.envoy, at.gateway,
+                                           landed.first.sent, landed.first.answered))
+    print(f"scale-out: after the record changed, etcd held the engine's record at {record:.2f} s, "
+          f"ext_proc had it at {ext_proc:.2f} s, Envoy at {envoy:.2f} s (target: within "
+          f"{2 * EVERY:g} s, 2 resolution intervals); the first new session on it was sent at "
+          f"{sent:.2f} s, answered at {answered:.2f} s ({len(landed.tries)} tries, the slowest "
+          f"round trip {landed.slowest:.2f} s)")
+    assert gateway <= 2 * EVERY
+    # Once the gateway could, it did: every new session sent from then on landed there.
+    elsewhere = [t for t in landed.tries if t.sent >= at.gateway + SETTLE_S and t.engine != new]
+    assert elsewhere == []
     since = time.monotonic()
     await eventually(lambda: all(traffic.engines_of(s, since) for s in homes),
                      what="every session answered again")

@@ -6,14 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import count
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from kvgate.endpoints import EndpointRecord, EndpointRecords
-from kvgate.etcd import EtcdClient
+from kvgate.endpoints.records import record_key
+from kvgate.etcd import EtcdClient, KeyValue
+from kvgate.placement.ring import EnvoyRing, session_hash
 from tests.support.polling import eventually
 
 
@@ -83,9 +87,10 @@ async def drained(traffic: Traffic, etcd: EtcdClient, prefix: str, leaving: str,
     def gone(records: Records) -> bool:
         return leaving not in records
 
-    def ended(since: float) -> bool:
-        return all(traffic.engines_of(s, since)[-1:] and traffic.engines_of(s, since)[-1]
-                   in siblings for s in sessions)
+    def last(since: float) -> dict[str, str | None]:
+        """Each session's last engine since `since` (None: no answer since)."""
+        return {s: ends[-1] if (ends := traffic.engines_of(s, since)) else None
+                for s in sessions}
 
     listed = partial(engine_records, etcd, prefix)
     deadline = (await eventually(listed, until=draining,
@@ -97,7 +102,7 @@ async def drained(traffic: Traffic, etcd: EtcdClient, prefix: str, leaving: str,
     since = time.monotonic()
     # Answers in flight when the record went may still come from the leaving engine: the
     # sessions end on its siblings.
-    await eventually(partial(ended, since),
+    await eventually(partial(last, since), until=lambda ends: set(ends.values()) <= siblings,
                      what=f"{leaving}'s sessions ending on {sorted(siblings)} after the drain")
     early = [(t, s, e) for t, s, e in traffic.answers
              if s in sessions and e != leaving and t < deadline_mono - 0.2]
@@ -105,18 +110,103 @@ async def drained(traffic: Traffic, etcd: EtcdClient, prefix: str, leaving: str,
     return {s: traffic.engines_of(s, since)[-1] for s in sessions}
 
 
+def placed_on(engine: str, pool: list[str]) -> Iterator[str]:
+    """New session ids that ext_proc's first placement puts on `engine` once it is one of
+    `pool`'s engines (weight 1 each, no load gate, `engine` under its load bound): Envoy's ring
+    over `pool` picks it for them. Before that they land elsewhere, so the first of them that
+    lands on `engine` shows the gateway places there, not the hash's luck."""
+    ring = EnvoyRing([(address, 1) for address in pool])
+    return (session for session in (f"new-{engine}-{i}" for i in count(1))
+            if ring.pick(session_hash(session.encode())) == engine)
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """When (monotonic) the gateway could first place sessions on a new engine: etcd held its
+    record, ext_proc's endpoints mirror had reached that record's revision, and Envoy listed
+    it among its cluster's hosts (EDS)."""
+
+    record: float
+    ext_proc: float
+    envoy: float
+
+    @property
+    def gateway(self) -> float:
+        return max(self.ext_proc, self.envoy)
+
+
+async def ready_for(engine: str, etcd: EtcdClient, prefix: str, ext_proc_metrics: str,
+                    envoy_admin: str, pool: str = "coder", every: float = 0.02) -> Ready:
+    """Polls, every `every` seconds, until the gateway can place sessions on `engine`."""
+    key = record_key(prefix, pool, engine)
+    found: KeyValue | None = await eventually(lambda: etcd.get(key),
+                                              until=lambda kv: kv is not None,
+                                              every=every, what=f"{engine}'s record")
+    recorded = time.monotonic()
+    assert found is not None
+    async with httpx.AsyncClient(timeout=5) as http:
+        async def mirrored() -> bool:
+            page = (await http.get(f"http://{ext_proc_metrics}/metrics")).text
+            return any(sample.labels.get("mirror") == "endpoints"
+                       and sample.value >= found.mod_revision
+                       for family in text_string_to_metric_families(page)
+                       if family.name == "kvgate_etcd_mirror_revision"
+                       for sample in family.samples)
+
+        async def listed() -> bool:
+            return f"::{engine}::" in (await http.get(f"http://{envoy_admin}/clusters")).text
+
+        async def when(check: Callable[[], Awaitable[bool]], what: str) -> float:
+            await eventually(check, until=lambda ok: ok, every=every, what=what)
+            return time.monotonic()
+
+        mirror_at, envoy_at = await asyncio.gather(
+            when(mirrored, f"ext_proc's endpoints mirror at {engine}'s record"),
+            when(listed, f"Envoy listing {engine}"))
+    return Ready(recorded, mirror_at, envoy_at)
+
+
+@dataclass(frozen=True, slots=True)
+class Try:
+    """One new session of a probe: when it was sent and answered (monotonic), and by whom."""
+
+    sent: float
+    answered: float
+    engine: str  # "" if it failed
+
+
+@dataclass(frozen=True, slots=True)
+class Landed:
+    """The new sessions a probe sent after a change until one landed on its engine."""
+
+    changed: float  # when the change was made (monotonic)
+    first: Try  # the first to land, by its answer
+    tries: tuple[Try, ...]  # all of them, in the order they were answered
+
+    @property
+    def slowest(self) -> float:
+        """The longest round trip of a try: the probe's own delay."""
+        return max(t.answered - t.sent for t in self.tries)
+
+
 async def first_new_session_on(traffic: Traffic, engine: str,
-                               change: Callable[[], Awaitable[float]],
-                               within: float) -> tuple[float, float] | None:
-    """After `change` (which returns the monotonic time of the change it made), new sessions one
-    after the other until one lands on `engine`: the seconds from the change to when that one
-    was sent and to when it was answered (its placement happened between the two). None if
-    none got there within `within`."""
+                               change: Callable[[], Awaitable[float]], within: float,
+                               sessions: Iterator[str] | None = None, probes: int = 1,
+                               ) -> Landed | None:
+    """After `change` (which returns the monotonic time of the change it made), new sessions
+    (from `sessions`, default `new-ENGINE-1`, ...), `probes` at a time, each after the last
+    answer of its probe, until one lands on `engine`. None if none got there within `within`.
+    With several probes a try the gateway holds up does not hold up the others."""
+    fresh = sessions if sessions is not None else (f"new-{engine}-{i}" for i in count(1))
     changed = await change()
-    index = 0
-    while time.monotonic() - changed < within:
-        index += 1
-        sent = time.monotonic()
-        if await traffic.ask(f"new-{engine}-{index}", 0) == engine:
-            return sent - changed, time.monotonic() - changed
-    return None
+    tries: list[Try] = []
+
+    async def probe() -> None:
+        while not any(t.engine == engine for t in tries) and time.monotonic() - changed < within:
+            sent = time.monotonic()
+            on = await traffic.ask(next(fresh), 0)
+            tries.append(Try(sent, time.monotonic(), on))
+
+    await asyncio.gather(*(probe() for _ in range(probes)))
+    landed = [t for t in tries if t.engine == engine]
+    return Landed(changed, landed[0], tuple(tries)) if landed else None
