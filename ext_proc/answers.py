@@ -42,9 +42,13 @@ class Answers:
 
 def protobuf_answer(destination: str | None) -> bytes:
     """A ProcessingResponse to request headers, for the gRPC transport."""
-    response = pb.ProcessingResponse(
-        request_headers=pb.HeadersResponse(response=pb.CommonResponse())
-    )
+    return pinned(pb.ProcessingResponse(
+        request_headers=pb.HeadersResponse(response=pb.CommonResponse())), destination)
+
+
+def pinned(response: pb.ProcessingResponse, destination: str | None) -> bytes:
+    """`response` serialized, with `destination` (if any) in the dynamic metadata Envoy's
+    override_host reads."""
     if destination is not None:
         lb = struct_pb2.Struct()
         lb.fields[DESTINATION_KEY].string_value = destination

@@ -22,12 +22,10 @@ from collections.abc import AsyncIterator
 import grpc
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
-from google.protobuf import struct_pb2
 from prometheus_client import Counter
 
-from ext_proc.answers import Answers, protobuf_answer
+from ext_proc.answers import Answers, pinned, protobuf_answer
 from ext_proc.server import decision_inputs, pool_of
-from kvgate.contract.envoy import DESTINATION_KEY, LB_NAMESPACE
 from kvgate.routing.handler import RequestHandler
 from kvgate.routing.prompt_blocks import PromptBlocks
 
@@ -54,13 +52,8 @@ def _ask_body() -> bytes:
 def body_answer(destination: str | None) -> bytes:
     """The answer to the request's body: unchanged, with the destination (if any) in dynamic
     metadata, as the headers' answer carries it otherwise."""
-    response = pb.ProcessingResponse(request_body=pb.BodyResponse(response=pb.CommonResponse()))
-    if destination is not None:
-        lb = struct_pb2.Struct()
-        lb.fields[DESTINATION_KEY].string_value = destination
-        response.dynamic_metadata.fields[LB_NAMESPACE].struct_value.CopyFrom(lb)
-    answer: bytes = response.SerializeToString()
-    return answer
+    return pinned(pb.ProcessingResponse(
+        request_body=pb.BodyResponse(response=pb.CommonResponse())), destination)
 
 
 class PromptProcessor:
