@@ -28,38 +28,29 @@ def load_assignment(
     Prefill engines are left out: only ext_proc calls them (the two-stage wire), so neither a
     client nor Envoy's ring fallback ever reaches one."""
     states = states or {}
-    return endpoint_pb2.ClusterLoadAssignment(
-        cluster_name=pool_cluster_name(pool.name),
-        endpoints=[
-            endpoint_components_pb2.LocalityLbEndpoints(
-                lb_endpoints=[
-                    endpoint_components_pb2.LbEndpoint(
-                        endpoint=endpoint_components_pb2.Endpoint(
-                            address=protos.socket_address(ep.address)
-                        ),
-                        health_status=HEALTH_BY_STATE[states.get(ep.key, EndpointState.ACTIVE)],
-                        load_balancing_weight=protos.u32(ep.weight),
-                    )
-                    for ep in pool.endpoints if ep.role.decodes
-                ]
-            )
-        ],
-    )
+    return _assignment(pool_cluster_name(pool.name), (
+        endpoint_components_pb2.LbEndpoint(
+            endpoint=_endpoint(ep.address),
+            health_status=HEALTH_BY_STATE[states.get(ep.key, EndpointState.ACTIVE)],
+            load_balancing_weight=protos.u32(ep.weight),
+        )
+        for ep in pool.endpoints if ep.role.decodes
+    ))
 
 
 def static_hosts(cluster: str, addresses: Iterable[HostPort]) -> endpoint_pb2.ClusterLoadAssignment:
+    return _assignment(cluster, (endpoint_components_pb2.LbEndpoint(endpoint=_endpoint(address))
+                                 for address in addresses))
+
+
+def _assignment(cluster: str, hosts: Iterable[endpoint_components_pb2.LbEndpoint]
+                ) -> endpoint_pb2.ClusterLoadAssignment:
+    """`cluster`'s hosts, in one locality."""
     return endpoint_pb2.ClusterLoadAssignment(
         cluster_name=cluster,
-        endpoints=[
-            endpoint_components_pb2.LocalityLbEndpoints(
-                lb_endpoints=[
-                    endpoint_components_pb2.LbEndpoint(
-                        endpoint=endpoint_components_pb2.Endpoint(
-                            address=protos.socket_address(address)
-                        )
-                    )
-                    for address in addresses
-                ]
-            )
-        ],
+        endpoints=[endpoint_components_pb2.LocalityLbEndpoints(lb_endpoints=list(hosts))],
     )
+
+
+def _endpoint(address: HostPort) -> endpoint_components_pb2.Endpoint:
+    return endpoint_components_pb2.Endpoint(address=protos.socket_address(address))
