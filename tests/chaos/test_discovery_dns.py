@@ -45,8 +45,9 @@ EVERY = 1.0  # seconds between resolutions
 # resolution intervals of the DNS change: up to one until the control plane's next resolution
 # (DNS adds no wait: dnsmasq's TTL is 0 and the resolver keeps no cache), one more for the
 # leader's etcd write, ext_proc's endpoints mirror and Envoy's EDS push. The test holds the
-# gateway to it with no margin, timing each step itself (every 20 ms, each time an upper bound):
-# the record in etcd, ext_proc's mirror at its revision, Envoy listing the engine. It does not
+# gateway to it with no margin, timing each step itself (a look every 20 ms; each time is an
+# upper bound, late by up to a look's own time): the record in etcd, ext_proc's endpoints
+# mirror at the record's revision, Envoy listing the engine among its hosts. It does not
 # time it by a new session's answer: under the chaos tier's load (load average 9-10 on 2 cores)
 # one round trip through Envoy, ext_proc and an engine took 0.3-1.9 s (2026-12-07), and with
 # any new session 3 in 4 landed elsewhere by the hash's luck, each costing a round trip, which
