@@ -22,15 +22,7 @@ import pytest
 
 from kvgate.config.model import Config
 from kvgate.etcd import EtcdClient
-from tests.support.discovery_traffic import (
-    Ready,
-    Traffic,
-    drained,
-    engine_records,
-    first_new_session_on,
-    placed_on,
-    ready_for,
-)
+from tests.support.discovery_traffic import Traffic, arrival, drained, engine_records
 from tests.support.dnsmasq import Dnsmasq, available
 from tests.support.hosted_engines import HostedEngines
 from tests.support.polling import eventually
@@ -54,9 +46,8 @@ EVERY = 1.0  # seconds between resolutions
 # is how a 2 s measured that way flaked. New sessions show the gateway then places there:
 # PROBES at a time, of ids Envoy's ring puts on the new engine, so each lands there once the
 # gateway can place there, and every one sent from SETTLE_S after that must (the time Envoy's
-# workers take the main thread's EDS update).
+# workers take the main thread's EDS update; tests/support/discovery_traffic.py).
 PROBES = 4
-SETTLE_S = 0.1
 DRAIN = 3.0  # seconds a leaving engine keeps its sessions
 NAME = "engines.test"
 SESSIONS = 24
@@ -121,36 +112,16 @@ async def test_dns_scale_out_scale_in_and_outage(tmp_path: Path, dnsmasq: Dnsmas
 
 async def _scale_out(traffic: Traffic, dnsmasq: Dnsmasq, etcd: EtcdClient, config: Config,
                      homes: dict[str, str], new: str, pool: list[str]) -> None:
-    ready: list[asyncio.Task[Ready]] = []
-
     async def change() -> float:
-        changed = await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3", "127.0.0.4"]})
-        ready.append(asyncio.create_task(ready_for(
-            new, etcd, config.etcd.prefix, str(config.ext_proc.metrics),
-            str(config.envoy_admin))))
-        return changed
+        return await dnsmasq.set({NAME: ["127.0.0.2", "127.0.0.3", "127.0.0.4"]})
 
-    try:
-        landed = await first_new_session_on(traffic, new, change, within=10 * EVERY,
-                                            sessions=placed_on(new, pool), probes=PROBES)
-        at = await asyncio.wait_for(ready[0], 10 * EVERY)
-    finally:
-        for task in ready:
-            task.cancel()
-        await asyncio.gather(*ready, return_exceptions=True)
-    assert landed is not None
-    record, ext_proc, envoy, gateway, sent, answered = (
-        when - landed.changed for when in (at.record, at.ext_proc, at.envoy, at.gateway,
-                                           landed.first.sent, landed.first.answered))
-    print(f"scale-out: after the record changed, etcd held the engine's record at {record:.2f} s, "
-          f"ext_proc had it at {ext_proc:.2f} s, Envoy at {envoy:.2f} s (target: within "
-          f"{2 * EVERY:g} s, 2 resolution intervals); the first new session on it was sent at "
-          f"{sent:.2f} s, answered at {answered:.2f} s ({len(landed.tries)} tries, the slowest "
-          f"round trip {landed.slowest:.2f} s)")
-    assert gateway <= 2 * EVERY
+    came = await arrival(traffic, new, change, etcd, config, pool, within=10 * EVERY,
+                         probes=PROBES)
+    print(f"scale-out: after the record changed, {came.summary()} (target: the gateway within "
+          f"{2 * EVERY:g} s, 2 resolution intervals)")
+    assert came.after_change()["gateway"] <= 2 * EVERY
     # Once the gateway could, it did: every new session sent from then on landed there.
-    elsewhere = [t for t in landed.tries if t.sent >= at.gateway + SETTLE_S and t.engine != new]
-    assert elsewhere == []
+    assert came.elsewhere(new) == []
     since = time.monotonic()
     await eventually(lambda: all(traffic.engines_of(s, since) for s in homes),
                      what="every session answered again")

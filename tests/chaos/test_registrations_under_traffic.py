@@ -1,7 +1,7 @@
 """Engines that register themselves (`kvgate register`, real processes) under session traffic,
-against the real stack: a registered engine takes new sessions within a second and moves none;
-one whose register stops is drained, its sessions move to its DDR pool after the drain, and no
-request fails.
+against the real stack: a registered engine takes new sessions within a second (the gateway
+timed itself, see PROBES below) and moves none; one whose register stops is drained, its
+sessions move to its DDR pool after the drain, and no request fails.
 
     python -m pytest -m chaos tests/chaos/test_registrations_under_traffic.py -s
 """
@@ -17,11 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kvgate.config.model import Config
 from kvgate.discovery.registrations import registration_key
 from kvgate.etcd import EtcdClient
 from kvgate.runtime.children.child import Child
 from tests.conftest import EtcdServer
-from tests.support.discovery_traffic import Traffic, drained, engine_records, first_new_session_on
+from tests.support.discovery_traffic import Traffic, arrival, drained, engine_records
 from tests.support.fault_proxy import FaultProxy
 from tests.support.hosted_engines import HostedEngines
 from tests.support.polling import eventually
@@ -31,6 +32,17 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 
 DRAIN = 2.0
 SESSIONS = 12
+# The registration's target: the gateway can place new sessions on a registered engine within
+# 1 s of etcd holding its registration (the control plane's watch, its etcd write of the
+# engine's record, ext_proc's endpoints mirror, Envoy's EDS push). The test times each step
+# itself (a look every 20 ms; each time an upper bound, late by up to a look's own time), not by
+# a new session's answer: under the chaos tier's load one round trip took up to 1.9 s
+# (2026-12-07) and, with any new session, every other one landed on the old engine by the
+# hash's luck (tests/chaos/test_discovery_dns.py). New sessions show the gateway then places
+# there: PROBES at a time, of ids Envoy's ring puts on the new engine, so each lands there once
+# the gateway can, and every one sent from SETTLE_S after that must.
+TARGET_S = 1.0
+PROBES = 4
 
 
 @pytest.fixture
@@ -82,12 +94,12 @@ async def test_registered_engines_come_and_go(tmp_path: Path, engines: HostedEng
             running_stack(config, tmp_path / "stack",
                           etcd_for={"control-plane": [proxy.address]}) as stack, \
             httpx.AsyncClient(base_url=f"http://{config.listener}", timeout=30) as http:
-        await _scenario(tmp_path, stack.etcd_endpoints, prefix, http, proxy,
-                        str(config.control_plane.admin), a, b)
+        await _scenario(tmp_path, stack.etcd_endpoints, config, http, proxy, a, b)
 
 
-async def _scenario(tmp_path: Path, endpoints: list[str], prefix: str, http: httpx.AsyncClient,
-                    proxy: FaultProxy, admin: str, a: str, b: str) -> None:
+async def _scenario(tmp_path: Path, endpoints: list[str], config: Config,
+                    http: httpx.AsyncClient, proxy: FaultProxy, a: str, b: str) -> None:
+    prefix, admin = config.etcd.prefix, str(config.control_plane.admin)
     etcd = EtcdClient(endpoints)
     first = _register(tmp_path, endpoints, prefix, a)
     second = _register(tmp_path, endpoints, prefix, b)
@@ -107,12 +119,12 @@ async def _scenario(tmp_path: Path, endpoints: list[str], prefix: str, http: htt
             return time.monotonic()
 
         # From when etcd is seen holding it: up to one look (20 ms) after the put.
-        took = await first_new_session_on(traffic, b, register, within=10.0)
-        assert took is not None
-        sent, answered = (at - took.changed for at in (took.first.sent, took.first.answered))
-        print(f"registration: the first new session on the new engine was placed "
-              f"{sent:.2f}..{answered:.2f} s after etcd held its registration (target: 1 s)")
-        assert answered <= 1.0
+        came = await arrival(traffic, b, register, etcd, config, [a, b], within=10.0,
+                             probes=PROBES)
+        print(f"registration: after etcd held it, {came.summary()} (target: the gateway within "
+              f"{TARGET_S:g} s)")
+        assert came.after_change()["gateway"] <= TARGET_S
+        assert came.elsewhere(b) == []  # once the gateway could, it did
         assert {e for s in sessions for e in traffic.engines_of(s)} == {a}  # none moved
         await _partition(traffic, proxy, etcd, prefix, admin, {a, b}, sessions, a)
         # b takes sessions of its own, then its register stops: drained, then removed.

@@ -14,6 +14,7 @@ from itertools import count
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvgate.config.model import Config
 from kvgate.endpoints import EndpointRecord, EndpointRecords
 from kvgate.endpoints.records import record_key
 from kvgate.etcd import EtcdClient, KeyValue
@@ -210,3 +211,68 @@ async def first_new_session_on(traffic: Traffic, engine: str,
     await asyncio.gather(*(probe() for _ in range(probes)))
     landed = [t for t in tries if t.engine == engine]
     return Landed(changed, landed[0], tuple(tries)) if landed else None
+
+
+# Envoy's workers take the main thread's EDS update a moment after its admin lists the host: a new
+# session sent this long after the gateway could place on a new engine must land there.
+SETTLE_S = 0.1
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """A new engine's arrival as the gateway timed it (`ready`) and as new sessions showed it
+    (`landed`)."""
+
+    ready: Ready
+    landed: Landed
+
+    def after_change(self) -> dict[str, float]:
+        """Seconds from the change to each step: etcd's record, ext_proc's mirror, Envoy, the
+        gateway (the later of the two), the first new session there sent and answered."""
+        at, landed = self.ready, self.landed
+        steps = {"record": at.record, "ext_proc": at.ext_proc, "envoy": at.envoy,
+                 "gateway": at.gateway, "sent": landed.first.sent,
+                 "answered": landed.first.answered}
+        return {step: when - landed.changed for step, when in steps.items()}
+
+    def elsewhere(self, engine: str) -> list[Try]:
+        """New sessions sent from SETTLE_S after the gateway could place on `engine` that landed
+        elsewhere: none, if the gateway then did."""
+        return [t for t in self.landed.tries
+                if t.sent >= self.ready.gateway + SETTLE_S and t.engine != engine]
+
+    def summary(self) -> str:
+        s = self.after_change()
+        return (f"etcd held the engine's record at {s['record']:.2f} s, ext_proc had it at "
+                f"{s['ext_proc']:.2f} s, Envoy at {s['envoy']:.2f} s; the first new session on "
+                f"it was sent at {s['sent']:.2f} s, answered at {s['answered']:.2f} s "
+                f"({len(self.landed.tries)} tries, the slowest round trip "
+                f"{self.landed.slowest:.2f} s)")
+
+
+async def arrival(traffic: Traffic, engine: str, change: Callable[[], Awaitable[float]],
+                  etcd: EtcdClient, config: Config, pool: list[str], within: float,
+                  probes: int = 4) -> Arrival:
+    """After `change` (which returns the monotonic time of the change that adds `engine` to
+    `pool`'s engines), times the gateway itself (`ready_for`) while new sessions Envoy's ring
+    puts on `engine` (`placed_on`), `probes` at a time, go until one lands there. Fails if
+    none does, or the gateway is not ready, within `within` seconds."""
+    ready: list[asyncio.Task[Ready]] = []
+
+    async def changed() -> float:
+        when = await change()
+        ready.append(asyncio.create_task(ready_for(
+            engine, etcd, config.etcd.prefix, str(config.ext_proc.metrics),
+            str(config.envoy_admin))))
+        return when
+
+    try:
+        landed = await first_new_session_on(traffic, engine, changed, within=within,
+                                            sessions=placed_on(engine, pool), probes=probes)
+        at = await asyncio.wait_for(ready[0], within)
+    finally:
+        for task in ready:
+            task.cancel()
+        await asyncio.gather(*ready, return_exceptions=True)
+    assert landed is not None, f"no new session landed on {engine} within {within:g} s"
+    return Arrival(at, landed)
