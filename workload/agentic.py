@@ -15,10 +15,16 @@ to a result.
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import asdict, dataclass
 
-from workload.bank import arrival_problems, generated, lognormal, start_time
+from workload.generate import (
+    answer_tokens,
+    arrival_problems,
+    fresh,
+    generated,
+    lognormal,
+    session_start,
+)
 from workload.model import Request, Segment, Workload
 
 HARNESS_KEY = 2  # the one system + tool-schema prefix every agent session shares
@@ -69,26 +75,23 @@ class AgenticCodingOptions:
 
 
 def _session(o: AgenticCodingOptions, index: int) -> list[Request]:
-    rng = random.Random(f"agentic-coding:{o.seed}:{index}")
-    t = start_time(rng.random(), o.duration_s, o.ramp_s, o.ramp_start)
+    rng, t = session_start("agentic-coding", o, index)
     session = f"agent-{o.seed}-{index:07d}"
     target = math.exp(rng.uniform(math.log(o.target_min_tokens), math.log(o.target_max_tokens)))
     task = round(lognormal(rng, o.task_median_tokens, o.task_sigma, 200, 20000))
-    chain: list[Segment] = [Segment(HARNESS_KEY, o.prefix_tokens),
-                            Segment(rng.getrandbits(62) | 1 << 62, task)]
+    chain: list[Segment] = [Segment(HARNESS_KEY, o.prefix_tokens), fresh(rng, task)]
     size = o.prefix_tokens + task
     requests: list[Request] = []
     tool_s: float | None = None  # the first request comes at the session's start
     for _ in range(o.turns_max):
         if t >= o.duration_s or size >= target:
             break
-        answer = round(lognormal(rng, o.answer_median_tokens, o.answer_sigma, 16,
-                                  o.answer_max_tokens))
+        answer = answer_tokens(rng, o)
         requests.append(Request(t, session, chain, len(chain), answer, tool_s))
         output = round(lognormal(rng, o.tool_output_median_tokens, o.tool_output_sigma, 16,
                                   o.tool_output_max_tokens))
-        chain.append(Segment(rng.getrandbits(62) | 1 << 62, answer))  # the tool call, resent
-        chain.append(Segment(rng.getrandbits(62) | 1 << 62, output))  # what the tool printed
+        chain.append(fresh(rng, answer))  # the tool call, resent
+        chain.append(fresh(rng, output))  # what the tool printed
         size += answer + output
         tool_s = lognormal(rng, o.tool_median_s, o.tool_sigma, 0.2, 300.0)
         t += answer * o.decode_s_per_token + tool_s

@@ -13,12 +13,16 @@ result; docs/benchmarks.md gives the reasoning for each.
 
 from __future__ import annotations
 
-import math
-import random
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
 
+from workload.generate import (
+    answer_tokens,
+    arrival_problems,
+    fresh,
+    generated,
+    lognormal,
+    session_start,
+)
 from workload.model import Request, Segment, Workload
 
 SYSTEM_KEY = 1  # the one system prompt every session shares
@@ -70,54 +74,8 @@ class BankCodingOptions:
         )
 
 
-class _Arrivals(Protocol):
-    """The session-arrival options every generated workload has."""
-
-    @property
-    def sessions(self) -> int: ...
-    @property
-    def duration_s(self) -> float: ...
-    @property
-    def ramp_s(self) -> float: ...
-    @property
-    def ramp_start(self) -> float: ...
-
-
-def arrival_problems(o: _Arrivals, *checks: tuple[bool, str, str]) -> list[str]:
-    """The arrival checks every workload shares, then ``checks`` (ok, flag, rule): each one
-    failed as a message naming its flag; empty when the options are usable."""
-    every = (
-        (o.sessions >= 0, "sessions", ">= 0"),
-        (o.duration_s > 0, "duration-s", "> 0"),
-        (o.ramp_s >= 0, "ramp-s", ">= 0"),
-        (0 < o.ramp_start <= 1, "ramp-start", "in (0, 1]"),
-        *checks,
-    )
-    return [f"--{flag} must be {rule}" for ok, flag, rule in every if not ok]
-
-
-def lognormal(rng: random.Random, median: float, sigma: float, low: float, high: float) -> float:
-    return min(high, max(low, rng.lognormvariate(math.log(median), sigma)))
-
-
-def start_time(u: float, duration_s: float, ramp_s: float, ramp_start: float) -> float:
-    """Inverse CDF of the session-start rate: linear ramp from ramp_start to 1, then flat."""
-    ramp = min(ramp_s, duration_s)
-    r0 = ramp_start
-    ramp_mass = r0 * ramp + (1 - r0) * ramp / 2
-    total = ramp_mass + (duration_s - ramp)
-    target = u * total
-    if target >= ramp_mass or ramp <= 0:
-        return ramp + (target - ramp_mass)
-    a = (1 - r0) / (2 * ramp)  # a t^2 + r0 t = target
-    if a == 0:
-        return target / r0
-    return (-r0 + math.sqrt(r0 * r0 + 4 * a * target)) / (2 * a)
-
-
 def _session(o: BankCodingOptions, index: int) -> list[Request]:
-    rng = random.Random(f"bank-coding:{o.seed}:{index}")
-    start = start_time(rng.random(), o.duration_s, o.ramp_s, o.ramp_start)
+    rng, start = session_start("bank-coding", o, index)
     session = f"bank-{o.seed}-{index:07d}"
     context = round(lognormal(rng, o.context_median_tokens, o.context_sigma,
                                o.context_min_tokens, o.context_max_tokens))
@@ -125,8 +83,7 @@ def _session(o: BankCodingOptions, index: int) -> list[Request]:
     p_stop = 1.0 / max(1.0, o.turns_mean)
     while turns < o.turns_max and rng.random() > p_stop:
         turns += 1
-    chain: list[Segment] = [Segment(SYSTEM_KEY, o.system_tokens),
-                            Segment(rng.getrandbits(62) | 1 << 62, context)]
+    chain: list[Segment] = [Segment(SYSTEM_KEY, o.system_tokens), fresh(rng, context)]
     requests: list[Request] = []
     t = start
     think: float | None = None  # the first turn comes at the session's start
@@ -134,11 +91,10 @@ def _session(o: BankCodingOptions, index: int) -> list[Request]:
         if t >= o.duration_s:
             break
         question = round(lognormal(rng, o.question_median_tokens, o.question_sigma, 8, 8000))
-        answer = round(lognormal(rng, o.answer_median_tokens, o.answer_sigma, 16,
-                                  o.answer_max_tokens))
-        chain.append(Segment(rng.getrandbits(62) | 1 << 62, question))
+        answer = answer_tokens(rng, o)
+        chain.append(fresh(rng, question))
         requests.append(Request(t, session, chain, len(chain), answer, think))
-        chain.append(Segment(rng.getrandbits(62) | 1 << 62, answer))  # the reply, resent later
+        chain.append(fresh(rng, answer))  # the reply, resent later
         think = lognormal(rng, o.think_median_s, o.think_sigma, 5.0, 1800.0)
         t += answer * o.decode_s_per_token + think
     return requests
@@ -148,14 +104,3 @@ def bank_coding(options: BankCodingOptions) -> Workload:
     """The workload, sorted by arrival (ties by session)."""
     return generated("bank-coding", options.problems(), options.sessions,
                      lambda i: _session(options, i), asdict(options))
-
-
-def generated(name: str, problems: list[str], sessions: int,
-              session: Callable[[int], list[Request]], describe: dict[str, Any]) -> Workload:
-    """A generator's workload: each session's requests, sorted by arrival (ties by session);
-    ValueError naming every problem of the options first."""
-    if problems:
-        raise ValueError("; ".join(problems))
-    requests = [r for i in range(sessions) for r in session(i)]
-    requests.sort(key=lambda r: (r.arrival, r.session))
-    return Workload(name, requests, {"name": name, **describe})
