@@ -100,9 +100,7 @@ def run(args: argparse.Namespace) -> int:
         # Without pools (or --engines), kvgate up runs an emulated fleet.
         checked = check_file(args.config, require_pools=False) if args.config else None
     except ConfigError as exc:
-        print(exc.render(), file=sys.stderr)
-        print("kvgate up: configuration rejected; nothing was started", file=sys.stderr)
-        return 1
+        return _refused(exc.render(), "kvgate up: configuration rejected; nothing was started")
     config = checked.config if checked is not None else Config()
     if checked is not None:
         report_warnings(args.config, checked.warnings)
@@ -110,29 +108,30 @@ def run(args: argparse.Namespace) -> int:
         try:
             config = with_engines(config, args.engines)
         except ConfigError as exc:
-            print(exc.render(), file=sys.stderr)
-            print("kvgate up: --engines rejected; nothing was started", file=sys.stderr)
-            return 1
+            return _refused(exc.render(), "kvgate up: --engines rejected; nothing was started")
     if config.etcd.endpoints is None and (config.etcd.tls or config.etcd.auth):
-        print("kvgate up: etcd.tls and etcd.auth are for the etcd that etcd.endpoints names; "
-              "without endpoints kvgate up starts its own etcd, on loopback, without them",
-              file=sys.stderr)
-        return 1
+        return _refused("kvgate up: etcd.tls and etcd.auth are for the etcd that etcd.endpoints "
+                        "names; without endpoints kvgate up starts its own etcd, on loopback, "
+                        "without them")
     try:
         if args.ports:
             config = with_ports(config, parse_ports(args.ports))
         if args.upstream_header:
             config = _with_upstream_header(config, args.upstream_header)
     except (PortsError, ConfigError) as exc:
-        print(exc.render() if isinstance(exc, ConfigError) else f"kvgate up: {exc}",
-              file=sys.stderr)
-        print("kvgate up: nothing was started", file=sys.stderr)
-        return 1
+        return _refused(exc.render() if isinstance(exc, ConfigError) else f"kvgate up: {exc}",
+                        "kvgate up: nothing was started")
     fleet = _emulated_fleet(config, args) if not config.pools else Fleet(config)
     if isinstance(fleet, str):
-        print(f"kvgate up: {fleet}", file=sys.stderr)
-        return 1
+        return _refused(f"kvgate up: {fleet}")
     return asyncio.run(_up(fleet, args))
+
+
+def _refused(*lines: str) -> int:
+    """Says on stderr why kvgate up stops; its exit status."""
+    for line in lines:
+        print(line, file=sys.stderr)
+    return 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,9 +249,7 @@ async def _run(stack: Stack, stop: asyncio.Event) -> int:
     try:
         starting.result()
     except ChildFailed as exc:
-        print(f"kvgate up: {exc}", file=sys.stderr)
-        print("kvgate up: nothing left running", file=sys.stderr)
-        return 1
+        return _refused(f"kvgate up: {exc}", "kvgate up: nothing left running")
     _print_ready(stack, await unhealthy_engines(stack.config))
     supervisor = ChildSupervisor(stack, _say)
     gave_up = await supervisor.run(stop)
