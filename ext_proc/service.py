@@ -127,7 +127,11 @@ class ExtProcService:
             self._metrics_server = MetricsServer(
                 self.metrics.registry, self._options.metrics.host, self._options.metrics.port
             )
-            await self._metrics_server.start()
+            try:
+                await self._metrics_server.start()
+            except OSError as exc:
+                raise listen_error(self._options.metrics, "metrics",
+                                   "--metrics or ext_proc.metrics", exc) from exc
         log.info("ext_proc_ready", listen=f"{listen.host}:{self.port}",
                  metrics=None if self._metrics_server is None
                  else f"{self._options.metrics.host}:{self._metrics_server.port}",  # type: ignore[union-attr]

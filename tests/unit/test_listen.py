@@ -84,3 +84,17 @@ async def test_ext_proc_on_a_held_port_refuses_to_start_saying_so(
     said = str(refused.value)
     assert said.startswith(in_use(held, listener)), said
     assert said.endswith("set --listen or ext_proc.address to another port"), said
+
+
+async def test_ext_proc_metrics_on_a_held_port_refuses_to_start_saying_so(held: HostPort) -> None:
+    config = load_text("pools: [{name: p, endpoints: [10.0.0.1:8000]}]\n")
+    service = ExtProcService(config, ExtProcOptions(listen=HostPort("127.0.0.1", 0),
+                                                    metrics=held))
+    try:
+        with pytest.raises(ListenError) as refused:
+            await service.start()
+    finally:
+        await service.stop(grace=0)
+    said = str(refused.value)
+    assert said.startswith(in_use(held, "metrics")), said
+    assert said.endswith("set --metrics or ext_proc.metrics to another port"), said
