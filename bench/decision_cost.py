@@ -2,7 +2,9 @@
 RequestHandler and Pipeline (kvgate.routing) over an in-memory store, 4 engines in one DDR
 pool.
 
-    python bench/decision_cost.py [--decisions 200000] [--sessions 1000]
+    python bench/decision_cost.py [--decisions 200000] [--sessions 1000] [--board-from-reports]
+
+`--board-from-reports`: the gate-on runs with `placement.load_gate.board_from_reports`.
 
 Every session is bound first; each measured request carries `content-length: 2000`, so with the
 gate on it is sized and booked on the ledger (engines priced as instant: no backlog builds, the
@@ -79,18 +81,19 @@ def resident(sessions: int) -> HbmBoard:
     return board
 
 
-def _gate(on: bool, prefix: bool) -> GateConfig:
+def _gate(on: bool, prefix: bool, reports: bool = False) -> GateConfig:
     """The gate as a config file sets it: on or off, with the prefix step or without."""
-    words = f"{{enabled: {str(on).lower()}, prefix_placement: {str(prefix).lower()}}}"
+    words = (f"{{enabled: {str(on).lower()}, prefix_placement: {str(prefix).lower()}, "
+             f"board_from_reports: {str(reports).lower()}}}")
     return load_text(f"placement: {{load_gate: {words}}}\n",
                      require_pools=False).placement.load_gate
 
 
 async def per_decision(gate_on: bool, decisions: int, sessions: int,
-                       figures: str = "none") -> float:
+                       figures: str = "none", reports: bool = False) -> float:
     """CPU seconds per sticky decision."""
     prefix = figures.endswith("+prefix")
-    policy = build_policy(_gate(gate_on, prefix),
+    policy = build_policy(_gate(gate_on, prefix, reports),
                           EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
                           board_with(figures),
                           hbm=resident(sessions) if "+hbm" in figures else None,
@@ -116,11 +119,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=200_000)
     parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--board-from-reports", action="store_true",
+                        help="placement.load_gate.board_from_reports on in the gate-on runs")
     args = parser.parse_args()
     runs = [(False, "none"), *((True, figures) for figures in FIGURES)]
     for _ in range(2):
         for gate_on, figures in runs:
-            seconds = asyncio.run(per_decision(gate_on, args.decisions, args.sessions, figures))
+            seconds = asyncio.run(per_decision(gate_on, args.decisions, args.sessions, figures,
+                                               args.board_from_reports))
             what = f"on, engine figures: {figures}" if gate_on else "off"
             print(f"gate {what:<28} {seconds * 1e6:6.2f} us per sticky decision")
 
