@@ -14,6 +14,7 @@ from benchkit.itl import ItlSamples
 from emulator.options import EmulatorOptions
 from emulator.timing import TimingParams
 from kvgate.contract.modes import PdMode, RoutingMode
+from kvgate.pd.decider import SkipRule
 from kvgate.runtime.tasks.loop import run as run_loop
 from simulator.command import add_arguments
 from simulator.itl import EngineItl
@@ -184,3 +185,18 @@ def test_a_pd_mode_without_a_split_is_refused() -> None:
         simulate(workload, PdMode.KVGATE, SimConfig(EmulatorOptions(instances=4)))
     with pytest.raises(ValueError, match="needs 5 engines"):
         simulate(workload, PdMode.KVGATE, SimConfig(EmulatorOptions(instances=4), pd=(1, 4)))
+
+
+def test_the_streams_rule_skips_no_more_turns_than_the_threshold_alone() -> None:
+    workload = small_bank(sessions=24, duration_s=240.0, context=3000)
+    shares = {}
+    for rule in SkipRule:
+        simulation = PdSimulation(workload, PdMode.KVGATE,
+                                  _config(hbm_residency=True, skip_rule=rule))
+        figures = run_loop(simulation.run()).stats.figures()
+        assert figures["errors"] == 0
+        assert simulation.pd.decider.rule is rule  # type: ignore[attr-defined]
+        shares[rule] = figures["prefill_skipped_share"]
+    # It only ever sends a turn under the threshold to a prefill engine, never the reverse.
+    assert shares[SkipRule.STREAMS] <= shares[SkipRule.THRESHOLD]
+    assert shares[SkipRule.THRESHOLD] > 0
