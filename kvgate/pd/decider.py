@@ -79,6 +79,7 @@ class _Turn:
     decode: str
     prompt: int
     pooled: int  # the prompt of its last remote turn: what a prefill engine wrote to the pool
+    held: int | None = None  # what the decode engine's KV events said it held then
 
 
 class Prefillers(Protocol):
@@ -110,14 +111,14 @@ class PrefillDecider:
              prompt_tokens: int) -> Plan:
         if decode is None:
             return Plan(Path.SESSIONLESS, None, prompt_tokens, "new")
-        lacking, source = self._lacking(decode, session, prompt_tokens)
+        lacking, source, held = self._lacking(decode, session, prompt_tokens)
         last = None if session is None else self._turns.get(session)
         pooled = 0 if last is None else last.pooled
         plan = self._decide(pool, decode, lacking, source, prompt_tokens, pooled)
         if session is not None:
             remote = plan.path is Path.REMOTE
             self._remember(session, _Turn(decode, prompt_tokens,
-                                          prompt_tokens if remote else pooled))
+                                          prompt_tokens if remote else pooled, held))
         return plan
 
     def _decide(self, pool: str, decode: str, lacking: int, source: str, prompt: int,
@@ -136,17 +137,32 @@ class PrefillDecider:
             return Plan(Path.NO_PREFILL_ENGINE, None, lacking, source)
         return Plan(Path.REMOTE, picked[0], lacking, source)
 
-    def _lacking(self, decode: str, session: str | None, prompt: int) -> tuple[int, str]:
+    def _lacking(self, decode: str, session: str | None, prompt: int
+                 ) -> tuple[int, str, int | None]:
+        """What the decode engine lacks, where that came from, and what its KV events say it
+        holds (None: unknown)."""
         if session is None:
-            return prompt, "new"
-        if self._hbm_tokens is not None:
-            held = self._hbm_tokens(decode, session, prompt)
-            if held is not None:
-                return max(0, prompt - held), "kv_events"
+            return prompt, "new", None
+        held = None if self._hbm_tokens is None else self._hbm_tokens(decode, session, prompt)
         last = self._turns.get(session)
+        if self.rule is SkipRule.STREAMS and last is not None and last.decode == decode:
+            return self._grown(prompt, last, held), "binding", held
+        if held is not None:
+            return max(0, prompt - held), "kv_events", held
         if last is not None and last.decode == decode:
-            return max(0, prompt - last.prompt), "binding"
-        return prompt, "new"
+            return max(0, prompt - last.prompt), "binding", held
+        return prompt, "new", held
+
+    @staticmethod
+    def _grown(prompt: int, last: _Turn, held: int | None) -> int:
+        """`streams`: what the prompt grew by since the session's last turn here, both sizes
+        estimated alike, plus what the engine's KV events say it lost since (held tokens only
+        shrink by eviction). Not the estimate less the held tokens: the estimate (from the
+        body's size) and the KV events (counted) differ by the session's bytes per token, and
+        on agentic-coding 8:8 that difference read 0 tokens lacking for 87 % of the turns
+        under the threshold, whatever they added (docs/journal/pd.md)."""
+        lost = 0 if held is None or last.held is None else max(0, last.held - held)
+        return max(0, prompt - last.prompt) + lost
 
     def _remember(self, session: str, turn: _Turn) -> None:
         self._turns[session] = turn

@@ -86,3 +86,21 @@ def test_the_pool_is_taken_to_hold_the_last_remote_prompt_only() -> None:
     price = SkipPrice(COST)
     assert price.remote_s(1500, 21_900, 20_000, 0.0) == pytest.approx(
         COST.transfer_s(20_000) + 400 / 5000 + COST.transfer_s(1500) + COST.prefill_overhead_s)
+
+
+def test_streams_measures_what_a_turn_added_in_one_unit_and_adds_what_was_evicted() -> None:
+    # KV events count tokens; the prompt is estimated from the body. A session whose estimate
+    # reads low (9,000 for ~10,000 held) would lack nothing by estimate - held.
+    held = {"s": 10_000}
+    d = PrefillDecider(EndpointDirectory(load_text(PD)), 2048, cost=COST,
+                       rule=SkipRule.STREAMS, running=lambda address: 0,
+                       hbm_tokens=lambda e, s, n: min(n, held[s]))
+    d.plan("coder", D, "s", 9000)  # lacks 0 by its KV events: stays (no streams)
+    grown = d.plan("coder", D, "s", 10_500)
+    assert (grown.lacking_tokens, grown.source) == (1500, "binding")  # the growth, not 500
+    held["s"] = 4000  # evicted: 6,000 of what it held are gone
+    assert d.plan("coder", D, "s", 10_800).lacking_tokens == 300 + 6000
+    threshold = PrefillDecider(EndpointDirectory(load_text(PD)), 2048,
+                               hbm_tokens=lambda e, s, n: min(n, 10_000))
+    threshold.plan("coder", D, "s", 9000)
+    assert threshold.plan("coder", D, "s", 10_500).lacking_tokens == 500  # today's reading
