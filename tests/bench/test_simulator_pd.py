@@ -187,16 +187,17 @@ def test_a_pd_mode_without_a_split_is_refused() -> None:
         simulate(workload, PdMode.KVGATE, SimConfig(EmulatorOptions(instances=4), pd=(1, 4)))
 
 
-def test_the_streams_rule_skips_no_more_turns_than_the_threshold_alone() -> None:
+def test_the_streams_rule_reads_the_decode_engines_running_requests_from_their_scrapes() -> None:
     workload = small_bank(sessions=24, duration_s=240.0, context=3000)
-    shares = {}
-    for rule in SkipRule:
-        simulation = PdSimulation(workload, PdMode.KVGATE,
-                                  _config(hbm_residency=True, skip_rule=rule))
-        figures = run_loop(simulation.run()).stats.figures()
-        assert figures["errors"] == 0
-        assert simulation.pd.decider.rule is rule  # type: ignore[attr-defined]
-        shares[rule] = figures["prefill_skipped_share"]
-    # It only ever sends a turn under the threshold to a prefill engine, never the reverse.
-    assert shares[SkipRule.STREAMS] <= shares[SkipRule.THRESHOLD]
-    assert shares[SkipRule.THRESHOLD] > 0
+    simulation = PdSimulation(workload, PdMode.KVGATE,
+                              _config(hbm_residency=True, skip_rule=SkipRule.STREAMS))
+    figures = run_loop(simulation.run()).stats.figures()
+    assert figures["errors"] == 0 and 0 < figures["prefill_skipped_share"] < 1
+    router = simulation.pd
+    assert router.decider.rule is SkipRule.STREAMS  # type: ignore[attr-defined]
+    # Skipped turns were prefilled on their decode engine, remote ones on the prefill engine.
+    remote = sum(e == 0 for e in simulation.prefilled_on)
+    assert simulation.fleet.engines[0].stats.requests == remote
+    # What the rule weighs: the decode engines' scraped running requests.
+    counts = [router._running(a) for a in simulation.addresses[1:]]  # type: ignore[attr-defined]
+    assert all(isinstance(c, int) and c >= 0 for c in counts)
