@@ -98,8 +98,8 @@ def test_streams_measures_what_a_turn_added_in_one_unit_and_adds_what_was_evicte
     d.plan("coder", D, "s", 9000)  # lacks 0 by its KV events: stays (no streams)
     grown = d.plan("coder", D, "s", 10_500)
     assert (grown.lacking_tokens, grown.source) == (1500, "binding")  # the growth, not 500
-    held["s"] = 4000  # evicted: 6,000 of what it held are gone
-    assert d.plan("coder", D, "s", 10_800).lacking_tokens == 300 + 6000
+    held["s"] = 4000  # evicted: the estimate less what it holds is now the larger
+    assert d.plan("coder", D, "s", 10_800).lacking_tokens == 10_800 - 4000
     threshold = PrefillDecider(EndpointDirectory(load_text(PD)), 2048,
                                hbm_tokens=lambda e, s, n: min(n, 10_000))
     threshold.plan("coder", D, "s", 9000)
