@@ -142,6 +142,10 @@ group_pd() {
         echo "$S --trace $TRACE --pd $split $k --name $n-mooncake-trace-skip-0"
         echo "$S --trace $TRACE --pd $split $t --name $n-mooncake-trace-streams"
     done
+    # the pool under P/D per connector profile (ascend-store is the runs above): bank-coding 8:8
+    for c in lmcache mooncake vllm-offload; do
+        echo "$S --pd 8:8 --modes pd-kvgate,pd-vllm-ascend --pool-connector $c --hbm-residency on --no-oracle --out docs/results/pd --name pd-8-8-bank-coding-pool-$c"
+    done
     # `kvgate plan --pd`: the smallest P/D fleet and split meeting TTFT p99 10 s and ITL p99
     # 100 ms (12 runs, about 3 minutes)
     echo "$P --pd --engines 8,12,16 --prefill-shares 0.25,0.375,0.5,0.625 --itl-p99 0.1 --hbm-residency on --out docs/results/pd --name plan-pd-bank-coding"
