@@ -123,8 +123,9 @@ class PrefillDecider:
     def _decide(self, pool: str, decode: str, lacking: int, source: str, prompt: int,
                 pooled: int) -> Plan:
         if lacking < self.skip_below:
-            running = None if self._running is None else self._running(decode)
-            if self.rule is SkipRule.THRESHOLD or running is None or running <= 0:
+            running = (None if self.rule is SkipRule.THRESHOLD or self._running is None
+                       else self._running(decode))
+            if running is None or running <= 0:
                 return Plan(Path.CACHED, None, lacking, source)
             picked = self._pick(pool)
             if picked is None or not self._price.streams_pay(
