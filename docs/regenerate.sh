@@ -131,6 +131,20 @@ group_pd() {
         echo "$S --pd $split --workload agentic-coding $k --name $n-agentic-coding-skip-0"
         echo "$S --pd $split --sessions 6400 $k --name $n-bank-coding-6400-skip-0"
         echo "$S --pd $split --workload agentic-coding --sessions 960 $k --name $n-agentic-coding-960-skip-0"
+        # pd-kvgate with disaggregation.skip_rule streams (kvgate/pd/skip_price.py)
+        local t="--modes pd-kvgate --skip-rule streams --hbm-residency on --no-oracle --out docs/results/pd"
+        echo "$S --pd $split $t --name $n-bank-coding-streams"
+        echo "$S --pd $split --workload agentic-coding $t --name $n-agentic-coding-streams"
+        echo "$S --pd $split --workload agentic-coding --sessions 960 $t --name $n-agentic-coding-960-streams"
+        echo "$S --pd $split --sessions 6400 $t --name $n-bank-coding-6400-streams"
+        # the Mooncake conversation trace (12,031 requests)
+        echo "$S --trace $TRACE --pd $split $o --name $n-mooncake-trace"
+        echo "$S --trace $TRACE --pd $split $k --name $n-mooncake-trace-skip-0"
+        echo "$S --trace $TRACE --pd $split $t --name $n-mooncake-trace-streams"
+    done
+    # the pool under P/D per connector profile (ascend-store is the runs above): bank-coding 8:8
+    for c in lmcache mooncake vllm-offload; do
+        echo "$S --pd 8:8 --modes pd-kvgate,pd-vllm-ascend --pool-connector $c --hbm-residency on --no-oracle --out docs/results/pd --name pd-8-8-bank-coding-pool-$c"
     done
     # `kvgate plan --pd`: the smallest P/D fleet and split meeting TTFT p99 10 s and ITL p99
     # 100 ms (12 runs, about 3 minutes)

@@ -258,6 +258,7 @@ PD_RUNS = (
     ("bank-coding-6400", "bank-coding, 6,400 sessions (2×)"),
     ("agentic-coding", "agentic-coding, 480 sessions"),
     ("agentic-coding-960", "agentic-coding, 960 sessions (2×)"),
+    ("mooncake-trace", "Mooncake conversation trace"),
 )
 PD_SPLITS = ("4-12", "8-8")
 PD_MODES = ("pd-kvgate", "pd-vllm-ascend", "pd-llm-d", "pd-dynamo")
@@ -271,15 +272,18 @@ def pd_table() -> str:
 
     rows = ["| run | P:D | `affinity+ddr` (colocated) | " + " | ".join(
         f"`{m}`" for m in PD_MODES) + " | `pd-kvgate` skips prefill | `pd-kvgate`, every turn "
-        "remote |", "|---|---|---:|" + "---:|" * len(PD_MODES) + "---:|---:|"]
+        "remote | `pd-kvgate`, `skip_rule: streams` (skips) |",
+        "|---|---|---:|" + "---:|" * len(PD_MODES) + "---:|---:|---:|"]
     for name, what in PD_RUNS:
         for split in PD_SPLITS:
             modes = load(f"pd/pd-{split}-{name}")["modes"]
             remote = load(f"pd/pd-{split}-{name}-skip-0")["modes"]["pd-kvgate"]
+            streams = load(f"pd/pd-{split}-{name}-streams")["modes"]["pd-kvgate"]
             rows.append(f"| {what} | {split.replace('-', ':')} | {cell(modes['affinity+ddr'])} | "
                         + " | ".join(cell(modes[m]) for m in PD_MODES)
                         + f" | {pct(modes['pd-kvgate']['prefill_skipped_share'])} | "
-                        f"{cell(remote)} |")
+                        f"{cell(remote)} | {cell(streams)} "
+                        f"({pct(streams['prefill_skipped_share'])}) |")
     return "\n".join(rows)
 
 

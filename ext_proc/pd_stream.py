@@ -32,7 +32,7 @@ from kvgate.config.model import Config
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient
 from kvgate.fleet.hbm_board import HbmBoard
-from kvgate.pd.decider import Path, Plan, PrefillDecider
+from kvgate.pd.decider import Path, Plan, PrefillDecider, SkipRule
 from kvgate.pd.turns import TurnLog, TurnRecord
 from kvgate.pd.wire import PrefillFailed, compact, decode_request, parse, prefill
 from kvgate.placement.live import LoadBoard
@@ -176,10 +176,17 @@ def build_pd(config: Config, handler: RequestHandler, directory: EndpointDirecto
         assert board is not None
         return board.backlog_s(address, time.monotonic())  # the board's clock
 
+    def running(address: str) -> int | None:  # the engine's last report, if fresh
+        assert board is not None
+        seen = board.observed(address, time.monotonic())
+        return None if seen is None else seen.figures.running
+
     decider = PrefillDecider(directory, settings.skip_prefill_below,
                              hbm_tokens=None if hbm is None else hbm.hbm_tokens,
                              backlog_s=None if board is None else backlog_s,
-                             cost=config.placement.engine_cost)
+                             cost=config.placement.engine_cost,
+                             rule=SkipRule(settings.skip_rule),
+                             running=None if board is None else running)
     return PdProcessor(handler, decider, PdMetrics(registry),
                        timeout_s=settings.prefill_timeout,
                        prompt_tokens=config.placement.load_gate.prompt_tokens,

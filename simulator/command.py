@@ -91,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
     config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
                        progress=not args.quiet and sys.stderr.isatty() and args.jobs <= 1,
                        addresses=addresses, pd=args.pd,
-                       skip_prefill_below=args.skip_prefill_below, **router_settings(args))
+                       skip_prefill_below=args.skip_prefill_below, skip_rule=args.skip_rule,
+                       **router_settings(args))
     blocks = hashed(workload, options.block_size, args.jobs)
     print(f"prompts hashed into {options.block_size}-token blocks "
           f"({time.perf_counter() - built:.1f} s)", file=sys.stderr)

@@ -8,6 +8,7 @@ from typing import Any
 from benchkit.modes import ModeError, parse_simulated_modes
 from kvgate.config.sections.disaggregation import DEFAULT_SKIP_PREFILL_BELOW
 from kvgate.contract.modes import PdMode, RoutingMode
+from kvgate.pd.decider import SkipRule
 from simulator.setup import SimConfig
 
 # `--modes pd`: colocated kvgate beside every P/D policy, on the same devices.
@@ -55,6 +56,12 @@ def add_pd_flags(parser: argparse.ArgumentParser) -> None:
         "--skip-prefill-below", type=int, default=DEFAULT_SKIP_PREFILL_BELOW, metavar="TOKENS",
         help="pd-kvgate: a turn goes to a prefill engine only when its decode engine lacks at "
              "least this many tokens (disaggregation.skip_prefill_below; %(default)s)")
+    parser.add_argument(
+        "--skip-rule", type=SkipRule, choices=list(SkipRule), default=SkipRule.THRESHOLD,
+        help="pd-kvgate: what keeps a turn under --skip-prefill-below on its decode engine: "
+             "threshold (that alone) or streams (also that its prefill costs the decode "
+             "engine's running streams fewer seconds than disaggregating costs the turn; "
+             "disaggregation.skip_rule; %(default)s)")
 
 
 def check_pd(args: argparse.Namespace, engines: int) -> None:
@@ -80,4 +87,5 @@ def pd_description(config: SimConfig) -> dict[str, Any]:
     options = config.engine
     return {"pd": {"prefill_engines": config.pd[0], "decode_engines": config.pd[1],
                    "skip_prefill_below": config.skip_prefill_below,
+                   "skip_rule": str(config.skip_rule),
                    "link_gbps": options.ddr_gbps, "link_fixed_ms": options.transfer_fixed_ms}}

@@ -14,7 +14,9 @@ cache holds of a prompt (its KV events, exactly), for the peers whose routers us
   events with ``--hbm-residency on``, else the session's previous turn there), else the prefill
   engine with the shortest queue: the gate's backlog estimate (its load board) or, if larger,
   its prefills in flight from this router priced in seconds (``EngineCost.prefill_s`` of their
-  prompts).
+  prompts). With ``--skip-rule streams`` a turn under the threshold also needs its prefill to
+  cost the decode engine's running streams (from its scraped ``vllm:num_requests_running``)
+  fewer seconds than disaggregating costs the turn (``kvgate.pd.skip_price``).
 - ``pd-vllm-ascend``: vllm-project/vllm-ascend ``examples/disaggregated_prefill_v1/
   load_balance_proxy_server_example.py``: ``ProxyState._update_prefiller_priority`` (prefill
   engine by the least ``active_tokens + 0.3 x active_kv_cache``), ``_update_decoder_priority``
@@ -48,7 +50,7 @@ from typing import NamedTuple, Protocol
 from kvgate.contract.modes import PdMode
 from kvgate.contract.states import EndpointState
 from kvgate.fleet.prefill_mix import PrefillMix
-from kvgate.pd.decider import Path, PrefillDecider
+from kvgate.pd.decider import Path, PrefillDecider, SkipRule
 from kvgate.placement.view import Member
 from kvgate.routing import build_policy
 from simulator.routing import (
@@ -243,7 +245,7 @@ class KvgatePd(_Quiet):
 
     def __init__(self, prefill: Sequence[str], decode: Sequence[str],
                  clock: Callable[[], float], load_factor: float, idle_ttl: float,
-                 setup: RouterSetup, metrics: Metrics, skip_below: int,
+                 setup: RouterSetup, metrics: Metrics, skip_below: int, skip_rule: SkipRule,
                  holdings: PoolHoldings | None, hbm: EngineHoldings | None) -> None:
         self.decode = list(decode)
         mix = PrefillMix()
@@ -261,7 +263,13 @@ class KvgatePd(_Quiet):
         self.decider = PrefillDecider(
             _Prefillers(prefill), skip_below,
             hbm_tokens=None if hbm is None else hbm.hbm_tokens,
-            backlog_s=lambda address: self.board.backlog_s(address, clock()), cost=setup.cost)
+            backlog_s=lambda address: self.board.backlog_s(address, clock()), cost=setup.cost,
+            rule=skip_rule, running=self._running)
+
+    def _running(self, address: str) -> int | None:
+        """The engine's running requests as its last scrape reported them (ext_proc's board)."""
+        seen = self.board.observed(address, self._clock())
+        return None if seen is None else seen.figures.running
 
     async def pick(self, ask: Ask, now: float) -> PdPick | None:
         decode = await self._decode.route(ask, now)
@@ -280,10 +288,11 @@ class KvgatePd(_Quiet):
 def make_pd_router(mode: PdMode, prefill: Sequence[str], decode: Sequence[str], *,
                    clock: Callable[[], float], load_factor: float, idle_ttl: float,
                    setup: RouterSetup, metrics: Metrics, skip_below: int, cached: Cached,
-                   holdings: PoolHoldings | None, hbm: EngineHoldings | None) -> _Quiet:
+                   holdings: PoolHoldings | None, hbm: EngineHoldings | None,
+                   skip_rule: SkipRule = SkipRule.THRESHOLD) -> _Quiet:
     if mode is PdMode.KVGATE:
         return KvgatePd(prefill, decode, clock, load_factor, idle_ttl, setup, metrics,
-                        skip_below, holdings, hbm)
+                        skip_below, skip_rule, holdings, hbm)
     if mode is PdMode.VLLM_ASCEND:
         return VllmAscendPd(prefill, decode)
     if mode is PdMode.LLM_D:

@@ -84,7 +84,8 @@ class PdSimulation(Simulation):
             mode, self.addresses[:p], self.addresses[p:], clock=lambda: self.now,
             load_factor=config.load_factor, idle_ttl=config.idle_ttl,
             setup=router_setup(config.engine, config), metrics=scraper,
-            skip_below=config.skip_prefill_below, cached=cached, holdings=holdings, hbm=hbm)
+            skip_below=config.skip_prefill_below, skip_rule=config.skip_rule, cached=cached,
+            holdings=holdings, hbm=hbm)
         return self.pd
 
     def _reads_pool(self, e: int) -> bool:

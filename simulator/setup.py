@@ -10,6 +10,7 @@ from benchkit.report import ModeStats
 from emulator.options import EmulatorOptions
 from kvgate.config.sections.disaggregation import DEFAULT_SKIP_PREFILL_BELOW
 from kvgate.config.sections.placement import GateConfig
+from kvgate.pd.decider import SkipRule
 from kvgate.placement.cost import EngineCost
 from simulator.routing import RouterSetup
 
@@ -56,6 +57,7 @@ class SimConfig:
     # modes use the split, the colocated ones all engines as they are. None: colocated only.
     pd: tuple[int, int] | None = None
     skip_prefill_below: int = DEFAULT_SKIP_PREFILL_BELOW  # pd-kvgate's decider
+    skip_rule: SkipRule = SkipRule.THRESHOLD  # and what else keeps a turn on the decode engine
 
 
 def router_setup(options: EmulatorOptions, config: SimConfig) -> RouterSetup:

@@ -14,6 +14,7 @@ from benchkit.itl import ItlSamples
 from emulator.options import EmulatorOptions
 from emulator.timing import TimingParams
 from kvgate.contract.modes import PdMode, RoutingMode
+from kvgate.pd.decider import SkipRule
 from kvgate.runtime.tasks.loop import run as run_loop
 from simulator.command import add_arguments
 from simulator.itl import EngineItl
@@ -184,3 +185,19 @@ def test_a_pd_mode_without_a_split_is_refused() -> None:
         simulate(workload, PdMode.KVGATE, SimConfig(EmulatorOptions(instances=4)))
     with pytest.raises(ValueError, match="needs 5 engines"):
         simulate(workload, PdMode.KVGATE, SimConfig(EmulatorOptions(instances=4), pd=(1, 4)))
+
+
+def test_the_streams_rule_reads_the_decode_engines_running_requests_from_their_scrapes() -> None:
+    workload = small_bank(sessions=24, duration_s=240.0, context=3000)
+    simulation = PdSimulation(workload, PdMode.KVGATE,
+                              _config(hbm_residency=True, skip_rule=SkipRule.STREAMS))
+    figures = run_loop(simulation.run()).stats.figures()
+    assert figures["errors"] == 0 and 0 < figures["prefill_skipped_share"] < 1
+    router = simulation.pd
+    assert router.decider.rule is SkipRule.STREAMS  # type: ignore[attr-defined]
+    # Skipped turns were prefilled on their decode engine, remote ones on the prefill engine.
+    remote = sum(e == 0 for e in simulation.prefilled_on)
+    assert simulation.fleet.engines[0].stats.requests == remote
+    # What the rule weighs: the decode engines' scraped running requests.
+    counts = [router._running(a) for a in simulation.addresses[1:]]  # type: ignore[attr-defined]
+    assert all(isinstance(c, int) and c >= 0 for c in counts)

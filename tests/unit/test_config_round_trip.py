@@ -101,6 +101,7 @@ def configs(draw: Draw, pki: dict[str, str]) -> dict[str, Any]:
     top.add("placement", st.just(_placement(draw)))
     disaggregation = Keys(draw, "disaggregation")
     disaggregation.add("skip_prefill_below", st.integers(0, 100_000_000))
+    disaggregation.add("skip_rule", st.sampled_from(["threshold", "streams"]))
     disaggregation.add("prefill_timeout", duration(0.1, 3600.0))
     top.add("disaggregation", st.just(disaggregation.data))
     pools = _pools(draw)

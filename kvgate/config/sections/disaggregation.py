@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvgate.config.schema import Duration, Integer, key
+from kvgate.config.schema import Choice, Duration, Integer, key
+from kvgate.pd.decider import SkipRule
 
 # Below this many tokens the session's decode engine lacks, the turn is prefilled there.
 # Dynamo's conditional disaggregation skips remote prefill under 2,048 effective input tokens
@@ -21,6 +22,13 @@ class Disaggregation:
         "decode engine lacks (from its KV events, else the session's previous turn) reach "
         "this; below it the decode engine prefills the turn itself. 0: every turn",
         default=DEFAULT_SKIP_PREFILL_BELOW)
+    skip_rule: str = key(
+        Choice(tuple(SkipRule)), "what keeps a turn under `skip_prefill_below` on its decode "
+        "engine: `threshold` (the threshold alone) or `streams` (also that its prefill, riding "
+        "the decode engine's steps, costs the engine's running streams fewer seconds than the "
+        "prefill engine's queue and the KV transfers cost the turn; kvgate/pd/skip_price.py). "
+        "`streams` needs the engines' reports (their running requests)",
+        default=SkipRule.THRESHOLD.value)
     prefill_timeout: float = key(
         Duration(0.1, 3600.0), "a prefill engine's deadline for its answer; past it (or on "
         "any error) the decode engine prefills the turn, and the request does not fail",
