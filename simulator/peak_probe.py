@@ -11,8 +11,8 @@ process's, for one run.
 per request and every move. It wraps the simulator's engine model and the load gate (no
 behaviour changes) and writes to OUT.json:
 - per engine, per 300 s window: requests admitted, prefill seconds, mean queue wait;
-- the slowest 1 % of requests (by TTFT): their DDR read wait, queue wait and prefill,
-  and on which engines they fell;
+- the slowest 1 % of requests (by TTFT): their DDR read wait, queue wait and prefill, tokens
+  computed and read from DDR, and on which engines they fell;
 - the gate's bound sessions: how many were reconsidered, held by cooldown, under
   `min_saving_s`, refused by the saving rule or by `miss_safe`, moved;
 - new placements: how many ring candidates were under the load bound, and the chosen engine's
@@ -38,7 +38,8 @@ from simulator.simulation import Simulation
 
 WINDOW_S = 300.0
 _last_admit: list[float] = [0.0]
-_rows: list[tuple[int, int, float, float, float, float, float]] = []  # i, e, arr, admit, ps, ft
+# i, e, arrival, admit, prefill start, first token, tokens computed, tokens read from DDR
+_rows: list[tuple[int, int, float, float, float, float, float, int]] = []
 _board_at: dict[int, float] = {}  # request index -> board backlog of its engine pre-decision
 _gate: Counter[str] = Counter()
 _place_free: Counter[int] = Counter()
@@ -62,7 +63,7 @@ def _wrap() -> None:
         s = admission.slot
         _rows.append((i, e, s.arrival, _last_admit[0], s.prefill_start, s.first_token,
                       float(admission.prompt_tokens - admission.hbm_hit_tokens
-                            - admission.ddr_hit_tokens)))
+                            - admission.ddr_hit_tokens), admission.ddr_hit_tokens))
         place_sim(self, e, i, admission, ask)
 
     Simulation._place = place_probe  # type: ignore[method-assign]
@@ -164,7 +165,7 @@ def summary(warmup_s: float) -> dict[str, Any]:
     engines = sorted({r[1] for r in rows})
     windows: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(
         lambda: [0.0, 0.0, 0.0]))
-    for _, e, arr, adm, ps, ft, _computed in rows:
+    for _, e, arr, adm, ps, ft, _computed, _read in rows:
         cell = windows[int(arr // WINDOW_S)][e]
         cell[0] += 1
         cell[1] += ft - ps
@@ -196,10 +197,12 @@ def summary(warmup_s: float) -> dict[str, Any]:
                  "queue_wait_s": mean([r[4] - r[3] for r in tail]),
                  "prefill_s": mean([r[5] - r[4] for r in tail]),
                  "computed_tokens": mean([r[6] for r in tail]),
+                 "ddr_tokens": mean([float(r[7]) for r in tail]),
                  "engines": dict(sorted(tail_engines.items()))},
         "all": {"read_wait_s": mean([r[3] - r[2] for r in rows]),
                 "queue_wait_s": mean([r[4] - r[3] for r in rows]),
                 "queue_wait_p99_s": _pct([r[4] - r[3] for r in rows], 99),
+                "ddr_tokens": mean([float(r[7]) for r in rows]),
                 "prefill_s": mean([r[5] - r[4] for r in rows])},
         "per_engine_requests": dict(sorted(Counter(r[1] for r in rows).items())),
         "per_engine_prefill_s": {e: round(sum(r[5] - r[4] for r in rows if r[1] == e), 1)

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from kvgate.placement.prefix import HOLDERS_PER_BLOCK, PrefixHolders, RoutedPrefixes
+from kvgate.placement.prefix import PrefixHolders, RoutedPrefixes
 from kvgate.placement.view import PoolView
 from kvgate.routing.policy import Known
-
-# Holders scored beyond the ring's candidates: as many as the routed index remembers per block.
-EXTRA_HOLDERS = HOLDERS_PER_BLOCK
 
 
 class PrefixStep:
@@ -41,17 +38,19 @@ class PrefixStep:
 
     def candidates(self, found: Iterator[str], count: int, blocks: Sequence[int],
                    limit: int) -> list[str]:
-        """The first `count` of `found` (the ring's candidates under the load bound), then the
-        prompt's holders that hold more of it (up to `limit` tokens) than any of those, at
-        most `EXTRA_HOLDERS`, the most held first, that `found` yields further on (under the
-        bound too). A prefix every engine holds adds none: the ring's candidates stand."""
+        """The first `count` of `found` (the ring's candidates under the load bound), then
+        every holder of the prompt that holds more of it (up to `limit` tokens) than any of
+        those and that `found` yields further on (under the bound too), in ring order. No cap
+        on those: the peer's prefix scorer scores every endpoint its filters pass
+        (pkg/epp/scheduling/framework/plugins/multi/prefix/plugin.go, ``Score``), and its
+        index keeps every holder of a block (kvgate.placement.prefix). A prefix every engine
+        holds adds none: the ring's candidates stand."""
         picked = [address for _, address in zip(range(count), found, strict=False)]
         if not blocks:
             return picked
         floor = max((self.held(a, blocks, limit) for a in picked), default=0)
-        more = sorted(((held, a) for a in self.holders.holders(blocks) if a not in picked
-                       and (held := self.held(a, blocks, limit)) > floor), reverse=True)
-        wanted = {a for _, a in more[:EXTRA_HOLDERS]}
+        wanted = {a for a in self.holders.holders(blocks)
+                  if a not in picked and self.held(a, blocks, limit) > floor}
         for address in found if wanted else ():
             if address in wanted:
                 picked.append(address)

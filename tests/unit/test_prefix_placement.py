@@ -18,7 +18,7 @@ from kvgate.placement import session_hash
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import candidates
-from kvgate.placement.prefix import HOLDERS_PER_BLOCK, RoutedPrefixes
+from kvgate.placement.prefix import RoutedPrefixes
 from kvgate.placement.view import Member, PoolView
 from kvgate.routing import Pipeline, build_policy
 from kvgate.routing.gated import GatedPolicy
@@ -48,19 +48,35 @@ def test_the_index_answers_the_leading_blocks_placed_on_an_engine() -> None:
     assert index.prefix_tokens("a", TEMPLATE) == 0 and len(index) == 0
 
 
-def test_the_index_is_bounded_in_blocks_holders_and_leading_blocks() -> None:
+def test_the_index_is_bounded_per_engine_and_in_leading_blocks() -> None:
     index = RoutedPrefixes(capacity_blocks=50, block_tokens=BLOCK, leading_blocks=30)
     index.record("a", TEMPLATE)  # only its first 30 blocks
     assert len(index) == 30 and index.prefix_tokens("a", TEMPLATE) == 30 * BLOCK
-    index.record("b", list(range(1_000, 1_040)))  # 30 more: the oldest 10 are forgotten
-    assert len(index) == 50
+    other = list(range(1_000, 1_040))
+    index.record("b", other)  # another engine's LRU: a's blocks stay
+    assert index.prefix_tokens("a", TEMPLATE) == 30 * BLOCK
+    index.record("a", other)  # 30 more on a: its oldest 10 are forgotten
     # A's blocks were recorded last first, so its tail goes first: what it holds stays a prefix.
     assert index.prefix_tokens("a", TEMPLATE) == 20 * BLOCK
-    for n in range(HOLDERS_PER_BLOCK + 2):
-        index.record(f"e{n}", TEMPLATE[:1])
-    assert list(index.holders(TEMPLATE)) == [f"e{n}" for n in range(2, HOLDERS_PER_BLOCK + 2)]
+    assert index.prefix_tokens("b", other) == 30 * BLOCK
     with pytest.raises(ValueError, match="capacity_blocks"):
         RoutedPrefixes(capacity_blocks=0, block_tokens=BLOCK)
+
+
+def test_a_block_is_known_on_every_engine_that_holds_it() -> None:
+    """The peer's indexer keeps every holder of a block (indexer.go, `hashToPods`): a template
+    placed on all 16 engines is known on 16, not on the last few."""
+    index = RoutedPrefixes(capacity_blocks=1_000, block_tokens=BLOCK)
+    engines = [f"e{n}" for n in range(16)]
+    for engine in engines:
+        index.record(engine, TEMPLATE)
+    assert list(index.holders(TEMPLATE)) == engines
+    assert all(index.prefix_tokens(e, TEMPLATE) == len(TEMPLATE) * BLOCK for e in engines)
+    index.forget("e3")
+    assert "e3" not in index.holders(TEMPLATE) and index.prefix_tokens("e3", TEMPLATE) == 0
+    for engine in engines:
+        index.forget(engine)
+    assert len(index) == 0
 
 
 def _gate(config: GateConfig, index: RoutedPrefixes, board: LoadBoard | None = None

@@ -78,9 +78,12 @@ class GateConfig:
         default=False)
     prefix_index_blocks: int = key(
         Integer(1, 1 << 24), "`prefix_placement` or `book_uncached_prefill` without KV "
-        "events: leading blocks the gateway remembers having placed, each on at most 4 "
-        "engines, least recently placed forgotten first (about 200 bytes a block)",
-        default=65_536)
+        "events: per engine, the leading blocks the gateway remembers having placed there, "
+        "least recently placed forgotten first; a block is known on every engine that holds "
+        "it (as the Gateway API Inference Extension's prefix indexer, whose default "
+        "`lruCapacityPerServer` this is: about an engine's HBM in 16-token blocks; about 200 "
+        "bytes a block)",
+        default=31_250)
     prefix_block_tokens: int = key(
         Integer(1, 4096), "`prefix_placement` or `book_uncached_prefill` in ext_proc: the "
         "prompt is hashed in blocks of this many tokens, counted as `bytes_per_token` bytes of "
