@@ -29,10 +29,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from ext_proc.answers import Answers, protobuf_answer
 from ext_proc.server import decision_inputs, pool_of
 from kvgate.config.model import Config
+from kvgate.config.sections.disaggregation import SkipRule
 from kvgate.endpoints import EndpointDirectory
 from kvgate.etcd import EtcdClient
 from kvgate.fleet.hbm_board import HbmBoard
-from kvgate.pd.decider import Path, Plan, PrefillDecider, SkipRule
+from kvgate.pd.decider import Path, Plan, PrefillDecider
 from kvgate.pd.turns import TurnLog, TurnRecord
 from kvgate.pd.wire import PrefillFailed, compact, decode_request, parse, prefill
 from kvgate.placement.live import LoadBoard

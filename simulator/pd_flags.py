@@ -6,9 +6,8 @@ import argparse
 from typing import Any
 
 from benchkit.modes import ModeError, parse_simulated_modes
-from kvgate.config.sections.disaggregation import DEFAULT_SKIP_PREFILL_BELOW
+from kvgate.config.sections.disaggregation import DEFAULT_SKIP_PREFILL_BELOW, SkipRule
 from kvgate.contract.modes import PdMode, RoutingMode
-from kvgate.pd.decider import SkipRule
 from simulator.setup import SimConfig
 
 # `--modes pd`: colocated kvgate beside every P/D policy, on the same devices.

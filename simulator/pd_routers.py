@@ -47,10 +47,11 @@ import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple, Protocol
 
+from kvgate.config.sections.disaggregation import SkipRule
 from kvgate.contract.modes import PdMode
 from kvgate.contract.states import EndpointState
 from kvgate.fleet.prefill_mix import PrefillMix
-from kvgate.pd.decider import Path, PrefillDecider, SkipRule
+from kvgate.pd.decider import Path, PrefillDecider
 from kvgate.placement.view import Member
 from kvgate.routing import build_policy
 from simulator.routing import (

@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 
 from benchkit.report import ModeStats
 from emulator.options import EmulatorOptions
-from kvgate.config.sections.disaggregation import DEFAULT_SKIP_PREFILL_BELOW
+from kvgate.config.sections.disaggregation import DEFAULT_SKIP_PREFILL_BELOW, SkipRule
 from kvgate.config.sections.placement import GateConfig
-from kvgate.pd.decider import SkipRule
 from kvgate.placement.cost import EngineCost
 from simulator.routing import RouterSetup
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from kvgate.config.sections.disaggregation import SkipRule
 from kvgate.pd.skip_price import SkipPrice
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.view import Member
@@ -63,13 +64,6 @@ class Plan:
 
 HbmTokens = Callable[[str, str, int], int | None]  # (engine, session, prompt) -> tokens held
 Running = Callable[[str], int | None]  # engine -> its running requests (its report), if known
-
-
-class SkipRule(StrEnum):
-    """`disaggregation.skip_rule`: what keeps a turn under the threshold on its decode engine."""
-
-    THRESHOLD = "threshold"  # the threshold alone
-    STREAMS = "streams"  # and its prefill costs the decode engine's streams less (SkipPrice)
 
 
 @dataclass(slots=True)

@@ -13,8 +13,8 @@ from bench_helpers import small_bank
 from benchkit.itl import ItlSamples
 from emulator.options import EmulatorOptions
 from emulator.timing import TimingParams
+from kvgate.config.sections.disaggregation import SkipRule
 from kvgate.contract.modes import PdMode, RoutingMode
-from kvgate.pd.decider import SkipRule
 from kvgate.runtime.tasks.loop import run as run_loop
 from simulator.command import add_arguments
 from simulator.itl import EngineItl

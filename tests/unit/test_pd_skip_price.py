@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from kvgate.config import load_text
+from kvgate.config.sections.disaggregation import SkipRule
 from kvgate.endpoints.directory import EndpointDirectory
-from kvgate.pd.decider import Path, PrefillDecider, SkipRule
+from kvgate.pd.decider import Path, PrefillDecider
 from kvgate.pd.skip_price import SkipPrice
 from kvgate.placement.cost import EngineCost
 

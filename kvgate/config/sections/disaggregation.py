@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 from kvgate.config.schema import Choice, Duration, Integer, key
-from kvgate.pd.decider import SkipRule
 
 # Below this many tokens the session's decode engine lacks, the turn is prefilled there.
 # Dynamo's conditional disaggregation skips remote prefill under 2,048 effective input tokens
@@ -13,6 +13,13 @@ from kvgate.pd.decider import SkipRule
 # (`nonCachedTokens`). At the emulator's 5,000 tok/s, 2,048 tokens prefill in ~0.4 s on the
 # decode engine itself, which a remote prefill (a hop, a second queue, a KV read) does not beat.
 DEFAULT_SKIP_PREFILL_BELOW = 2048
+
+
+class SkipRule(StrEnum):
+    """`disaggregation.skip_rule`: what keeps a turn under the threshold on its decode engine."""
+
+    THRESHOLD = "threshold"  # the threshold alone
+    STREAMS = "streams"  # and its prefill costs the decode engine's streams less (SkipPrice)
 
 
 @dataclass(frozen=True, slots=True)
