@@ -51,7 +51,7 @@ from kvgate.etcd.client import WatchEvent, wait_until_ready
 from kvgate.etcd.observed import EtcdErrorLog, MirrorMetrics
 from kvgate.etcd.security import etcd_security
 from kvgate.observability.http import MetricsServer
-from kvgate.runtime.tasks.listen import listen_error, listen_grpc
+from kvgate.runtime.tasks.listen import listen_grpc, listen_metrics
 from kvgate.runtime.tasks.supervisor import Supervisor
 
 log = structlog.get_logger("kvgate.control_plane")
@@ -176,13 +176,8 @@ class ControlPlaneService:
                                     "--xds or control_plane.xds")
         await self._admin.start(serving=False)
         if self._options.metrics is not None:
-            self._metrics_server = MetricsServer(
-                self.registry, self._options.metrics.host, self._options.metrics.port
-            )
-            try:
-                await self._metrics_server.start()
-            except OSError as exc:
-                raise listen_error(self._options.metrics, "metrics", "--metrics", exc) from exc
+            self._metrics_server = await listen_metrics(self.registry, self._options.metrics,
+                                                        "--metrics")
 
         loop = asyncio.get_running_loop()
         await wait_until_ready(self._etcd, loop.time() + etcd_wait,

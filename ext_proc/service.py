@@ -44,7 +44,7 @@ from kvgate.routing.handler import RequestHandler
 from kvgate.routing.prompt_blocks import PromptBlocks
 from kvgate.routing.recent import RecentSessions
 from kvgate.routing.sources import SessionSources
-from kvgate.runtime.tasks.listen import listen_error, listen_grpc
+from kvgate.runtime.tasks.listen import listen_error, listen_grpc, listen_metrics
 from kvgate.runtime.tasks.supervisor import Supervisor
 from kvgate.session import SessionIds
 
@@ -124,14 +124,8 @@ class ExtProcService:
         )
         await self._serve(handler)
         if self._options.metrics is not None:
-            self._metrics_server = MetricsServer(
-                self.metrics.registry, self._options.metrics.host, self._options.metrics.port
-            )
-            try:
-                await self._metrics_server.start()
-            except OSError as exc:
-                raise listen_error(self._options.metrics, "metrics",
-                                   "--metrics or ext_proc.metrics", exc) from exc
+            self._metrics_server = await listen_metrics(
+                self.metrics.registry, self._options.metrics, "--metrics or ext_proc.metrics")
         log.info("ext_proc_ready", listen=f"{listen.host}:{self.port}",
                  metrics=None if self._metrics_server is None
                  else f"{self._options.metrics.host}:{self._metrics_server.port}",  # type: ignore[union-attr]

@@ -10,11 +10,12 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
+from prometheus_client import CollectorRegistry
 
 from ext_proc.service import ExtProcOptions, ExtProcService
 from kvgate.config.load import load_text
 from kvgate.config.model import HostPort
-from kvgate.runtime.tasks.listen import ListenError, listen_grpc
+from kvgate.runtime.tasks.listen import ListenError, listen_grpc, listen_metrics
 
 
 @pytest.fixture
@@ -98,3 +99,22 @@ async def test_ext_proc_metrics_on_a_held_port_refuses_to_start_saying_so(held: 
     said = str(refused.value)
     assert said.startswith(in_use(held, "metrics")), said
     assert said.endswith("set --metrics or ext_proc.metrics to another port"), said
+
+
+async def test_a_metrics_port_held_says_so_in_one_line_and_port_0_takes_one(
+    held: HostPort,
+) -> None:
+    """Both services' /metrics ports bind through listen_metrics (ext_proc's, above; the
+    control plane's names --metrics): aiohttp's own words are replaced, not wrapped."""
+    with pytest.raises(ListenError) as refused:
+        await listen_metrics(CollectorRegistry(), held, "--metrics")
+    said = str(refused.value)
+    assert said.startswith(in_use(held, "metrics")), said
+    assert said.endswith("set --metrics to another port"), said
+    assert "\n" not in said and "attempting to bind" not in said, said
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
+    served = await listen_metrics(CollectorRegistry(), HostPort("127.0.0.1", 0), "--metrics")
+    try:
+        assert served.port > 0
+    finally:
+        await served.stop()

@@ -1,14 +1,17 @@
-"""A service binds its listening port: gRPC servers through `listen_grpc`, and one clear error,
-`ListenError`, for any port a service cannot listen on, saying which service, which address,
-why (who holds the port, when /proc tells) and what to change."""
+"""A service binds its listening port: gRPC servers through `listen_grpc`, its /metrics port
+through `listen_metrics`, and one clear error, `ListenError`, for any port a service cannot
+listen on, saying which service, which address, why (who holds the port, when /proc tells) and
+what to change."""
 
 from __future__ import annotations
 
 import errno
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from kvgate.config.address import HostPort
+from kvgate.observability.http import MetricsServer
 from kvgate.runtime.children.port_owner import holder
 from kvgate.runtime.children.ports import bind_refusal
 
@@ -40,6 +43,20 @@ def listen_grpc(server: grpc.aio.Server, address: HostPort, listener: str, setti
     if port == 0:
         raise listen_error(address, listener, setting, bind_refusal(address.host, address.port))
     return port
+
+
+async def listen_metrics(registry: CollectorRegistry, address: HostPort,
+                         setting: str) -> MetricsServer:
+    """`registry`'s /metrics (and /healthz) served on `address`, started. ListenError if the
+    address cannot be bound, naming `setting` ("--metrics or ext_proc.metrics"). Here, not in
+    kvgate.observability, which sits below this tier and so cannot raise ListenError."""
+    server = MetricsServer(registry, address.host, address.port)
+    try:
+        await server.start()
+    except OSError as exc:  # aiohttp's words ("error while attempting to bind ..."): replaced
+        await server.stop()
+        raise listen_error(address, "metrics", setting, exc) from None
+    return server
 
 
 def listen_error(address: HostPort, listener: str, setting: str,
