@@ -7,9 +7,10 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from kvgate.config.model import HostPort
-from kvgate.runtime.children.port_owner import holder, only_time_wait, sockets_on
+from kvgate.runtime.children.port_owner import _command, holder, only_time_wait, sockets_on
 from kvgate.runtime.children.ports import port_in_use, wait_for_ports
 from tests.support.polling import eventually_sync
 
@@ -46,6 +47,11 @@ def test_a_listener_is_named_by_pid_and_command() -> None:
         assert f"pid {os.getpid()} (" in said
         assert not only_time_wait("127.0.0.1", port)
     assert holder("127.0.0.1", port) is None
+
+
+def test_a_command_line_with_line_breaks_is_told_on_one_line(tmp_path: Path) -> None:
+    (tmp_path / "cmdline").write_bytes(b"python3\0-c\0import os\nwhile True:\n    pass\0")
+    assert _command(tmp_path) == "python3 -c import os while True: pass"
 
 
 def test_a_servers_own_time_wait_never_blocks_it() -> None:

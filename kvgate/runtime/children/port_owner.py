@@ -112,7 +112,9 @@ def _command(entry: Path, width: int = 80) -> str:
         raw = (entry / "cmdline").read_bytes()
     except OSError:
         return "?"
-    text = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
+    # Whitespace folded: an argument with line breaks (`python -c` code) keeps the error
+    # that names the holder on one line.
+    text = " ".join(raw.replace(b"\0", b" ").decode(errors="replace").split())
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
