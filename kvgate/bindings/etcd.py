@@ -47,6 +47,15 @@ DEFAULT_MAX_PENDING = 100_000
 SLOW_WRITES_TO_DEGRADE = 3  # hot-path writes past the deadline in a row: etcd counts as away
 
 
+def _time_left(limit_s: float | None) -> Callable[[], float | None]:
+    """What remains of `limit_s` from now, each time it is asked (None: no limit)."""
+    if limit_s is None:
+        return lambda: None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    return lambda: max(0.001, deadline - loop.time())
+
+
 # After this replica was apart from etcd, new sessions stay on Envoy's ring this long: a peer
 # that lost etcd too placed its new sessions there and may still be flushing them (it retries
 # every half second), and a session it placed can reach this replica meanwhile (Envoy's ext_proc
@@ -224,13 +233,18 @@ class EtcdBindingStore:
             return self._queue(op) if unless_written is None else unless_written
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._write_budget_s
+        member = self._client.endpoint
         first = outcome = await self._attempt(op, self._write_limit_s)
         if isinstance(first, EtcdDeadline):
             self._slow_write(first)  # counted now: a cut etcd degrades as soon as before
         retry_s = give_up - loop.time()
-        if isinstance(first, EtcdUnavailable) and retry_s > 0 and not self._degraded:
+        if (isinstance(first, EtcdUnavailable) and retry_s > 0 and not self._degraded
+                and self._client.endpoint != member):
             # Once more, on the member the client moved to (a deadline moves it too); a create
-            # that landed meanwhile is what the retry's compare finds and returns.
+            # that landed meanwhile is what the retry's compare finds and returns. Not on the
+            # same member (etcd has one, or another call moved the client back): that only
+            # held the answer for the rest of the budget (up to 1 s, the suite's 5 s
+            # message_timeout), and a deadline missed there is queued, as before the retry.
             outcome = await self._attempt(op, retry_s)
         if isinstance(outcome, Binding):
             self._slow_writes = 0
@@ -270,36 +284,48 @@ class EtcdBindingStore:
         return local
 
     async def _commit(self, op: PendingWrite, limit_s: float | None = None) -> Binding:
+        """`limit_s`: for all of it, a lease renewal included."""
         key = self._key(op.binding.key)
         value = op.binding.encode()
         shard_key = session_key(op.binding.session)
         current: KeyValue | None = None
+        left = _time_left(limit_s)
         for attempt in range(2):
             lease = self.reattachment.lease.of(shard_key)
             try:
                 if not lease:
                     raise EtcdLeaseNotFound("no lease for this epoch yet", operation="Txn")
                 if op.expected_revision == 0:
-                    _, current = await self._client.create(key, value, lease, limit_s)
+                    _, current = await self._client.create(key, value, lease, left())
                 else:
                     _, current = await self._client.replace(
-                        key, value, op.expected_revision, lease, limit_s
+                        key, value, op.expected_revision, lease, left()
                     )
                 break
             except EtcdLeaseNotFound:
                 # The epoch lease expired while etcd was away: take a new one and retry once.
                 if attempt:
                     raise
-                await self._renew_lease()
+                await self._renew_lease(left())
         self._writes += 1
         if current is None:  # the expected key vanished (expired): create it afresh
-            return await self._commit(PendingWrite(op.binding, 0), limit_s)
+            return await self._commit(PendingWrite(op.binding, 0), left())
         stored = Binding.decode(op.binding.key, current.value, current.mod_revision)
         self._bindings.put(stored, current.lease)
         return stored
 
-    async def _renew_lease(self) -> None:
-        await self.reattachment.renew()
+    async def _renew_lease(self, limit_s: float | None = None) -> None:
+        """A new epoch lease, waited for at most `limit_s` (a hot-path write's deadline: the
+        renewal's reads and grants, 2 s each, held a new session's answer past Envoy's
+        message_timeout); past it the renewal goes on and the write is queued."""
+        if limit_s is None:
+            await self.reattachment.renew()
+            return
+        try:
+            await asyncio.wait_for(self.reattachment.renew(), limit_s)
+        except TimeoutError:
+            raise EtcdDeadline(f"no epoch lease within {limit_s:g}s",
+                               operation="LeaseGrant") from None
 
     # -- mirror handler --------------------------------------------------------------------
 

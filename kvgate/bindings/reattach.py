@@ -39,6 +39,7 @@ class Reattachment:
         self.epoch = leases.epoch_now()
         self._touched_since = [0, 0]  # sessions flagged as used, per epoch parity
         self._wanted = asyncio.Event()
+        self._renewal: asyncio.Future[None] | None = None  # the renewal under way, shared
         self.writes = 0
 
     def touch(self, pool: str, key: SessionKey) -> None:
@@ -50,8 +51,22 @@ class Reattachment:
             self._touched_since[self.epoch & 1] += 1
 
     async def renew(self) -> None:
-        """This epoch's leases, read or granted now (at start, or after they expired)."""
+        """This epoch's leases, read or granted now (at start, or after they expired). Callers
+        at the same time share one renewal (every new session's write finds an expired lease
+        at once: each would grant SHARDS leases), which goes on if a caller stops waiting."""
+        renewal = self._renewal
+        if renewal is None:
+            renewal = self._renewal = asyncio.ensure_future(self._renew())
+            renewal.add_done_callback(self._renewed)
+        await asyncio.shield(renewal)
+
+    async def _renew(self) -> None:
         self.lease = await self._leases.leases_for(self._leases.epoch_now())
+
+    def _renewed(self, renewal: asyncio.Future[None]) -> None:
+        self._renewal = None
+        if not renewal.cancelled():
+            renewal.exception()  # retrieved: its callers have it, or have stopped waiting
 
     async def refresh_loop(self) -> None:
         """The shared leases of every new epoch; then the sessions used in the epoch that ended

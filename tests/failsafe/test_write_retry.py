@@ -6,13 +6,19 @@ stored is not made at all. Real etcd; its members are behind proxies the test cu
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
 from prometheus_client import CollectorRegistry
 
 from kvgate.bindings.etcd import EtcdBindingStore
+from kvgate.bindings.leases import EpochLeaseSet
 from kvgate.bindings.model import Binding
-from kvgate.etcd import EtcdClient
+from kvgate.etcd import EtcdClient, EtcdError
+from kvgate.etcd.errors import EtcdDeadline
 from kvgate.runtime.tasks.supervisor import Supervisor
 from tests.support.fault_proxy import FaultProxy
+from tests.support.polling import eventually
 
 WRITE_LIMIT_S = 0.2  # each try's deadline
 WRITE_BUDGET_S = 5.0  # both tries; generous for a busy machine, the test waits on no clock
@@ -74,3 +80,66 @@ async def test_an_optional_move_that_cannot_be_stored_is_not_made(etcd, prefix: 
         finally:
             await store.close()
             await client.close()
+
+
+async def test_a_write_to_the_only_member_is_not_tried_again_there(etcd, prefix: str) -> None:
+    """With nowhere to move, a second try on the same silent member only held the answer for
+    the rest of the budget (up to 1 s: new sessions' slowest answers under load): the write
+    is queued at its first deadline."""
+    deadlines: list[EtcdError] = []
+    async with FaultProxy(etcd.endpoint) as proxy:
+        client = EtcdClient([proxy.address], on_error=lambda error: deadlines.append(error)
+                            if isinstance(error, EtcdDeadline) else None)
+        store = EtcdBindingStore(client, prefix, 3600, supervisor=Supervisor(
+            "ext_proc", CollectorRegistry()), write_limit_s=WRITE_LIMIT_S,
+            write_budget_s=WRITE_BUDGET_S)
+        try:
+            await store.start()
+            proxy.cut()
+            stored = await store.create(Binding("s", "p", "10.0.0.1:1"))
+            assert (stored.revision, store.pending) == (0, 1)
+            assert [error.operation for error in deadlines] == ["Txn"], deadlines
+        finally:
+            await store.close()
+            await client.close()
+
+
+async def test_a_lease_renewal_on_a_write_waits_no_longer_than_its_deadline(
+    etcd, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The epoch's leases expired (revoked here): a write renews them, within its own deadline.
+    A renewal etcd does not answer (held here until released) no longer holds the answer (it
+    took 2 s per call, past Envoy's message_timeout): the writes are queued, share the one
+    renewal, and reach etcd once it is done."""
+    client = EtcdClient([etcd.endpoint])
+    store = EtcdBindingStore(client, prefix, 3600, supervisor=Supervisor(
+        "ext_proc", CollectorRegistry()), write_limit_s=WRITE_LIMIT_S,
+        write_budget_s=WRITE_BUDGET_S)
+    leases = store.reattachment._leases
+    granting, release = [], asyncio.Event()
+    granted = leases.leases_for
+
+    async def held(epoch: int) -> EpochLeaseSet:
+        granting.append(epoch)
+        await release.wait()
+        return await granted(epoch)
+
+    try:
+        await store.start()
+        for lease in set(store.epoch_leases.ids):
+            await client.revoke_lease(lease)
+        monkeypatch.setattr(leases, "leases_for", held)
+        # A liveness guard, not a timing: before the fix these waited for the renewal forever.
+        stored = await asyncio.wait_for(asyncio.gather(
+            store.create(Binding("s1", "p", "10.0.0.1:1")),
+            store.create(Binding("s2", "p", "10.0.0.1:1"))), 60)
+        assert [s.revision for s in stored] == [0, 0] and store.pending == 2
+        assert len(granting) == 1, "each write granted the epoch's leases again"
+        release.set()
+        await eventually(lambda: store.pending == 0, within=30)
+        assert {s: b.revision > 0 for s in ("s1", "s2")
+                if (b := store.get("p", s)) is not None} == {"s1": True, "s2": True}
+    finally:
+        release.set()
+        await store.close()
+        await client.close()
