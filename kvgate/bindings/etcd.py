@@ -233,18 +233,16 @@ class EtcdBindingStore:
             return self._queue(op) if unless_written is None else unless_written
         loop = asyncio.get_running_loop()
         give_up = loop.time() + self._write_budget_s
-        member = self._client.endpoint
         first = outcome = await self._attempt(op, self._write_limit_s)
         if isinstance(first, EtcdDeadline):
             self._slow_write(first)  # counted now: a cut etcd degrades as soon as before
         retry_s = give_up - loop.time()
-        if (isinstance(first, EtcdUnavailable) and retry_s > 0 and not self._degraded
-                and self._client.endpoint != member):
+        if isinstance(first, EtcdUnavailable) and retry_s > 0 and not self._degraded:
             # Once more, on the member the client moved to (a deadline moves it too); a create
-            # that landed meanwhile is what the retry's compare finds and returns. Not on the
-            # same member (etcd has one, or another call moved the client back): that only
-            # held the answer for the rest of the budget (up to 1 s, the suite's 5 s
-            # message_timeout), and a deadline missed there is queued, as before the retry.
+            # that landed meanwhile is what the retry's compare finds and returns. With one
+            # member it is the same one: a slow etcd then holds a new session's answer for the
+            # whole budget (1 s under the suite's 5 s message_timeout), which spares the split
+            # a queued binding risks (docs/journal/ext-proc-grpc.md, 2026-12-07).
             outcome = await self._attempt(op, retry_s)
         if isinstance(outcome, Binding):
             self._slow_writes = 0
