@@ -13,8 +13,9 @@ in a third phase, etcd is stopped (SIGSTOP) for that long every 2 s, as a long f
 Printed per kind and phase: answer time p50 / p99 / max, and each loaded phase over the quiet
 one of the same round (no absolute figure is compared across runs). Per phase also: ext_proc's
 own decision time p99 (its histogram's bucket bound; its top bucket is 0.1 s), this client's
-event-loop lag p99 (its share of the answer time), the bindings ext_proc queued (its etcd write
-missed the deadline: `binding_write_queued` in its log) and etcd's WAL fsync p99 (its /metrics).
+event-loop lag p99 (its share of the answer time), the writes ext_proc queued and its degraded
+spells (`binding_write_queued`, logged only outside one, and `etcd_degraded` in its log), and
+etcd's WAL fsync p99 (its /metrics).
 The suite's `ext_proc.message_timeout`, 5 s, is the default here (`--message-timeout`): it sets
 the write's deadline (100 ms) and budget (1 s).
 """
@@ -186,7 +187,7 @@ class Bench:
         result = Phase(load)
         metrics = (f"127.0.0.1:{self.ports['metrics']}", f"127.0.0.1:{self.ports['etcd']}")
         before = [await asyncio.to_thread(page, m) for m in metrics]
-        queued = self._queued()
+        queued, degraded = self._logged("binding_write_queued"), self._logged("etcd_degraded")
         hogs = loads(load.busy, load.fsync, self.workdir)
         side = [asyncio.ensure_future(self._lag(result.lags))]
         if load.etcd_pause_s:
@@ -207,7 +208,8 @@ class Bench:
                                                 "kvgate_ext_proc_decision_seconds", 0.99),
             "fsync_p99_s": gathered_quantile(before[1], after[1],
                                              "etcd_disk_wal_fsync_duration_seconds", 0.99),
-            "queued": self._queued() - queued,
+            "queued": self._logged("binding_write_queued") - queued,
+            "degraded": self._logged("etcd_degraded") - degraded,
         }
         return result
 
@@ -250,8 +252,8 @@ class Bench:
             await asyncio.sleep(0.01)
             lags.append(time.perf_counter() - started - 0.01)
 
-    def _queued(self) -> int:
-        return self.ext_proc_log.read_text(errors="replace").count("binding_write_queued")
+    def _logged(self, event: str) -> int:
+        return self.ext_proc_log.read_text(errors="replace").count(f'"{event}"')
 
 
 def _json_list(path: Path) -> bool:
@@ -281,8 +283,9 @@ def report(phases: list[Phase]) -> None:
         extra = phase.extra
         print(f"{phase.load.name}: failed {phase.failed}; ext_proc decision p99 <= "
               f"{extra['decision_p99_s'] * 1e3:g} ms; client loop lag p99 "
-              f"{quantile(phase.lags, 0.99) * 1e3:.1f} ms; bindings queued "
-              f"{int(extra['queued'])}; etcd WAL fsync p99 <= {extra['fsync_p99_s'] * 1e3:g} ms")
+              f"{quantile(phase.lags, 0.99) * 1e3:.1f} ms; writes queued {int(extra['queued'])}"
+              f" and degraded spells {int(extra['degraded'])} (ext_proc's log); etcd WAL fsync "
+              f"p99 <= {extra['fsync_p99_s'] * 1e3:g} ms")
 
 
 async def run(args: argparse.Namespace) -> None:
