@@ -137,6 +137,7 @@ class EtcdBindingStore:
 
     async def close(self) -> None:
         await self._supervisor.stop(self._background())
+        await self.reattachment.stop()
 
     @property
     def mirror(self) -> PrefixMirror:

@@ -60,6 +60,13 @@ class Reattachment:
             renewal.add_done_callback(self._renewed)
         await asyncio.shield(renewal)
 
+    async def stop(self) -> None:
+        """Ends a renewal under way that no caller waits for any more (the store closes)."""
+        renewal = self._renewal
+        if renewal is not None:
+            renewal.cancel()
+            await asyncio.gather(renewal, return_exceptions=True)
+
     async def _renew(self) -> None:
         self.lease = await self._leases.leases_for(self._leases.epoch_now())
 
