@@ -1,6 +1,7 @@
 """A service started by its command (kvgate.runtime.tasks.serve) keeps what start-up made out
-of the garbage collector's full passes (gc.freeze), which held ext_proc's event loop for
-120-140 ms each on a busy machine. In a child process: freezing is for the whole process."""
+of the garbage collector's full passes (gc.freeze): one over a started ext_proc's objects took
+120-140 ms of its event loop on a busy machine. In a child process: freezing is for the whole
+process."""
 
 from __future__ import annotations
 

@@ -68,8 +68,8 @@ async def serve_until_signalled(
         await service.stop(grace=0)
         return 1
     # What start-up made (modules, config, gRPC's and aiohttp's objects) lives as long as the
-    # process: kept out of the collector's full passes, which held ext_proc's event loop
-    # 120-140 ms over its ~55,000 objects at load average 14 (docs/journal/ext-proc-grpc.md).
+    # process: kept out of the collector's full passes, one of which over ext_proc's ~55,000
+    # takes 120-140 ms of its event loop at load average 14 (docs/journal/ext-proc-grpc.md).
     gc.freeze()
     await stop.wait()
     await service.stop()
