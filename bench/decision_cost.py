@@ -51,11 +51,11 @@ ENGINES = [e.key for e in CONFIG.pools[0].endpoints]
 FIGURES = ("none", "scraped", "round", "round+hbm", "round+hbm+prefix")
 
 
-def board_with(figures: str, reports: bool = False) -> LoadBoard:
+def board_with(figures: str) -> LoadBoard:
     """A board with no figures, each engine's put one by one (a scrape, or a collector before
     the columns), or one collector round kept as columns; every queue empty, every figure
-    fresh for the whole run (read an hour from now). `reports`: board_from_reports."""
-    board, at = LoadBoard(from_reports=reports), time.monotonic() + 3600
+    fresh for the whole run (read an hour from now)."""
+    board, at = LoadBoard(), time.monotonic() + 3600
     if figures == "scraped":
         for engine in ENGINES:
             board.observe(engine, ObservedLoad(at, figures=EngineFigures.of(running=1,
@@ -95,7 +95,7 @@ async def per_decision(gate_on: bool, decisions: int, sessions: int,
     prefix = figures.endswith("+prefix")
     policy = build_policy(_gate(gate_on, prefix, reports),
                           EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
-                          board_with(figures, reports and gate_on),
+                          board_with(figures),
                           hbm=resident(sessions) if "+hbm" in figures else None,
                           block_tokens=16)
     pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, policy=policy)

@@ -218,8 +218,7 @@ class ExtProcService:
         settings = config.placement.load_gate
         if settings.feed is None:
             return STATIC
-        board = self.board = LoadBoard(settings.max_load_age_s,
-                                       from_reports=settings.board_from_reports)
+        board = self.board = LoadBoard(settings.max_load_age_s)
         mix = PrefillMix()  # what this replica's booked requests cost: prices a waiting one
         hbm = self._hbm = (HbmBoard() if settings.feed == "collector" and settings.kv_events
                            else None)

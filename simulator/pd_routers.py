@@ -250,8 +250,7 @@ class KvgatePd(_Quiet):
                  holdings: PoolHoldings | None, hbm: EngineHoldings | None) -> None:
         self.decode = list(decode)
         mix = PrefillMix()
-        self.board = ScrapedBoard(metrics, mix, setup.max_age_s,
-                                  from_reports=setup.gate.board_from_reports)
+        self.board = ScrapedBoard(metrics, mix, setup.max_age_s)
         self._clock = clock
         nodes = {a: str(i // setup.devices_per_node)
                  for i, a in enumerate([*prefill, *decode])}

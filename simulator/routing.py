@@ -251,9 +251,8 @@ class ScrapedBoard(LoadBoard):
     `PrefillMix` of what this router booked; the running ones at nothing (their prefill is
     under way or done)."""
 
-    def __init__(self, metrics: Metrics, mix: PrefillMix, max_age_s: float = 2.0,
-                 *, from_reports: bool = False) -> None:
-        super().__init__(max_age_s, from_reports=from_reports)
+    def __init__(self, metrics: Metrics, mix: PrefillMix, max_age_s: float = 2.0) -> None:
+        super().__init__(max_age_s)
         self._metrics = metrics
         self._mix = mix  # the gated policy's: its booking hook adds every booked prefill
 
@@ -289,8 +288,7 @@ def make_router(mode: RoutingMode, addresses: Sequence[str], clock: Callable[[],
     kv_pools = (["ddr-pool"] * len(addresses) if mode.ddr_pool
                 else [f"hbm-{i}" for i in range(len(addresses))])
     mix = PrefillMix()
-    board = ScrapedBoard(metrics, mix, setup.max_age_s,
-                         from_reports=setup.gate.board_from_reports)
+    board = ScrapedBoard(metrics, mix, setup.max_age_s)
     holdings = holdings if mode.ddr_pool and mode.load_aware else None
     hbm = hbm if mode.load_aware else None
     # The simulated fleet's nodes, as its transfer model groups the engines (TransferParams).

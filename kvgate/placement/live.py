@@ -90,13 +90,12 @@ class LoadBoard:
 
     Pure bookkeeping on a caller's clock: no I/O, no timers. Memory is one entry per engine."""
 
-    def __init__(self, max_age_s: float = 2.0, *, from_reports: bool = False) -> None:
+    def __init__(self, max_age_s: float = 2.0) -> None:
         self.max_age_s = max_age_s
         self._busy_until: dict[str, float] = {}  # when the work this router sent is prefilled
         # `from_reports`: a fresh report plus what was booked since it, not max(ledger, report)
-        # (placement.load_gate.board_from_reports, given by whoever builds the board); per
-        # engine, (when, seconds) booked lately.
-        self.from_reports = from_reports
+        # (placement.load_gate.board_from_reports); per engine, (when, seconds) booked lately.
+        self.from_reports = False
         self._since: dict[str, deque[tuple[float, float]]] = {}
         self._observed: dict[str, ObservedLoad] = {}
         self._round: ObservedRound | None = None  # the collector's latest, where it feeds us

@@ -101,9 +101,7 @@ class GatedPolicy:
         self.cost = cost
         self.config = config
         self.board = board
-        if board.from_reports != config.board_from_reports:  # its builder sets it
-            raise ValueError("the load board's from_reports must be the gate's "
-                             f"board_from_reports ({config.board_from_reports})")
+        board.from_reports = config.board_from_reports
         self.clock = clock  # the load board's clock
         self.recent = recent if recent is not None else RecentSessions()
         self.mix = mix if mix is not None else PrefillMix()  # what booked requests cost

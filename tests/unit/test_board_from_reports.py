@@ -12,7 +12,9 @@ from kvgate.routing.gated import GatedPolicy
 
 
 def _board(from_reports: bool) -> LoadBoard:
-    return LoadBoard(max_age_s=2.0, from_reports=from_reports)
+    board = LoadBoard(max_age_s=2.0)
+    board.from_reports = from_reports
+    return board
 
 
 def test_off_the_larger_of_ledger_and_report() -> None:
@@ -71,13 +73,10 @@ def test_forget_drops_the_bookings() -> None:
     assert board.backlog_s("a", 1.3) == pytest.approx(1.0)
 
 
-def test_the_board_is_built_with_the_setting_and_the_policy_refuses_another() -> None:
-    GatedPolicy(EngineCost(), GateConfig(board_from_reports=True), _board(True))
-    GatedPolicy(EngineCost(), GateConfig(), LoadBoard())
-    assert not LoadBoard().from_reports
-    with pytest.raises(ValueError, match="board_from_reports"):
-        GatedPolicy(EngineCost(), GateConfig(board_from_reports=True), LoadBoard())
-    with pytest.raises(ValueError, match="board_from_reports"):
-        GatedPolicy(EngineCost(), GateConfig(), _board(True))
+def test_the_policy_sets_the_board_from_its_config() -> None:
+    on, off = LoadBoard(), LoadBoard()
+    GatedPolicy(EngineCost(), GateConfig(board_from_reports=True), on)
+    GatedPolicy(EngineCost(), GateConfig(), off)
+    assert on.from_reports and not off.from_reports
     assert "board_from_reports" not in decision_settings(GateConfig())
     assert decision_settings(GateConfig(board_from_reports=True))["board_from_reports"] is True
