@@ -11,7 +11,8 @@ sibling with no threshold and no `miss_safe`, so a stay has its counterfactual e
 and records: the estimates (stay, best sibling), each side's board backlog, the booked link
 wait at the sibling, the context's plain DDR read, whether the gate moved it; then the turn's
 real figures from the engine model. OUT.json: the summary (`summary`); OUT.json.raw.json
-with `--raw` (before `--`): every row.
+with `--raw` (before `--`): every row, and how the ledger booked each request (its kind and
+prefill seconds).
 
 `--debias` (before `--`), a diagnostic rule, not the gate's (live, ext_proc never hears a
 first token): a move must still save `min_saving_s` and `min_saving_ratio` once each estimate
@@ -36,6 +37,7 @@ from typing import Any
 from emulator.engine_model import EngineModel
 from kvgate.config.sections.placement import GateConfig
 from kvgate.fleet.prefill_mix import PrefillMix
+from kvgate.routing.booking import Ledger
 from kvgate.routing.gated import GatedPolicy, Move
 from simulator.command import add_arguments, run
 from simulator.simulation import Simulation
@@ -43,6 +45,9 @@ from simulator.simulation import Simulation
 _last_admit: list[float] = [0.0]
 _pending: dict[str, dict[str, Any]] = {}
 _decisions: dict[int, dict[str, Any]] = {}  # request index -> the gate's figures
+# request index -> how the ledger booked it (kept, placed new, re-placed in its DDR pool,
+# sessionless) and the prefill seconds it booked
+_booked: dict[int, tuple[str, float]] = {}
 # request index -> engine, arrival, admission, prefill start, first token, DDR tokens,
 # measured, tokens computed, prompt tokens
 _real: dict[int, tuple[int, float, float, float, float, int, bool, int, int]] = {}
@@ -80,6 +85,9 @@ def _wrap() -> None:
     send = Simulation._send
 
     def send_probe(self: Simulation, e: int, i: int, ask: Any, hashes: Any, now: float) -> None:
+        booked = _pending.pop("booked", None)
+        if booked is not None:
+            _booked[i] = (booked["kind"], booked["prefill_s"])
         decision = _pending.pop("decision", None)
         if decision is not None:
             decision["went"] = self.addresses[e]
@@ -123,6 +131,7 @@ def _wrap() -> None:
         return moved
 
     GatedPolicy.reconsider = reconsider_probe  # type: ignore[method-assign]
+    _wrap_ledger()
     move = GatedPolicy.move
 
     def move_debiased(self: GatedPolicy, placing: Any, current: str, backlog: float,
@@ -151,6 +160,32 @@ def _wrap() -> None:
         return found
 
     GatedPolicy.move = move_debiased  # type: ignore[method-assign]
+
+
+def _wrap_ledger() -> None:
+    book = Ledger._book
+
+    def book_probe(self: Ledger, endpoint: str, now: float, prefill_s: float,
+                   *a: Any, **k: Any) -> None:
+        _pending.setdefault("booked", {"kind": "?"})["prefill_s"] = prefill_s
+        book(self, endpoint, now, prefill_s, *a, **k)
+
+    Ledger._book = book_probe  # type: ignore[method-assign]
+    kept, placed = Ledger.kept, Ledger._placed
+
+    def kept_probe(self: Ledger, *a: Any, **k: Any) -> None:
+        _pending["booked"] = {"kind": "kept", "prefill_s": 0.0}
+        kept(self, *a, **k)
+
+    def placed_probe(self: Ledger, pool: str, session: str, view: Any, endpoint: str,
+                     previous: str | None, *a: Any, **k: Any) -> None:
+        kind = ("new" if previous is None else "same engine" if previous == endpoint
+                else "re-placed in its DDR pool")
+        _pending["booked"] = {"kind": kind, "prefill_s": 0.0}
+        placed(self, pool, session, view, endpoint, previous, *a, **k)
+
+    Ledger.kept = kept_probe  # type: ignore[method-assign]
+    Ledger._placed = placed_probe  # type: ignore[method-assign]
 
 
 def _q(values: list[float], q: float) -> float:
@@ -249,7 +284,7 @@ def main(argv: list[str]) -> int:
         json.dump(summary(), f, indent=1)
     if "--raw" in own:
         with open(out + ".raw.json", "w") as f:
-            json.dump({"decisions": _decisions, "real": _real}, f)
+            json.dump({"decisions": _decisions, "real": _real, "booked": _booked}, f)
     return code
 
 

@@ -35,6 +35,8 @@ def test_the_probe_changes_nothing_and_splits_every_move(tmp_path: Path) -> None
     decisions = raw["decisions"].values()
     assert sum(1 for d in decisions if d["moved"]) >= moved  # the warm-up's moves too
     assert all(d["went"] == d["best"] for d in decisions if d["moved"])
+    kinds = {kind for kind, _ in raw["booked"].values()}
+    assert "new" in kinds and kinds <= {"new", "kept", "same engine", "re-placed in its DDR pool"}
     assert probe["bias_s"] == {"move": 0.0, "stay": 0.0}  # measured only under --debias
 
 
