@@ -14,6 +14,7 @@ Each is read when a term first asks, and the backlog is kept for the decision.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from kvgate.placement.links import LinkBacklog
@@ -35,7 +36,11 @@ class HbmResidency(Protocol):
         ...
 
 
-def held_context(hbm: HbmResidency, endpoint: str, session: str, context: int, prompt: int,
+# (endpoint, session, context tokens) -> tokens held: `HbmResidency.hbm_tokens`' signature
+HbmTokens = Callable[[str, str, int], int | None]
+
+
+def held_context(hbm_tokens: HbmTokens, endpoint: str, session: str, context: int, prompt: int,
                  blocks: int, block_tokens: int | None) -> int | None:
     """What `endpoint`'s HBM holds of a session's `context`, in the gate's units (tokens
     estimated from headers); None: not known.
@@ -51,7 +56,7 @@ def held_context(hbm: HbmResidency, endpoint: str, session: str, context: int, p
     ratio = blocks * block_tokens / prompt if block_tokens and blocks and prompt > 0 else 1.0
     real = int(context * ratio)
     whole = real - real % block_tokens if block_tokens else real
-    held = hbm.hbm_tokens(endpoint, session, whole)
+    held = hbm_tokens(endpoint, session, whole)
     if held is None or held >= whole:
         return None if held is None else context
     return min(context, int(held / ratio))

@@ -69,7 +69,8 @@ class Ledger:
         if prompt > 0:  # unknown size (no body, chunked): nothing booked, as in routed()
             hbm = self.hbm
             held = None if hbm is None else held_context(
-                hbm, endpoint, session, context, prompt, len(known.blocks), self.block_tokens)
+                hbm.hbm_tokens, endpoint, session, context, prompt, len(known.blocks),
+                self.block_tokens)
             if held is None or held >= context:
                 self._book(endpoint, known.now, self._cost.prefill_s(prompt - context, prompt))
             else:

@@ -268,8 +268,8 @@ class GatedPolicy:
         """What `endpoint`'s HBM holds of `context`, in the gate's units (held_context)."""
         hbm = self.hbm
         return None if hbm is None else held_context(
-            hbm, endpoint, known.session, context, known.prompt_tokens, len(known.blocks),
-            self._ledger.block_tokens)
+            hbm.hbm_tokens, endpoint, known.session, context, known.prompt_tokens,
+            len(known.blocks), self._ledger.block_tokens)
 
     def rehome(self, placing: Placing, current: str, known: Known) -> Move | None:
         """The DDR-pool sibling a session whose context has mostly left `current`'s HBM should

@@ -36,23 +36,24 @@ def test_a_context_estimated_high_and_held_whole_is_all_there() -> None:
     # Scaled to real tokens the context is 20,476 x 18,816 / 20,196 = 19,076: 149 whole
     # blocks. 130 held: 19 blocks left HBM, not the 3,836 tokens the raw comparison says.
     engine = Held(16_640)
-    held = held_context(engine, "e", "s", 20_476, 20_196, 147, BLOCK)
+    held = held_context(engine.hbm_tokens, "e", "s", 20_476, 20_196, 147, BLOCK)
     assert engine.asked == [149 * BLOCK]
     assert held == int(16_640 * 20_196 / (147 * BLOCK))
     assert 20_476 - held == 2_616  # read back, in the gate's units: 19 blocks (was 3,836)
     whole = Held(149 * BLOCK)  # every whole block of the context held: none read back
-    assert held_context(whole, "e", "s", 20_476, 20_196, 147, BLOCK) == 20_476
+    assert held_context(whole.hbm_tokens, "e", "s", 20_476, 20_196, 147, BLOCK) == 20_476
 
 
 def test_the_last_partial_block_is_never_missing() -> None:
     # Blocks not known (a sticky turn live: no body read): the context is counted as
     # estimated, rounded down to whole blocks, which is all an engine caches of it.
     engine = Held(78 * BLOCK)  # 10,000 tokens = 78 whole blocks + 16 tokens
-    assert held_context(engine, "e", "s", 10_000, 11_000, 0, BLOCK) == 10_000
-    assert held_context(Held(77 * BLOCK), "e", "s", 10_000, 11_000, 0, BLOCK) == 77 * BLOCK
-    assert held_context(Held(None), "e", "s", 10_000, 11_000, 0, BLOCK) is None
+    assert held_context(engine.hbm_tokens, "e", "s", 10_000, 11_000, 0, BLOCK) == 10_000
+    fewer = Held(77 * BLOCK).hbm_tokens
+    assert held_context(fewer, "e", "s", 10_000, 11_000, 0, BLOCK) == 77 * BLOCK
+    assert held_context(Held(None).hbm_tokens, "e", "s", 10_000, 11_000, 0, BLOCK) is None
     # No block size known: compared as tokens, as before.
-    assert held_context(Held(9_999), "e", "s", 10_000, 11_000, 0, None) == 9_999
+    assert held_context(Held(9_999).hbm_tokens, "e", "s", 10_000, 11_000, 0, None) == 9_999
 
 
 def test_a_sticky_turn_held_whole_books_no_read() -> None:
