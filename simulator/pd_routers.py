@@ -265,7 +265,7 @@ class KvgatePd(_Quiet):
             _Prefillers(prefill), skip_below,
             hbm_tokens=None if hbm is None else hbm.hbm_tokens,
             backlog_s=lambda address: self.board.backlog_s(address, clock()), cost=setup.cost,
-            rule=skip_rule, running=self._running)
+            rule=skip_rule, running=self._running, block_tokens=setup.block_size)
 
     def _running(self, address: str) -> int | None:
         """The engine's running requests as its last scrape reported them (ext_proc's board)."""
@@ -276,7 +276,7 @@ class KvgatePd(_Quiet):
         decode = await self._decode.route(ask, now)
         if decode is None:
             return None
-        plan = self.decider.plan(POOL, decode, ask.session, ask.prompt_tokens)
+        plan = self.decider.plan(POOL, decode, ask.session, ask.prompt_tokens, len(ask.hashes))
         if plan.path is not Path.REMOTE or plan.prefill is None:
             return PdPick(decode, None)
         self.decider.started(plan.prefill, ask.prompt_tokens)

@@ -7,6 +7,10 @@ the shape of llm-d's `prefix-based-pd-decider` (`nonCachedTokens`, on the chosen
 and Dynamo's conditional disaggregation (`isl_bounding`: the prompt minus the decode worker's
 overlap). What the engine lacks comes from its KV events (the gate's HBM residency) when known,
 else from the binding: the session's previous turn on the same engine is assumed still there.
+The KV events count whole blocks of real tokens and the prompt is estimated from the body's
+size, so what they hold is put in the estimate's units first (`held_context`, as the gate
+does); compared raw, agentic-coding 8:8 read 0 tokens lacking for 87 % of its turns under the
+threshold (docs/journal/pd.md).
 Otherwise the prefill engine whose queue ends soonest takes it, round robin on ties: the pool's
 prefill engines all read the same DDR pool, so none holds the session's prefix better than
 another. Its queue is the larger of the gate's backlog estimate and this replica's own prefills
@@ -38,6 +42,7 @@ from typing import Protocol
 from kvgate.config.sections.disaggregation import SkipRule
 from kvgate.pd.skip_price import SkipPrice
 from kvgate.placement.cost import EngineCost
+from kvgate.placement.signals import HbmTokens, held_context
 from kvgate.placement.view import Member
 
 # Sessions whose previous turn is remembered (per replica); older ones count as new.
@@ -62,7 +67,6 @@ class Plan:
     source: str  # where that estimate came from: kv_events | binding | new
 
 
-HbmTokens = Callable[[str, str, int], int | None]  # (engine, session, prompt) -> tokens held
 Running = Callable[[str], int | None]  # engine -> its running requests (its report), if known
 
 
@@ -86,10 +90,12 @@ class PrefillDecider:
                  hbm_tokens: HbmTokens | None = None,
                  backlog_s: Callable[[str], float] | None = None,
                  cost: EngineCost | None = None, rule: SkipRule = SkipRule.THRESHOLD,
-                 running: Running | None = None) -> None:
+                 running: Running | None = None, block_tokens: int | None = None) -> None:
+        """`block_tokens`: the size of the prompt blocks `plan` is given (`held_context`)."""
         self._directory = directory
         self.skip_below = skip_below
         self._hbm_tokens = hbm_tokens
+        self._block_tokens = block_tokens
         self._backlog_s = backlog_s
         self._turns: OrderedDict[str, _Turn] = OrderedDict()  # session -> its last turn
         self._cost = cost or EngineCost()
@@ -101,10 +107,11 @@ class PrefillDecider:
         self._ties = itertools.count()
 
     def plan(self, pool: str, decode: str | None, session: str | None,
-             prompt_tokens: int) -> Plan:
+             prompt_tokens: int, blocks: int = 0) -> Plan:
+        """`blocks`: the prompt's full blocks, where known (0: not known)."""
         if decode is None:
             return Plan(Path.SESSIONLESS, None, prompt_tokens, "new")
-        lacking, source = self._lacking(decode, session, prompt_tokens)
+        lacking, source = self._lacking(decode, session, prompt_tokens, blocks)
         last = None if session is None else self._turns.get(session)
         pooled = 0 if last is None else last.pooled
         plan = self._decide(pool, decode, lacking, source, prompt_tokens, pooled)
@@ -131,11 +138,14 @@ class PrefillDecider:
             return Plan(Path.NO_PREFILL_ENGINE, None, lacking, source)
         return Plan(Path.REMOTE, picked[0], lacking, source)
 
-    def _lacking(self, decode: str, session: str | None, prompt: int) -> tuple[int, str]:
+    def _lacking(self, decode: str, session: str | None, prompt: int,
+                 blocks: int) -> tuple[int, str]:
         """What the decode engine lacks of the prompt, and where that came from."""
         if session is None:
             return prompt, "new"
-        held = None if self._hbm_tokens is None else self._hbm_tokens(decode, session, prompt)
+        hbm = self._hbm_tokens
+        held = None if hbm is None else held_context(
+            hbm, decode, session, prompt, prompt, blocks, self._block_tokens)
         last = self._turns.get(session)
         if self.rule is SkipRule.STREAMS and last is not None and last.decode == decode:
             return self._grown(prompt, last, held), "binding"
@@ -148,12 +158,12 @@ class PrefillDecider:
     @staticmethod
     def _grown(prompt: int, last: _Turn, held: int | None) -> int:
         """`streams`: the larger of what the prompt grew by since the session's last turn here
-        (both sizes estimated alike) and the estimate less what the engine's KV events say it
-        holds (what it evicted). The second alone undercounts: the estimate (from the body's
-        size) and the KV events (counted) differ by the session's bytes per token, and on
-        agentic-coding 8:8 it read 0 tokens lacking for 87 % of the turns under the threshold,
-        whatever they added. The first alone misses evictions: bank-coding 8:8 skipped turns
-        its decode engine had evicted (TTFT p99 13.0 s, ITL p99 444 ms; docs/journal/pd.md)."""
+        (both sizes estimated alike) and the prompt less what the engine's KV events say it
+        holds (what it evicted; `held`, in the estimate's units). The first alone misses
+        evictions: bank-coding 8:8 skipped turns its decode engine had evicted (TTFT p99 13.0 s,
+        ITL p99 444 ms; docs/journal/pd.md). The second was the rule's first try, when it
+        compared the two units raw (it read 0 lacking for 87 % of agentic-coding's short
+        turns)."""
         grown = max(0, prompt - last.prompt)
         return grown if held is None else max(grown, prompt - held)
 

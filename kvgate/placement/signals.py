@@ -14,6 +14,7 @@ Each is read when a term first asks, and the backlog is kept for the decision.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from kvgate.placement.links import LinkBacklog
@@ -33,6 +34,32 @@ class HbmResidency(Protocol):
         """Blocks `endpoint`'s HBM evicted per second over about the last minute
         (kvgate.placement.evictions); None when not known."""
         ...
+
+
+# (endpoint, session, context tokens) -> tokens held: `HbmResidency.hbm_tokens`' signature
+HbmTokens = Callable[[str, str, int], int | None]
+
+
+def held_context(hbm_tokens: HbmTokens, endpoint: str, session: str, context: int, prompt: int,
+                 blocks: int, block_tokens: int | None) -> int | None:
+    """What `endpoint`'s HBM holds of a session's `context`, in the gate's units (tokens
+    estimated from headers); None: not known.
+
+    The residency counts in the engine's units: whole blocks of real tokens (vLLM caches only
+    full blocks: vllm/v1/core/single_type_kv_cache_manager.py ``cache_blocks``,
+    ``num_full_blocks = num_tokens // self.block_size``, then block_pool.py
+    ``cache_full_blocks``). So the context is put in those units first: scaled by the
+    request's real size against its estimate where its full blocks are known (`blocks` of
+    `block_tokens`; the estimate's error is the session's, steady over its turns:
+    docs/journal/load-gate.md, "Prompt sizes"), then rounded down to whole blocks. All of
+    that held: all of `context`; else what is held, in the gate's units."""
+    ratio = blocks * block_tokens / prompt if block_tokens and blocks and prompt > 0 else 1.0
+    real = int(context * ratio)
+    whole = real - real % block_tokens if block_tokens else real
+    held = hbm_tokens(endpoint, session, whole)
+    if held is None or held >= whole:
+        return None if held is None else context
+    return min(context, int(held / ratio))
 
 
 class EngineSignals:

@@ -8,6 +8,7 @@ from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.links import LinkBacklog
 from kvgate.placement.live import LoadBoard
+from kvgate.placement.signals import held_context
 from kvgate.placement.view import PoolView
 from kvgate.routing.policy import HbmResidency, Known
 from kvgate.routing.prefixes import PrefixStep
@@ -39,6 +40,7 @@ class Ledger:
         self._recent = recent
         self._mix = mix
         self.hbm: HbmResidency | None = None  # what each engine's HBM holds, where known
+        self.block_tokens: int | None = None  # the prompt blocks' size, where blocks are known
         self.links: LinkBacklog | None = None  # the reads booked on each link, where kept
         # What an engine holds of a placed prompt's leading blocks, where booked as not
         # prefilled (`book_uncached_prefill`; the ledger records placements in it, so the
@@ -65,7 +67,10 @@ class Ledger:
         prompt, seen = known.prompt_tokens, known.seen
         context = 0 if seen is None else seen.tokens
         if prompt > 0:  # unknown size (no body, chunked): nothing booked, as in routed()
-            held = None if self.hbm is None else self.hbm.hbm_tokens(endpoint, session, context)
+            hbm = self.hbm
+            held = None if hbm is None else held_context(
+                hbm.hbm_tokens, endpoint, session, context, prompt, len(known.blocks),
+                self.block_tokens)
             if held is None or held >= context:
                 self._book(endpoint, known.now, self._cost.prefill_s(prompt - context, prompt))
             else:

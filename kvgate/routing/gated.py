@@ -49,7 +49,7 @@ from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import LoadBound, candidates
 from kvgate.placement.prefix import PrefixHolders, RoutedPrefixes
 from kvgate.placement.ring import session_hash
-from kvgate.placement.signals import EngineSignals
+from kvgate.placement.signals import EngineSignals, held_context
 from kvgate.placement.terms import Candidate, Estimate, QueuedDdrRead, Term, make_terms
 from kvgate.placement.view import PoolView
 from kvgate.routing.booking import Ledger
@@ -121,6 +121,7 @@ class GatedPolicy:
             self.hooks = (*self.hooks, step)
         self.residency = residency
         self.hbm = hbm
+        self._ledger.block_tokens = block_tokens  # `Known.blocks`' size (held_context)
         self._log = log
         self._sessionless = 0  # requests with no session routed: where their ring walk starts
 
@@ -263,6 +264,13 @@ class GatedPolicy:
         return (links is not None and self.hbm is not None
                 and links.wait_s(endpoint, now) >= self.config.min_saving_s)
 
+    def _held(self, endpoint: str, known: Known, context: int) -> int | None:
+        """What `endpoint`'s HBM holds of `context`, in the gate's units (held_context)."""
+        hbm = self.hbm
+        return None if hbm is None else held_context(
+            hbm.hbm_tokens, endpoint, known.session, context, known.prompt_tokens,
+            len(known.blocks), self._ledger.block_tokens)
+
     def rehome(self, placing: Placing, current: str, known: Known) -> Move | None:
         """The DDR-pool sibling a session whose context has mostly left `current`'s HBM should
         move to, where it will stay longer: the one evicting slowest, at most
@@ -274,7 +282,7 @@ class GatedPolicy:
         context = 0 if seen is None else seen.tokens
         if hbm is None or context <= 0:
             return None
-        held = hbm.hbm_tokens(current, known.session, context)
+        held = self._held(current, known, context)
         if held is None or held >= REHOME_HELD_BELOW * context:
             return None
         size = known.size
@@ -319,8 +327,7 @@ class GatedPolicy:
                 else self.residency.pool_tokens(kv_pool, known.session, size.context_tokens))
         ddr = size.context_tokens if held is None else held
         # What its engine's HBM still holds, where known; what left it comes back from the pool.
-        in_hbm = (None if self.hbm is None
-                  else self.hbm.hbm_tokens(current, known.session, size.context_tokens))
+        in_hbm = self._held(current, known, size.context_tokens)
         if in_hbm is None:
             in_hbm = size.context_tokens
         engine = self.engine(current, now, backlog)

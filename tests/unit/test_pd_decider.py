@@ -151,3 +151,19 @@ def _processor(config: Config) -> ext_proc_pb2.ExternalProcessor:
     processor = ext_proc_pb2.ExternalProcessor()
     _ext_proc(config).typed_config.Unpack(processor)
     return processor
+
+
+def test_what_the_kv_events_hold_is_put_in_the_estimates_units() -> None:
+    # The prompt is estimated from the body's size (10,000 tokens) and is 100 real blocks of
+    # 128 (12,800 tokens); the KV events count real tokens in whole blocks. 75 blocks held:
+    # 25 lacking, 2,500 tokens in the estimate's units, over the threshold. Compared raw, the
+    # 9,600 held tokens left 400 lacking and the turn skipped the prefill engines.
+    held = {(D, "s1"): 75 * 128}
+    decider = PrefillDecider(EndpointDirectory(load_text(PD)), 2048,
+                             hbm_tokens=lambda e, s, n: min(n, held[e, s]), block_tokens=128)
+    plan = decider.plan("coder", D, "s1", 10_000, 100)
+    assert (plan.path, plan.lacking_tokens, plan.source) == (Path.REMOTE, 2_500, "kv_events")
+    # Estimated high (14,000) and every block held: nothing lacking (raw: 1,200).
+    held[D, "s1"] = 100 * 128
+    plan = decider.plan("coder", D, "s1", 14_000, 100)
+    assert (plan.path, plan.lacking_tokens) == (Path.CACHED, 0)
