@@ -35,33 +35,37 @@ from kvgate.placement.evictions import EvictionRate
 SESSIONS = 262_144
 
 
+class _Engine:
+    """One engine's sessions in last-use order (least recent first) and what they hold."""
+
+    __slots__ = ("address", "alive", "common", "evicted", "limit", "order", "rate", "shared",
+                 "total")
+
+    def __init__(self, address: str, capacity: int) -> None:
+        self.address = address
+        self.alive = True  # False once forgotten (left the fleet)
+        self.order: OrderedDict[str, _Held] = OrderedDict()
+        self.total = 0  # tokens held by the sessions in `order` (their own parts)
+        self.common: list[int] | None = None  # leading blocks every placement here shared
+        self.shared = 0  # tokens of `common`, once two placements agree on it
+        self.limit = capacity  # what the sessions' own parts may hold: capacity less `shared`
+        self.evicted = 0  # tokens estimated evicted so far
+        self.rate = EvictionRate()
+
+
 class _Held:
     """One session on one engine: its context, the part of it shared with every other session
     there (held once, on the engine's account), and how much of the rest is still held."""
 
-    __slots__ = ("endpoint", "held", "own", "shared", "tokens")
+    __slots__ = ("engine", "held", "own", "resident", "shared", "tokens")
 
-    def __init__(self, endpoint: str, tokens: int, shared: int) -> None:
-        self.endpoint = endpoint
+    def __init__(self, engine: _Engine, tokens: int, shared: int) -> None:
+        self.engine = engine
         self.tokens = tokens
         self.shared = min(shared, tokens)
         self.own = tokens - self.shared
         self.held = self.own
-
-
-class _Engine:
-    """One engine's sessions in last-use order (least recent first) and what they hold."""
-
-    __slots__ = ("common", "evicted", "order", "placed", "rate", "shared", "total")
-
-    def __init__(self) -> None:
-        self.order: OrderedDict[str, _Held] = OrderedDict()
-        self.total = 0  # tokens held by the sessions in `order` (their own parts)
-        self.common: list[int] | None = None  # leading blocks every placement here shared
-        self.placed = 0  # placements that knew their blocks
-        self.shared = 0  # tokens of `common`, once two placements agree on it
-        self.evicted = 0  # tokens estimated evicted so far
-        self.rate = EvictionRate()
+        self.resident = True  # in its engine's order (not wholly evicted)
 
 
 class RoutedHbm:
@@ -79,36 +83,38 @@ class RoutedHbm:
         self._where: Generations[str, _Held | None] = Generations(sessions)
         self._now = 0.0  # the last turn's instant: the eviction rate's clock
 
-    def _engine(self, endpoint: str) -> _Engine:
-        engine = self._engines.get(endpoint)
-        if engine is None:
-            engine = self._engines[endpoint] = _Engine()
-        return engine
+    def _find(self, session: str) -> _Held | None:
+        """Where `session` was last routed, kept in the current generation while in use."""
+        held = self._where.current.get(session)
+        if held is None:
+            held = self._where.find(session, None)
+            if held is not None:
+                self._where.put(session, held)
+        return held
 
     def turn(self, endpoint: str, session: str, tokens: int, now: float) -> None:
         """A turn of `session` sent to `endpoint`, where it was routed before: its context
         (`tokens`) is held whole there again, the most recently used."""
         self._now = now
-        held = self._where.current.get(session)
+        held = self._where.current.get(session)  # the sticky path: one lookup
         if held is None:
-            held = self._where.find(session, None)
-        engine = None if held is None else self._engines.get(held.endpoint)
-        if held is None or held.endpoint != endpoint or engine is None:
+            held = self._find(session)
+        if held is None or held.engine.address != endpoint or not held.engine.alive:
             self.placed(endpoint, session, tokens, (), now)
             return
-        order = engine.order
-        if session in order:
-            order.move_to_end(session)
-            engine.total -= held.held
+        engine = held.engine
+        if held.resident:
+            engine.order.move_to_end(session)
         else:
-            order[session] = held
-            self._where.put(session, held)  # back into the current generation
+            engine.order[session] = held
+            held.resident = True
         if tokens != held.tokens:
             held.tokens = tokens
             held.own = max(0, tokens - held.shared)
+        engine.total += held.own - held.held
         held.held = held.own
-        engine.total += held.own
-        self._evict(engine)
+        if engine.total > engine.limit:
+            self._evict(engine)
 
     def placed(self, endpoint: str, session: str, tokens: int, blocks: Sequence[int],
                now: float) -> None:
@@ -116,16 +122,20 @@ class RoutedHbm:
         and its prompt's leading `blocks` where known. What it held on another engine stays
         there, in that engine's order, until evicted."""
         self._now = now
-        engine = self._engine(endpoint)
+        engine = self._engines.get(endpoint)
+        if engine is None:
+            engine = self._engines[endpoint] = _Engine(endpoint, self.capacity)
         shared = self._shared(engine, blocks)
         stale = engine.order.pop(session, None)  # an earlier stay there
         if stale is not None:
             engine.total -= stale.held
-        held = _Held(endpoint, tokens, shared)
+            stale.resident = False
+        held = _Held(engine, tokens, shared)
         engine.order[session] = held
         engine.total += held.own
         self._where.put(session, held)
-        self._evict(engine)
+        if engine.total > engine.limit:
+            self._evict(engine)
 
     def _shared(self, engine: _Engine, blocks: Sequence[int]) -> int:
         """Tokens of `blocks` every session placed on `engine` shares (0 for the first);
@@ -133,7 +143,6 @@ class RoutedHbm:
         size = self.block_tokens
         if not blocks or not size:
             return 0
-        engine.placed += 1
         common = engine.common
         if common is None:
             engine.common = list(blocks)
@@ -142,12 +151,14 @@ class RoutedHbm:
         if n < len(common):
             del common[n:]
         engine.shared = n * size
+        engine.limit = max(0, self.capacity - engine.shared)
         return engine.shared
 
-    def _evict(self, engine: _Engine) -> None:
+    @staticmethod
+    def _evict(engine: _Engine) -> None:
         """Past capacity (less the shared prefix), the least recently used sessions' tokens
         are evicted, each session's last tokens first."""
-        over = engine.total - max(0, self.capacity - engine.shared)
+        over = engine.total - engine.limit
         order = engine.order
         while over > 0 and order:
             head = next(iter(order.values()))
@@ -156,6 +167,7 @@ class RoutedHbm:
                 engine.total -= head.held
                 engine.evicted += head.held
                 head.held = 0
+                head.resident = False
                 order.popitem(last=False)
             else:
                 head.held -= over
@@ -170,8 +182,7 @@ class RoutedHbm:
         held = self._where.current.get(session)
         if held is None:
             held = self._where.find(session, None)
-        if (held is None or held.endpoint != endpoint or held.tokens <= 0
-                or endpoint not in self._engines):
+        if held is None or held.engine.address != endpoint or not held.engine.alive:
             return None
         if held.held >= held.own:
             return context_tokens
@@ -193,7 +204,9 @@ class RoutedHbm:
 
     def forget(self, endpoint: str) -> None:
         """`endpoint` left the fleet: nothing of it is known any more."""
-        self._engines.pop(endpoint, None)
+        engine = self._engines.pop(endpoint, None)
+        if engine is not None:
+            engine.alive = False
 
 
 def _common_length(common: Sequence[int], blocks: Sequence[int]) -> int:

@@ -19,9 +19,9 @@ class RoutedHbmHook:
 
     def kept(self, pool: str, session: str, endpoint: str, known: Known) -> None:
         # From the tuple, not `known.size`: no object is made on the sticky path.
-        seen = known.seen
-        context = 0 if seen is None else seen.tokens
-        self.estimate.turn(endpoint, session, max(known.prompt_tokens, context), known.now)
+        seen, prompt = known.seen, known.prompt_tokens
+        self.estimate.turn(endpoint, session, prompt if seen is None or prompt > seen.tokens
+                           else seen.tokens, known.now)
 
     def routed(self, pool: str, session: str, view: PoolView, endpoint: str,
                previous: str | None, known: Known, *, moved: bool) -> None:

@@ -157,7 +157,7 @@ def _placement(draw: Draw) -> dict[str, Any]:
     gate.add("prefix_placement", st.booleans())
     gate.add("book_uncached_prefill", st.booleans())
     gate.add("board_from_reports", st.booleans())
-    gate.add("hbm_estimate", st.sampled_from(["off", "routed"]))
+    gate.add("hbm_estimate", st.sampled_from(["none", "routed"]))
     gate.add("prefix_index_blocks", st.integers(1, 1 << 24))
     gate.add("prefix_block_tokens", st.integers(1, 4096))
     gate.add("terms", st.lists(st.sampled_from(sorted(TERMS)), min_size=1, max_size=len(TERMS),

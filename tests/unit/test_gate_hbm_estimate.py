@@ -44,7 +44,7 @@ def _keep(policy: GatedPolicy, session: str, prompt: int, context: int, at: floa
 
 def test_it_is_off_by_default_and_kv_events_take_its_place() -> None:
     now = [0.0]
-    assert GateConfig().hbm_estimate == "off"
+    assert GateConfig().hbm_estimate == "none"
     assert _policy(GateConfig(), now).hbm is None
     assert isinstance(_policy(ROUTED, now).hbm, RoutedHbm)
     events = RoutedHbm(1)  # stands for the engines' KV events (any HbmResidency)

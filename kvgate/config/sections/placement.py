@@ -34,7 +34,7 @@ from kvgate.placement.terms import DEFAULT_TERMS, TERMS
 
 LOAD_SOURCES = ("scrape", "collector")
 ROUTED = "routed"  # `hbm_estimate`: from what this gateway routed
-HBM_ESTIMATES = ("off", ROUTED)
+HBM_ESTIMATES = ("none", ROUTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,8 +106,8 @@ class GateConfig:
         "what falls past capacity, least recently used first, is taken as evicted, as vLLM "
         "evicts), and prices and books a kept session's reload from the DDR pool with it, as "
         "with KV events. Live, ext_proc then reads the body of a placement (as for "
-        "`prefix_placement`) for its leading blocks. `off`: a kept session's context is taken "
-        "as all in HBM", default="off")
+        "`prefix_placement`) for its leading blocks. `none`: a kept session's context is taken "
+        "as all in HBM", default="none")
     board_from_reports: bool = key(
         Boolean(), "an engine's backlog is its latest report (its waiting requests), aged, "
         "plus what this router booked there since; the router's own ledger counts only up to "
