@@ -16,7 +16,9 @@ session's context in its engine's HBM, every engine's eviction rate known), whic
 stay and asks whether to re-home; and that with the prefix step on
 (`placement.load_gate.prefix_placement`: its booking hook on every decision, no lookup), each
 request decided as ext_proc's prefix-step stream decides it (its prompt readable: a sticky turn
-is answered without it).
+is answered without it); and the round with no KV events but the gate's estimate of what each
+engine's HBM holds (`placement.load_gate.hbm_estimate: routed`: every session held, its turn
+recorded on every decision, each re-home asked).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ CONFIG = load_text("pools: [{name: p, kv_pool: a, endpoints: "
 
 
 ENGINES = [e.key for e in CONFIG.pools[0].endpoints]
-FIGURES = ("none", "scraped", "round", "round+hbm", "round+hbm+prefix")
+FIGURES = ("none", "scraped", "round", "round+hbm", "round+hbm+prefix", "round+estimate")
 
 
 def board_with(figures: str) -> LoadBoard:
@@ -81,10 +83,13 @@ def resident(sessions: int) -> HbmBoard:
     return board
 
 
-def _gate(on: bool, prefix: bool, reports: bool = False) -> GateConfig:
-    """The gate as a config file sets it: on or off, with the prefix step or without."""
+def _gate(on: bool, prefix: bool, reports: bool = False, estimate: bool = False
+          ) -> GateConfig:
+    """The gate as a config file sets it: on or off, with the prefix step or without, with
+    the estimate of what HBM holds (`hbm_estimate`) or without."""
     words = (f"{{enabled: {str(on).lower()}, prefix_placement: {str(prefix).lower()}, "
-             f"board_from_reports: {str(reports).lower()}}}")
+             f"board_from_reports: {str(reports).lower()}, "
+             f"hbm_estimate: {'routed' if estimate else 'none'}}}")
     return load_text(f"placement: {{load_gate: {words}}}\n",
                      require_pools=False).placement.load_gate
 
@@ -93,7 +98,7 @@ async def per_decision(gate_on: bool, decisions: int, sessions: int,
                        figures: str = "none", reports: bool = False) -> float:
     """CPU seconds per sticky decision."""
     prefix = figures.endswith("+prefix")
-    policy = build_policy(_gate(gate_on, prefix, reports),
+    policy = build_policy(_gate(gate_on, prefix, reports, figures.endswith("+estimate")),
                           EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
                           board_with(figures),
                           hbm=resident(sessions) if "+hbm" in figures else None,
@@ -124,11 +129,15 @@ def main() -> None:
     args = parser.parse_args()
     runs = [(False, "none"), *((True, figures) for figures in FIGURES)]
     for _ in range(2):
+        costs = {}
         for gate_on, figures in runs:
-            seconds = asyncio.run(per_decision(gate_on, args.decisions, args.sessions, figures,
-                                               args.board_from_reports))
+            seconds = costs[figures if gate_on else "off"] = asyncio.run(per_decision(
+                gate_on, args.decisions, args.sessions, figures, args.board_from_reports))
             what = f"on, engine figures: {figures}" if gate_on else "off"
             print(f"gate {what:<28} {seconds * 1e6:6.2f} us per sticky decision")
+        # The estimate of what HBM holds (no KV events) against the same round without it.
+        print(f"round+estimate / round: {costs['round+estimate'] / costs['round']:.2f} "
+              f"(+{(costs['round+estimate'] - costs['round']) * 1e6:.2f} us)")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ def router_setup(options: EmulatorOptions, config: SimConfig) -> RouterSetup:
                       kv_bytes_per_token=options.kv_bytes_per_token, ddr_gbps=options.ddr_gbps,
                       transfer_fixed_s=options.transfer_fixed_ms / 1000.0,
                       prompt_s_per_token=options.prompt_us_per_token / 1e6,
-                      node_gbps=options.node_gbps)
+                      node_gbps=options.node_gbps, hbm_tokens=max(1, options.hbm_tokens))
     return RouterSetup(cost, config.gate, config.load_max_age_s, options.block_size,
                        max(1, options.hbm_tokens // options.block_size),
                        options.devices_per_node)

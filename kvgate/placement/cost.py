@@ -32,6 +32,10 @@ class EngineCost:
     # 144 GB/s for 8 devices); 0: none but its devices' own. Read by the link backlog
     # (kvgate.placement.links) only.
     node_gbps: float = 144.0
+    # One engine's HBM for KV, in tokens: the emulator's default (emulator/options.py,
+    # DEFAULT_HBM_TOKENS). Read by the gate's estimate of what HBM holds (kvgate.placement.
+    # routed_hbm) only.
+    hbm_tokens: int = 550_000
 
     def prefill_s(self, uncached_tokens: int, prompt_tokens: int) -> float:
         """One request's own prefill: c0, the per-token cost of its whole prompt, and its

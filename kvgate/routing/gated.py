@@ -40,7 +40,7 @@ from itertools import islice
 from structlog.typing import FilteringBoundLogger
 
 from kvgate.bindings.model import MoveEstimate
-from kvgate.config.sections.placement import GateConfig
+from kvgate.config.sections.placement import ROUTED, GateConfig
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
@@ -49,10 +49,12 @@ from kvgate.placement.live import LoadBoard
 from kvgate.placement.pick import LoadBound, candidates
 from kvgate.placement.prefix import PrefixHolders, RoutedPrefixes
 from kvgate.placement.ring import session_hash
+from kvgate.placement.routed_hbm import RoutedHbm
 from kvgate.placement.signals import EngineSignals, held_context
 from kvgate.placement.terms import Candidate, Estimate, QueuedDdrRead, Term, make_terms
 from kvgate.placement.view import PoolView
 from kvgate.routing.booking import Ledger
+from kvgate.routing.hbm_estimate import RoutedHbmHook
 from kvgate.routing.policy import (
     BookingHook,
     HbmResidency,
@@ -120,6 +122,10 @@ class GatedPolicy:
         elif step is not None:
             self.hooks = (*self.hooks, step)
         self.residency = residency
+        if hbm is None and config.hbm_estimate == ROUTED:  # no KV events: estimate them
+            estimate = RoutedHbm(cost.hbm_tokens, block_tokens)
+            hbm, self.hooks = estimate, (*self.hooks, RoutedHbmHook(estimate))
+            self.reads_prompts = True  # a placement's blocks give the shared prefix
         self.hbm = hbm
         self._ledger.block_tokens = block_tokens  # `Known.blocks`' size (held_context)
         self._log = log
@@ -149,6 +155,8 @@ class GatedPolicy:
             self.links.forget(address)
         if self._prefixes is not None:
             self._prefixes.forget(address)
+        if isinstance(self.hbm, RoutedHbm):
+            self.hbm.forget(address)
 
     def engine(self, address: str, now: float, backlog_s: float | None = None
                ) -> EngineSignals:

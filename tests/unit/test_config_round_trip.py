@@ -157,6 +157,7 @@ def _placement(draw: Draw) -> dict[str, Any]:
     gate.add("prefix_placement", st.booleans())
     gate.add("book_uncached_prefill", st.booleans())
     gate.add("board_from_reports", st.booleans())
+    gate.add("hbm_estimate", st.sampled_from(["none", "routed"]))
     gate.add("prefix_index_blocks", st.integers(1, 1 << 24))
     gate.add("prefix_block_tokens", st.integers(1, 4096))
     gate.add("terms", st.lists(st.sampled_from(sorted(TERMS)), min_size=1, max_size=len(TERMS),
@@ -191,6 +192,7 @@ def _placement(draw: Draw) -> dict[str, Any]:
     cost.add("node_gbps", number(0.0, 1e6))
     cost.add("transfer_fixed_ms", number(0.0, 60_000.0))
     cost.add("prompt_us_per_token", number(0.0, 1e6))
+    cost.add("hbm_tokens", st.integers(1, 1 << 40))
     placement.add("engine_cost", st.just(cost.data))
     return placement.data
 

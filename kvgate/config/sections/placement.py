@@ -33,6 +33,8 @@ from kvgate.placement.cost import EngineCost
 from kvgate.placement.terms import DEFAULT_TERMS, TERMS
 
 LOAD_SOURCES = ("scrape", "collector")
+ROUTED = "routed"  # `hbm_estimate`: from what this gateway routed
+HBM_ESTIMATES = ("none", ROUTED)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +98,16 @@ class GateConfig:
         "else from what the gateway placed (`prefix_index_blocks`). `false`: a new session is "
         "booked as its whole prompt. Live, ext_proc reads the body only for placements, as "
         "for `prefix_placement`", default=False)
+    hbm_estimate: str = key(
+        Choice(HBM_ESTIMATES), "where the engines publish no KV events (`kv_events_port`): "
+        "`routed` estimates what each engine's HBM still holds from what this router sent "
+        "there (per engine, its sessions in order of their last turn against "
+        "`engine_cost.hbm_tokens`, the prefix every session placed there shares counted once; "
+        "what falls past capacity, least recently used first, is taken as evicted, as vLLM "
+        "evicts), and prices and books a kept session's reload from the DDR pool with it, as "
+        "with KV events. Live, ext_proc then reads the body of a placement (as for "
+        "`prefix_placement`) for its leading blocks. `none`: a kept session's context is taken "
+        "as all in HBM", default="none")
     board_from_reports: bool = key(
         Boolean(), "an engine's backlog is its latest report (its waiting requests), aged, "
         "plus what this router booked there since; the router's own ledger counts only up to "
@@ -150,7 +162,8 @@ class GateConfig:
     def reads_prompts(self) -> bool:
         """ext_proc may ask for a request's body: the prefix step, or booking a placed prompt
         less what its engine holds, live."""
-        return self.enabled and (self.prefix_placement or self.book_uncached_prefill)
+        return self.enabled and (self.prefix_placement or self.book_uncached_prefill
+                                 or (self.hbm_estimate == ROUTED and not self.kv_events))
 
     @property
     def request_headers(self) -> tuple[str, ...]:
@@ -199,11 +212,12 @@ class GateConfig:
 # a result's `load_gate` (simulator.command).
 DECISION_KEYS = tuple(e for e in entries(GateConfig) if e.attr in (
     "min_saving_s", "min_saving_ratio", "cooldown_s", "candidates", "miss_safe", "terms",
-    "prefix_placement", "prefix_index_blocks", "book_uncached_prefill", "board_from_reports"))
+    "prefix_placement", "prefix_index_blocks", "book_uncached_prefill", "board_from_reports",
+    "hbm_estimate"))
 
 
 _NEWER_KEYS = ("terms", "prefix_placement", "prefix_index_blocks", "book_uncached_prefill",
-               "board_from_reports")
+               "board_from_reports", "hbm_estimate")
 
 
 def decision_settings(gate: GateConfig) -> dict[str, Any]:
@@ -253,6 +267,9 @@ describe(
     transfer_fixed_s=Key(Scaled(0.0, 60_000.0, 1000.0, "ms"), "a DDR transfer's fixed cost: "
                          "pool lookup, RDMA set-up, scatter into the paged cache",
                          name="transfer_fixed_ms"),
+    hbm_tokens=Key(Integer(1, 1 << 40), "one engine's HBM for KV cache, in tokens (vLLM: "
+                   "`num_gpu_blocks` × `block_size`, its `cache_config_info` metric). Read by "
+                   "`load_gate.hbm_estimate` only"),
     prompt_s_per_token=Key(Scaled(0.0, 1e6, 1e6, "µs"), "per prompt token, cached or not: "
                            "what the engine does with the whole prompt before its prefill "
                            "(tokenizing, hashing its blocks, looking them up; the emulator's "
