@@ -25,166 +25,209 @@ default thresholds and `miss_safe` take is taken uncorrected.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import heapq
 import itertools
 import json
 import math
 import statistics
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.engine_model import EngineModel
-from kvgate.config.sections.placement import GateConfig
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.routing.booking import Ledger
 from kvgate.routing.gated import GatedPolicy, Move
 from simulator.command import add_arguments, run
 from simulator.simulation import Simulation
 
-_last_admit: list[float] = [0.0]
-_pending: dict[str, dict[str, Any]] = {}
-_decisions: dict[int, dict[str, Any]] = {}  # request index -> the gate's figures
-# request index -> how the ledger booked it (kept, placed new, re-placed in its DDR pool,
-# sessionless) and the prefill seconds it booked
-_booked: dict[int, tuple[str, float]] = {}
 # request index -> engine, arrival, admission, prefill start, first token, DDR tokens,
 # measured, tokens computed, prompt tokens
-_real: dict[int, tuple[int, float, float, float, float, int, bool, int, int]] = {}
-# `--debias`: the running mean error (real TTFT less the estimate) of moves and of stays, fed
-# each turn's first token once the clock has passed it.
-_bias = {"move": PrefillMix(), "stay": PrefillMix()}
-_heard: list[tuple[float, int, str, float]] = []  # first token, request, side, error
-_debias = [False, False]  # on; only below the default thresholds
-_DEFAULTS = GateConfig()
+Real = tuple[int, float, float, float, float, int, bool, int, int]
 
 
-def _wrap() -> None:
+@dataclass
+class Probe:
+    """What the wrappers hear during one run, and the `--debias` rule's state."""
+
+    debias: bool = False
+    below_defaults: bool = False  # `--debias-below-defaults`
+    last_admit: float = 0.0
+    # what the gate and the ledger said about the request being placed, until it is sent
+    pending: dict[str, dict[str, Any]] = field(default_factory=dict)
+    decisions: dict[int, dict[str, Any]] = field(default_factory=dict)  # the gate's figures
+    # how the ledger booked each request (kept, placed new, re-placed in its DDR pool,
+    # sessionless) and the prefill seconds it booked
+    booked: dict[int, tuple[str, float]] = field(default_factory=dict)
+    real: dict[int, Real] = field(default_factory=dict)
+    # `--debias`: the running mean error (real TTFT less the estimate) of moves and of stays,
+    # fed each turn's first token once the clock has passed it.
+    bias: dict[str, PrefillMix] = field(
+        default_factory=lambda: {"move": PrefillMix(), "stay": PrefillMix()})
+    # first token, request, side, error: heard once the clock passes the first token
+    heard: list[tuple[float, int, str, float]] = field(default_factory=list)
+
+
+def _wrap(probe: Probe) -> None:
+    """Wraps this process's classes to report to `probe`."""
+    _wrap_admit(probe)
+    _wrap_place(probe)
+    _wrap_send(probe)
+    _wrap_reconsider(probe)
+    _wrap_book(probe)
+    _wrap_kept(probe)
+    _wrap_placed(probe)
+    _wrap_move(probe)
+
+
+def _wrap_admit(probe: Probe) -> None:
     admit = EngineModel.admit
 
     def admit_probe(self: EngineModel, now: float, *a: Any, **k: Any) -> Any:
-        _last_admit[0] = now
+        probe.last_admit = now
         return admit(self, now, *a, **k)
 
     EngineModel.admit = admit_probe  # type: ignore[method-assign]
+
+
+def _wrap_place(probe: Probe) -> None:
     place = Simulation._place
 
     def place_probe(self: Simulation, e: int, i: int, admission: Any, ask: Any) -> None:
         s = admission.slot
-        decision = _decisions.get(i)
+        decision = probe.decisions.get(i)
         if decision is not None:
             side = "move" if decision["moved"] else "stay"
             guess = decision["best_s"] if decision["moved"] else decision["stay_s"]
-            heapq.heappush(_heard, (s.first_token, i, side, s.first_token - s.arrival - guess))
-        _real[i] = (e, s.arrival, _last_admit[0], s.prefill_start, s.first_token,
-                    admission.ddr_hit_tokens, bool(self.measured[i]),
-                    admission.prompt_tokens - admission.cached_tokens, admission.prompt_tokens)
+            heapq.heappush(probe.heard, (s.first_token, i, side,
+                                         s.first_token - s.arrival - guess))
+        probe.real[i] = (e, s.arrival, probe.last_admit, s.prefill_start, s.first_token,
+                         admission.ddr_hit_tokens, bool(self.measured[i]),
+                         admission.prompt_tokens - admission.cached_tokens,
+                         admission.prompt_tokens)
         place(self, e, i, admission, ask)
 
     Simulation._place = place_probe  # type: ignore[method-assign]
+
+
+def _wrap_send(probe: Probe) -> None:
     send = Simulation._send
 
     def send_probe(self: Simulation, e: int, i: int, ask: Any, hashes: Any, now: float) -> None:
-        booked = _pending.pop("booked", None)
+        booked = probe.pending.pop("booked", None)
         if booked is not None:
-            _booked[i] = (booked["kind"], booked["prefill_s"])
-        decision = _pending.pop("decision", None)
+            probe.booked[i] = (booked["kind"], booked["prefill_s"])
+        decision = probe.pending.pop("decision", None)
         if decision is not None:
             decision["went"] = self.addresses[e]
-            _decisions[i] = decision
+            probe.decisions[i] = decision
         send(self, e, i, ask, hashes, now)
 
     Simulation._send = send_probe  # type: ignore[method-assign]
+
+
+def _wrap_reconsider(probe: Probe) -> None:
     reconsider = GatedPolicy.reconsider
 
     def reconsider_probe(self: GatedPolicy, placing: Any, endpoint: str, state: Any,
                          known: Any) -> Any:
-        _pending.pop("decision", None)
+        probe.pending.pop("decision", None)
         moved = reconsider(self, placing, endpoint, state, known)
         config, now = self.config, known.now
         moved_at = None if known.seen is None else known.seen.moved_at
         if moved is None and moved_at is not None and now - moved_at < config.cooldown_s:
             return moved
         backlog = self.board.backlog_s(endpoint, now)
-        self.config = dataclasses.replace(config, min_saving_s=-1e9, min_saving_ratio=-1e9,
-                                          miss_safe=False)
+        self.config = config.without_move_thresholds()
         try:
             loose = self.move(placing, endpoint, backlog, known)
         finally:
             self.config = config
-        if loose is None:
-            return moved
-        links = self.links
-        context = known.size.context_tokens
-        seen = self.board.observed(loose.endpoint, now)
-        here = self.board.observed(endpoint, now)
-        _pending["decision"] = {
-            "t": now, "from": endpoint, "best": loose.endpoint, "moved": moved is not None,
-            "stay_s": loose.stay_s, "best_s": loose.move_s, "backlog_s": backlog,
-            "best_backlog_s": self.board.backlog_s(loose.endpoint, now),
-            "link_wait_s": None if links is None else links.wait_s(loose.endpoint, now),
-            "read_s": self.cost.transfer_s(context), "context": context,
-            "prompt": known.size.prompt_tokens,
-            "best_running": None if seen is None else seen.figures.running,
-            "best_waiting": None if seen is None else seen.figures.waiting,
-            "running": None if here is None else here.figures.running}
+        if loose is not None:
+            probe.pending["decision"] = _figures(self, endpoint, backlog, loose, known,
+                                                 moved is not None)
         return moved
 
     GatedPolicy.reconsider = reconsider_probe  # type: ignore[method-assign]
-    _wrap_ledger()
+
+
+def _figures(gate: GatedPolicy, endpoint: str, backlog: float, loose: Move, known: Any,
+             moved: bool) -> dict[str, Any]:
+    """The gate's figures for a turn it reconsidered: staying on `endpoint` against `loose`,
+    the best sibling priced with no threshold."""
+    links, now = gate.links, known.now
+    context = known.size.context_tokens
+    seen = gate.board.observed(loose.endpoint, now)
+    here = gate.board.observed(endpoint, now)
+    return {
+        "t": now, "from": endpoint, "best": loose.endpoint, "moved": moved,
+        "stay_s": loose.stay_s, "best_s": loose.move_s, "backlog_s": backlog,
+        "best_backlog_s": gate.board.backlog_s(loose.endpoint, now),
+        "link_wait_s": None if links is None else links.wait_s(loose.endpoint, now),
+        "read_s": gate.cost.transfer_s(context), "context": context,
+        "prompt": known.size.prompt_tokens,
+        "best_running": None if seen is None else seen.figures.running,
+        "best_waiting": None if seen is None else seen.figures.waiting,
+        "running": None if here is None else here.figures.running}
+
+
+def _wrap_move(probe: Probe) -> None:
     move = GatedPolicy.move
 
     def move_debiased(self: GatedPolicy, placing: Any, current: str, backlog: float,
                       known: Any) -> Move | None:
         found = move(self, placing, current, backlog, known)
-        if found is None or not _debias[0]:
+        if found is None or not probe.debias:
             return found
-        if _debias[1]:  # what the default thresholds take is taken as they take it
+        if probe.below_defaults:  # what the default thresholds take is taken as they take it
             config = self.config
-            self.config = dataclasses.replace(config, min_saving_s=_DEFAULTS.min_saving_s,
-                                              min_saving_ratio=_DEFAULTS.min_saving_ratio,
-                                              miss_safe=_DEFAULTS.miss_safe)
+            self.config = config.with_default_move_thresholds()
             try:
                 if move(self, placing, current, backlog, known) is not None:
                     return found
             finally:
                 self.config = config
-        while _heard and _heard[0][0] <= known.now:
-            _, _, side, error = heapq.heappop(_heard)
-            _bias[side].add(error)
-        stay = found.stay_s + _bias["stay"].mean_s
-        saving = stay - (found.move_s + _bias["move"].mean_s)
-        config = self.config
-        if saving < config.min_saving_s or saving < config.min_saving_ratio * stay:
-            return None
-        return found
+        while probe.heard and probe.heard[0][0] <= known.now:
+            _, _, side, error = heapq.heappop(probe.heard)
+            probe.bias[side].add(error)
+        stay = found.stay_s + probe.bias["stay"].mean_s
+        saving = stay - (found.move_s + probe.bias["move"].mean_s)
+        return found if self.config.clears(saving, stay) else None
 
     GatedPolicy.move = move_debiased  # type: ignore[method-assign]
 
 
-def _wrap_ledger() -> None:
+def _wrap_book(probe: Probe) -> None:
     book = Ledger._book
 
     def book_probe(self: Ledger, endpoint: str, now: float, prefill_s: float,
                    *a: Any, **k: Any) -> None:
-        _pending.setdefault("booked", {"kind": "?"})["prefill_s"] = prefill_s
+        probe.pending.setdefault("booked", {"kind": "?"})["prefill_s"] = prefill_s
         book(self, endpoint, now, prefill_s, *a, **k)
 
     Ledger._book = book_probe  # type: ignore[method-assign]
-    kept, placed = Ledger.kept, Ledger._placed
+
+
+def _wrap_kept(probe: Probe) -> None:
+    kept = Ledger.kept
 
     def kept_probe(self: Ledger, *a: Any, **k: Any) -> None:
-        _pending["booked"] = {"kind": "kept", "prefill_s": 0.0}
+        probe.pending["booked"] = {"kind": "kept", "prefill_s": 0.0}
         kept(self, *a, **k)
+
+    Ledger.kept = kept_probe  # type: ignore[method-assign]
+
+
+def _wrap_placed(probe: Probe) -> None:
+    placed = Ledger._placed
 
     def placed_probe(self: Ledger, pool: str, session: str, view: Any, endpoint: str,
                      previous: str | None, *a: Any, **k: Any) -> None:
         kind = ("new" if previous is None else "same engine" if previous == endpoint
                 else "re-placed in its DDR pool")
-        _pending["booked"] = {"kind": kind, "prefill_s": 0.0}
+        probe.pending["booked"] = {"kind": kind, "prefill_s": 0.0}
         placed(self, pool, session, view, endpoint, previous, *a, **k)
 
-    Ledger.kept = kept_probe  # type: ignore[method-assign]
     Ledger._placed = placed_probe  # type: ignore[method-assign]
 
 
@@ -247,13 +290,14 @@ def _binned(rows: list[Row], key: str, edges: tuple[float, ...], p99: float
     return out
 
 
-def summary() -> dict[str, Any]:
+def summary(probe: Probe) -> dict[str, Any]:
     """Per side (moved; stayed with a sibling predicted sooner): the predicted saving, and the
     estimate's error (real less predicted) for the queue and for the TTFT where it went; the
     moves split by the sibling's board backlog and by the predicted saving."""
-    ttft = sorted(r[4] - r[1] for r in _real.values() if r[6])
+    real = probe.real
+    ttft = sorted(r[4] - r[1] for r in real.values() if r[6])
     p99 = _q(ttft, 99)
-    rows = [(d, _real[i]) for i, d in _decisions.items() if i in _real and _real[i][6]]
+    rows = [(d, real[i]) for i, d in probe.decisions.items() if i in real and real[i][6]]
     moves = [(d, r) for d, r in rows if d["moved"]]
     return {
         "requests": len(ttft), "ttft_p99_s": p99,
@@ -262,7 +306,7 @@ def summary() -> dict[str, Any]:
                                           and d["best_s"] < d["stay_s"]], p99),
         "moved_by_target_backlog": _binned(moves, "best_backlog_s", BACKLOG_BINS, p99),
         "moved_by_predicted_saving": _binned(moves, "saving", SAVING_BINS, p99),
-        "bias_s": {side: mix.mean_s for side, mix in _bias.items()},
+        "bias_s": {side: mix.mean_s for side, mix in probe.bias.items()},
     }
 
 
@@ -272,19 +316,20 @@ def main(argv: list[str]) -> int:
                          "--debias-below-defaults] -- [kvgate simulate flags...]")
     own, rest = argv[: argv.index("--")], argv[argv.index("--") + 1:]
     out = own[0]
-    _debias[:] = ["--debias" in own or "--debias-below-defaults" in own,
-                  "--debias-below-defaults" in own]
-    _wrap()
+    probe = Probe(debias="--debias" in own or "--debias-below-defaults" in own,
+                  below_defaults="--debias-below-defaults" in own)
+    _wrap(probe)
     if rest and rest[0] == "simulate":
         rest = rest[1:]
     parser = argparse.ArgumentParser(prog="python -m simulator.move_probe OUT.json --")
     add_arguments(parser)
     code = run(parser.parse_args(rest))
     with open(out, "w") as f:
-        json.dump(summary(), f, indent=1)
+        json.dump(summary(probe), f, indent=1)
     if "--raw" in own:
         with open(out + ".raw.json", "w") as f:
-            json.dump({"decisions": _decisions, "real": _real, "booked": _booked}, f)
+            json.dump({"decisions": probe.decisions, "real": probe.real,
+                       "booked": probe.booked}, f)
     return code
 
 

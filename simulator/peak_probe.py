@@ -27,6 +27,7 @@ import dataclasses
 import json
 import sys
 from collections import Counter, defaultdict
+from dataclasses import dataclass, field
 from typing import Any
 
 from emulator.engine_model import EngineModel
@@ -37,63 +38,86 @@ from simulator.routing import AffinityRouter
 from simulator.simulation import Simulation
 
 WINDOW_S = 300.0
-_last_admit: list[float] = [0.0]
 # i, e, arrival, admit, prefill start, first token, tokens computed, tokens read from DDR
-_rows: list[tuple[int, int, float, float, float, float, float, int]] = []
-_board_at: dict[int, float] = {}  # request index -> board backlog of its engine pre-decision
-_gate: Counter[str] = Counter()
-_place_free: Counter[int] = Counter()
-_place_gap: list[float] = []
-_pending: dict[str, Any] = {}
-_moves: list[tuple[float, str, str]] = []
+Row = tuple[int, int, float, float, float, float, float, int]
 
 
-def _wrap() -> None:
+@dataclass
+class Probe:
+    """What the wrappers hear during one run."""
+
+    last_admit: float = 0.0
+    rows: list[Row] = field(default_factory=list)
+    # request index -> its engine's board backlog before the decision
+    board_at: dict[int, float] = field(default_factory=dict)
+    gate: Counter[str] = field(default_factory=Counter)
+    place_free: Counter[int] = field(default_factory=Counter)
+    place_gap: list[float] = field(default_factory=list)
+    pending: dict[str, Any] = field(default_factory=dict)  # the request being routed
+    moves: list[tuple[float, str, str]] = field(default_factory=list)
+
+
+def _wrap(probe: Probe) -> None:
+    """Wraps this process's classes to report to `probe`."""
+    _wrap_admit(probe)
+    _wrap_place(probe)
+    _wrap_send(probe)
+    _wrap_route(probe)
+    _wrap_reconsider(probe)
+    _wrap_gate_place(probe)
+
+
+def _wrap_admit(probe: Probe) -> None:
     admit = EngineModel.admit
 
     def admit_probe(self: EngineModel, now: float, *a: Any, **k: Any) -> Any:
-        _last_admit[0] = now
+        probe.last_admit = now
         return admit(self, now, *a, **k)
 
     EngineModel.admit = admit_probe  # type: ignore[method-assign]
 
+
+def _wrap_place(probe: Probe) -> None:
     place_sim = Simulation._place
 
     def place_probe(self: Simulation, e: int, i: int, admission: Any, ask: Any) -> None:
         s = admission.slot
-        _rows.append((i, e, s.arrival, _last_admit[0], s.prefill_start, s.first_token,
-                      float(admission.prompt_tokens - admission.hbm_hit_tokens
-                            - admission.ddr_hit_tokens), admission.ddr_hit_tokens))
+        probe.rows.append((i, e, s.arrival, probe.last_admit, s.prefill_start, s.first_token,
+                           float(admission.prompt_tokens - admission.hbm_hit_tokens
+                                 - admission.ddr_hit_tokens), admission.ddr_hit_tokens))
         place_sim(self, e, i, admission, ask)
 
     Simulation._place = place_probe  # type: ignore[method-assign]
 
+
+def _wrap_send(probe: Probe) -> None:
     send = Simulation._send
 
     def send_probe(self: Simulation, e: int, i: int, ask: Any, hashes: Any, now: float) -> None:
-        board = _pending.pop("board", None)
+        board = probe.pending.pop("board", None)
         if board is not None:
-            _board_at[i] = board[self.addresses[e]]
+            probe.board_at[i] = board[self.addresses[e]]
         send(self, e, i, ask, hashes, now)
 
     Simulation._send = send_probe  # type: ignore[method-assign]
 
+
+def _wrap_route(probe: Probe) -> None:
     route = AffinityRouter.route
 
     async def route_probe(self: AffinityRouter, ask: Any, now: float) -> str | None:
         policy = self._policy
         if isinstance(policy, GatedPolicy):
             board = policy.board
-            _pending["board"] = {a: board.backlog_s(a, now)
-                                 for a in self._members.active}
-            _pending["now"] = now
+            probe.pending["board"] = {a: board.backlog_s(a, now)
+                                      for a in self._members.active}
+            probe.pending["now"] = now
         return await route(self, ask, now)
 
     AffinityRouter.route = route_probe  # type: ignore[method-assign]
-    _wrap_gate()
 
 
-def _wrap_gate() -> None:
+def _wrap_reconsider(probe: Probe) -> None:
     reconsider = GatedPolicy.reconsider
 
     def reconsider_probe(self: GatedPolicy, placing: Any, endpoint: str, state: Any,
@@ -102,33 +126,39 @@ def _wrap_gate() -> None:
         config, now = self.config, known.now
         moved_at = None if known.seen is None else known.seen.moved_at
         if moved is not None:
-            _gate[f"moved:{moved.reason.name}"] += 1
-            _moves.append((now, endpoint, moved.endpoint))
+            probe.gate[f"moved:{moved.reason.name}"] += 1
+            probe.moves.append((now, endpoint, moved.endpoint))
         elif moved_at is not None and now - moved_at < config.cooldown_s:
-            _gate["cooldown"] += 1
+            probe.gate["cooldown"] += 1
         else:
-            backlog = self.board.backlog_s(endpoint, now)
-            if backlog < config.min_saving_s:
-                _gate["under_min_saving_s"] += 1
-            else:
-                self.config = dataclasses.replace(config, miss_safe=False)
-                try:
-                    loose = self.move(placing, endpoint, backlog, known)
-                    self.config = dataclasses.replace(config, miss_safe=False,
-                                                      min_saving_ratio=0.0)
-                    no_ratio = self.move(placing, endpoint, backlog, known)
-                finally:
-                    self.config = config
-                if loose is not None:
-                    _gate["refused_miss_safe"] += 1
-                elif no_ratio is not None:
-                    _gate["refused_min_saving_ratio"] += 1
-                else:
-                    _gate["refused_no_saving"] += 1
+            probe.gate[_why_stayed(self, placing, endpoint, known)] += 1
         return moved
 
     GatedPolicy.reconsider = reconsider_probe  # type: ignore[method-assign]
 
+
+def _why_stayed(gate: GatedPolicy, placing: Any, endpoint: str, known: Any) -> str:
+    """Why a session out of cooldown stayed on `endpoint`: under `min_saving_s`, refused by
+    `miss_safe`, by `min_saving_ratio`, or no sibling saves enough."""
+    config, now = gate.config, known.now
+    backlog = gate.board.backlog_s(endpoint, now)
+    if backlog < config.min_saving_s:
+        return "under_min_saving_s"
+    gate.config = dataclasses.replace(config, miss_safe=False)
+    try:
+        loose = gate.move(placing, endpoint, backlog, known)
+        gate.config = dataclasses.replace(config, miss_safe=False, min_saving_ratio=0.0)
+        no_ratio = gate.move(placing, endpoint, backlog, known)
+    finally:
+        gate.config = config
+    if loose is not None:
+        return "refused_miss_safe"
+    if no_ratio is not None:
+        return "refused_min_saving_ratio"
+    return "refused_no_saving"
+
+
+def _wrap_gate_place(probe: Probe) -> None:
     place = GatedPolicy.place
 
     def place_probe(self: GatedPolicy, placing: Any, known: Any, *, prefer_kv_pool: Any,
@@ -136,18 +166,19 @@ def _wrap_gate() -> None:
         free = list(candidates(placing.view, placing.hash_value, placing.loads,
                                placing.load_factor, prefer_kv_pool=prefer_kv_pool,
                                exclude=exclude))
-        _place_free[len(free)] += 1
+        probe.place_free[len(free)] += 1
         best = place(self, placing, known, prefer_kv_pool=prefer_kv_pool, exclude=exclude)
-        board = _pending.get("board")
+        board = probe.pending.get("board")
+        gate = probe.gate
         if best is not None and board:
-            _place_gap.append(board[best] - min(board.values()))
-            _gate["placed"] += 1
+            probe.place_gap.append(board[best] - min(board.values()))
+            gate["placed"] += 1
             if best not in free[: self.config.candidates]:
-                _gate["placed_outside_candidates"] += 1
+                gate["placed_outside_candidates"] += 1
             if min(board, key=board.__getitem__) not in free[: self.config.candidates]:
-                _gate["least_loaded_not_a_candidate"] += 1
+                gate["least_loaded_not_a_candidate"] += 1
             if known.seen is not None:
-                _gate["placed_rebound"] += 1
+                gate["placed_rebound"] += 1
         return best
 
     GatedPolicy.place = place_probe  # type: ignore[method-assign]
@@ -160,8 +191,12 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
 
 
-def summary(warmup_s: float) -> dict[str, Any]:
-    rows = [r for r in _rows if r[2] >= warmup_s]
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def summary(probe: Probe, warmup_s: float) -> dict[str, Any]:
+    rows = [r for r in probe.rows if r[2] >= warmup_s]
     engines = sorted({r[1] for r in rows})
     windows: dict[int, dict[int, list[float]]] = defaultdict(lambda: defaultdict(
         lambda: [0.0, 0.0, 0.0]))
@@ -185,46 +220,45 @@ def summary(warmup_s: float) -> dict[str, Any]:
     tail = [r for r in rows if r[5] - r[2] >= p99]
     tail_engines = Counter(r[1] for r in tail)
 
-    def mean(values: list[float]) -> float:
-        return sum(values) / len(values) if values else 0.0
-
     real = {r[0]: r[4] - r[3] for r in rows}
-    pairs = [(_board_at[i], real[i]) for i in real if i in _board_at]
+    pairs = [(probe.board_at[i], real[i]) for i in real if i in probe.board_at]
     return {
         "requests": len(rows), "ttft_p99_s": p99,
         "ttft_p50_s": _pct(ttft, 50),
-        "tail": {"n": len(tail), "read_wait_s": mean([r[3] - r[2] for r in tail]),
-                 "queue_wait_s": mean([r[4] - r[3] for r in tail]),
-                 "prefill_s": mean([r[5] - r[4] for r in tail]),
-                 "computed_tokens": mean([r[6] for r in tail]),
-                 "ddr_tokens": mean([float(r[7]) for r in tail]),
+        "tail": {"n": len(tail), "read_wait_s": _mean([r[3] - r[2] for r in tail]),
+                 "queue_wait_s": _mean([r[4] - r[3] for r in tail]),
+                 "prefill_s": _mean([r[5] - r[4] for r in tail]),
+                 "computed_tokens": _mean([r[6] for r in tail]),
+                 "ddr_tokens": _mean([float(r[7]) for r in tail]),
                  "engines": dict(sorted(tail_engines.items()))},
-        "all": {"read_wait_s": mean([r[3] - r[2] for r in rows]),
-                "queue_wait_s": mean([r[4] - r[3] for r in rows]),
+        "all": {"read_wait_s": _mean([r[3] - r[2] for r in rows]),
+                "queue_wait_s": _mean([r[4] - r[3] for r in rows]),
                 "queue_wait_p99_s": _pct([r[4] - r[3] for r in rows], 99),
-                "ddr_tokens": mean([float(r[7]) for r in rows]),
-                "prefill_s": mean([r[5] - r[4] for r in rows])},
+                "ddr_tokens": _mean([float(r[7]) for r in rows]),
+                "prefill_s": _mean([r[5] - r[4] for r in rows])},
         "per_engine_requests": dict(sorted(Counter(r[1] for r in rows).items())),
         "per_engine_prefill_s": {e: round(sum(r[5] - r[4] for r in rows if r[1] == e), 1)
                                  for e in engines},
         "per_engine_queue_wait_mean_s": {
-            e: round(mean([r[4] - r[3] for r in rows if r[1] == e]), 3) for e in engines},
+            e: round(_mean([r[4] - r[3] for r in rows if r[1] == e]), 3) for e in engines},
         "windows": per_window,
-        "gate": dict(_gate),
-        "place_free_candidates": dict(sorted(_place_free.items())),
-        "place_backlog_over_least_s": {"mean": mean(_place_gap), "p90": _pct(_place_gap, 90),
-                                       "p99": _pct(_place_gap, 99)},
-        "estimate_vs_real": {"n": len(pairs), "estimate_mean_s": mean([p[0] for p in pairs]),
-                             "real_mean_s": mean([p[1] for p in pairs]),
+        "gate": dict(probe.gate),
+        "place_free_candidates": dict(sorted(probe.place_free.items())),
+        "place_backlog_over_least_s": {"mean": _mean(probe.place_gap),
+                                       "p90": _pct(probe.place_gap, 90),
+                                       "p99": _pct(probe.place_gap, 99)},
+        "estimate_vs_real": {"n": len(pairs), "estimate_mean_s": _mean([p[0] for p in pairs]),
+                             "real_mean_s": _mean([p[1] for p in pairs]),
                              "estimate_over_1s": sum(1 for p in pairs if p[0] > 1.0),
-                             "real_when_estimate_over_1s": mean(
+                             "real_when_estimate_over_1s": _mean(
                                  [p[1] for p in pairs if p[0] > 1.0])},
     }
 
 
 def main(argv: list[str]) -> int:
     out, rest = argv[0], argv[argv.index("--") + 1:]
-    _wrap()
+    probe = Probe()
+    _wrap(probe)
     if rest and rest[0] == "simulate":
         rest = rest[1:]
     parser = argparse.ArgumentParser(prog="python -m simulator.peak_probe OUT.json --")
@@ -236,10 +270,11 @@ def main(argv: list[str]) -> int:
     else:
         warmup = 360.0  # the committed runs' warmup_s
     with open(out, "w") as f:
-        json.dump(summary(warmup), f, indent=1)
+        json.dump(summary(probe, warmup), f, indent=1)
     if "--raw" in argv[: argv.index("--")]:
         with open(out + ".raw.json", "w") as f:
-            json.dump({"rows": _rows, "board": _board_at, "moves": _moves}, f)
+            json.dump({"rows": probe.rows, "board": probe.board_at, "moves": probe.moves},
+                      f)
     return code
 
 

@@ -348,8 +348,7 @@ class GatedPolicy:
             for address in islice(siblings, config.candidates))
         if best is None:
             return None
-        saving = stay - best_s
-        if saving < config.min_saving_s or saving < config.min_saving_ratio * stay:
+        if not config.clears(stay - best_s, stay):
             return None
         if config.miss_safe and held is None and self.score(best, now, size) > (
                 stay if in_hbm >= size.context_tokens else self.estimate.seconds(

@@ -201,6 +201,23 @@ class GateConfig:
         `admin` (`control_plane.admin`)."""
         return self.collector or (admin,)
 
+    def clears(self, saving_s: float, stay_s: float) -> bool:
+        """A move saving `saving_s` of a session's `stay_s` estimate on its own engine saves
+        enough: `min_saving_s`, and `min_saving_ratio` of `stay_s`."""
+        return not (saving_s < self.min_saving_s or saving_s < self.min_saving_ratio * stay_s)
+
+    def without_move_thresholds(self) -> GateConfig:
+        """These settings taking any sooner sibling: no saving threshold, no `miss_safe`
+        doubt (a diagnostic's counterfactual, simulator.move_probe)."""
+        return replace(self, min_saving_s=-1e9, min_saving_ratio=-1e9, miss_safe=False)
+
+    def with_default_move_thresholds(self) -> GateConfig:
+        """These settings with the default `min_saving_s`, `min_saving_ratio` and
+        `miss_safe`."""
+        defaults = GateConfig()
+        return replace(self, min_saving_s=defaults.min_saving_s,
+                       min_saving_ratio=defaults.min_saving_ratio, miss_safe=defaults.miss_safe)
+
     def at_time_scale(self, time_scale: float) -> GateConfig:
         """For engines emulated at `time_scale` (> 0) and priced in wall seconds: the gate's
         emulated seconds scaled with them; how often and how old a report stays wall time."""
