@@ -38,6 +38,7 @@ from kvgate.pd.turns import TurnLog, TurnRecord
 from kvgate.pd.wire import PrefillFailed, compact, decode_request, parse, prefill
 from kvgate.placement.live import LoadBoard
 from kvgate.routing.handler import RequestHandler
+from kvgate.routing.prompt_blocks import PromptBlocks
 
 log = structlog.get_logger("kvgate.ext_proc.pd")
 Context = grpc.aio.ServicerContext[pb.ProcessingRequest, bytes]
@@ -64,8 +65,12 @@ class PdMetrics:
 class PdProcessor:
     def __init__(self, handler: RequestHandler, decider: PrefillDecider, metrics: PdMetrics,
                  *, timeout_s: float, prompt_tokens: Callable[[int], int],
-                 session_headers: tuple[str, ...], turns: TurnLog | None = None) -> None:
+                 session_headers: tuple[str, ...], turns: TurnLog | None = None,
+                 blocks: PromptBlocks | None = None) -> None:
+        """`blocks`: counts a prompt's whole blocks of the decider's `block_tokens`, so what the
+        decode engine's KV events hold is put in the estimate's units (held_context)."""
         self._handler = handler
+        self._blocks = blocks
         self._turns = turns  # each session's latest turn, for `kvgate sessions show`
         self._decider = decider
         self._metrics = metrics
@@ -100,7 +105,8 @@ class PdProcessor:
         client = parse(body)
         decode = decision.endpoints[0] if decision.endpoints and client is not None else None
         prompt = self._prompt_tokens(len(body))
-        plan = self._decider.plan(pool or "", decode, decision.session, prompt)
+        full = 0 if client is None or self._blocks is None else self._blocks.full(client)
+        plan = self._decider.plan(pool or "", decode, decision.session, prompt, full)
         replaced: bytes | None = None
         if client is not None and "kv_transfer_params" in client:
             # A client never names KV to pull (an address the decode engine would connect to).
@@ -171,7 +177,7 @@ def build_pd(config: Config, handler: RequestHandler, directory: EndpointDirecto
     """The P/D stream's processor when a pool has prefill engines (None: colocated only)."""
     if not any(pool.disaggregated for pool in config.pools):
         return None
-    settings = config.disaggregation
+    settings, gate = config.disaggregation, config.placement.load_gate
 
     def backlog_s(address: str) -> float:
         assert board is not None
@@ -187,10 +193,12 @@ def build_pd(config: Config, handler: RequestHandler, directory: EndpointDirecto
                              backlog_s=None if board is None else backlog_s,
                              cost=config.placement.engine_cost,
                              rule=SkipRule(settings.skip_rule),
-                             running=None if board is None else running)
+                             running=None if board is None else running,
+                             block_tokens=gate.prefix_block_tokens)  # as the gate's (_policy)
     return PdProcessor(handler, decider, PdMetrics(registry),
                        timeout_s=settings.prefill_timeout,
-                       prompt_tokens=config.placement.load_gate.prompt_tokens,
+                       prompt_tokens=gate.prompt_tokens,
                        session_headers=config.session.headers,
                        turns=None if etcd is None else TurnLog(etcd, config.etcd.prefix,
-                                                               config.session.idle_ttl))
+                                                               config.session.idle_ttl),
+                       blocks=PromptBlocks(gate.prefix_block_tokens, gate.bytes_per_token))

@@ -70,6 +70,11 @@ class PromptBlocks:
             return []
         return self.of_text(text, _root(request))
 
+    def full(self, request: Mapping[str, Any]) -> int:
+        """How many whole blocks a parsed request's prompt fills, not capped at `max_blocks`
+        and not hashed: the P/D decider's `blocks` (kvgate.placement.signals.held_context)."""
+        return len(prompt_text(request).encode()) // self.block_chars
+
     def of_text(self, text: str, root: int = 0) -> list[int]:
         """The blocks of `text`, chained from `root`."""
         width = self.block_chars

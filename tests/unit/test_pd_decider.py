@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, cast
 
+from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import ext_proc_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as pb
+from prometheus_client import CollectorRegistry
 
 from control_plane.resources.listener import _ext_proc
 from control_plane.resources.routes import route_configuration
+from ext_proc.pd_stream import PdMetrics, PdProcessor
 from kvgate.config import Config, load_text
 from kvgate.contract.envoy import EXT_PROC_FILTER, PD_METADATA_KEY
 from kvgate.endpoints.directory import EndpointDirectory
@@ -15,6 +21,8 @@ from kvgate.endpoints.records import EndpointRecord
 from kvgate.pd.decider import Path, PrefillDecider
 from kvgate.pd.wire import PREFILL_PARAMS, decode_request, prefill_request
 from kvgate.placement.cost import EngineCost
+from kvgate.routing.decision import Decision, Outcome
+from kvgate.routing.prompt_blocks import PromptBlocks
 
 PD = """
 pools:
@@ -167,3 +175,46 @@ def test_what_the_kv_events_hold_is_put_in_the_estimates_units() -> None:
     held[D, "s1"] = 100 * 128
     plan = decider.plan("coder", D, "s1", 14_000, 100)
     assert (plan.path, plan.lacking_tokens) == (Path.CACHED, 0)
+
+
+class _Decided:
+    """The decision's side of the stream: every turn is session s1's, on D."""
+
+    default_pool = "coder"
+
+    async def decide(self, pool: str | None, headers: Mapping[str, bytes],
+                     body: object) -> Decision:
+        return Decision(Outcome.STICKY, (D,), "s1")
+
+
+class _Context:
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+
+async def _messages(body: bytes) -> AsyncIterator[pb.ProcessingRequest]:
+    length = base_pb2.HeaderValue(key="content-length", raw_value=str(len(body)).encode())
+    yield pb.ProcessingRequest(request_headers=pb.HttpHeaders(
+        headers=base_pb2.HeaderMap(headers=[length])))
+    yield pb.ProcessingRequest(request_body=pb.HttpBody(body=body, end_of_stream=True))
+
+
+async def test_the_stream_gives_the_decider_the_prompts_blocks() -> None:
+    # The body carries 12,000 bytes besides the prompt (tools): estimated 13,257 tokens, its
+    # prompt is 80 blocks of 128 (512 bytes each) and the decode engine holds all 80. Lacking
+    # nothing, it skips the prefill engines. Without the prompt's blocks the stream compared
+    # the units raw: 13,257 - 10,240 held = 3,017 lacking, over the threshold: remote.
+    content = "x" * (80 * 512 - len("\x1esystem\x1f"))
+    body = json.dumps({"model": "m", "messages": [{"role": "system", "content": content}],
+                       "tools": "t" * 12_000}).encode()
+    decider = PrefillDecider(EndpointDirectory(load_text(PD)), 2048, block_tokens=128,
+                             hbm_tokens=lambda e, s, n: min(n, 80 * 128))
+    registry = CollectorRegistry()
+    processor = PdProcessor(cast(Any, _Decided()), decider, PdMetrics(registry), timeout_s=0.5,
+                            prompt_tokens=lambda size: size // 4, session_headers=(),
+                            blocks=PromptBlocks(128, 4.0))
+    answers = [a async for a in processor.process(_messages(body), cast(Any, _Context()))]
+    await processor.close()
+    assert len(answers) == 2  # the headers' answer, then the body's (unchanged)
+    assert registry.get_sample_value("kvgate_ext_proc_pd_turns_total",
+                                     {"path": Path.CACHED.value}) == 1.0
