@@ -30,6 +30,7 @@ def emulated_cost(engine: EmulatorOptions, time_scale: float) -> EngineCost:
         transfer_fixed_s=engine.transfer_fixed_ms / 1000 * time_scale,
         prompt_s_per_token=engine.prompt_us_per_token / 1e6 * time_scale,
         node_gbps=engine.node_gbps / time_scale,
+        hbm_tokens=max(1, engine.hbm_tokens),  # tokens: no time in it
     )
 
 
@@ -42,6 +43,7 @@ def for_emulated_fleet(placement: Placement, engine: EmulatorOptions, time_scale
     if gate_on is not None:
         gate = gate.turned(gate_on)
     if time_scale <= 0:
-        return replace(placement, load_gate=gate, engine_cost=INSTANT)
+        return replace(placement, load_gate=gate,
+                       engine_cost=replace(INSTANT, hbm_tokens=max(1, engine.hbm_tokens)))
     return replace(placement, load_gate=gate.at_time_scale(time_scale),
                    engine_cost=emulated_cost(engine, time_scale))

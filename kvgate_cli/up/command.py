@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 import yaml
 
 from emulator.command import role_list, time_scale
-from emulator.options import EmulatorOptions
+from emulator.options import DEFAULT_HBM_TOKENS, EmulatorOptions
 from emulator.pool_profiles import DEFAULT_PROFILE, PROFILES
 from kvgate.admin_api.auth import TOKEN_ENV
 from kvgate.admin_api.token_file import token_path
@@ -66,6 +66,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--roles", type=role_list, default=(), metavar="R1,R2,...",
         help="emulated engines only: one role per engine (both, prefill, decode): a "
         "prefill/decode-disaggregated pool (default: all both)",
+    )
+    parser.add_argument(
+        "--hbm-tokens", type=int, default=DEFAULT_HBM_TOKENS, metavar="N",
+        help="emulated engines only: each engine's HBM for KV cache, in tokens; the gate's "
+        "placement.engine_cost.hbm_tokens follows it unless the YAML sets it "
+        "(default %(default)s)",
     )
     parser.add_argument(
         "--kv-events-port", type=int, default=0, metavar="PORT",
@@ -164,10 +170,9 @@ def _emulated_fleet(config: Config, args: argparse.Namespace) -> Fleet | str:
         return "--roles: prefill engines need at least one engine that decodes"
     if not 0 <= args.kv_events_port <= 65535 - max(0, args.emulated - 1):
         return f"--kv-events-port out of range for {args.emulated} engines: {args.kv_events_port}"
-    if config.placement.engine_cost == EngineCost():  # not priced in the YAML
-        # The load gate prices the emulated engines as they run: their figures, in wall time.
-        config = replace(config, placement=for_emulated_fleet(
-            config.placement, EmulatorOptions(), scale))
+    if args.hbm_tokens < 1:
+        return f"--hbm-tokens must be at least 1, got {args.hbm_tokens}"
+    config = priced(config, EmulatorOptions(hbm_tokens=args.hbm_tokens), scale)
     if not args.kv_events_port:
         return Fleet(config)
     try:
@@ -179,11 +184,24 @@ def _emulated_fleet(config: Config, args: argparse.Namespace) -> Fleet | str:
                  ("--kv-events-replay-port", str(ports.replay_port)))
 
 
+def priced(config: Config, engine: EmulatorOptions, scale: float) -> Config:
+    """`config`'s gate pricing the emulated `engine`s as they run (their figures, in wall time)
+    where the YAML prices none; else the YAML's prices, with the engines' HBM where it sets
+    none (`hbm_tokens` at its default): what `load_gate.hbm_estimate: routed` fills."""
+    cost = config.placement.engine_cost
+    if cost == EngineCost():  # not priced in the YAML
+        return replace(config, placement=for_emulated_fleet(config.placement, engine, scale))
+    if cost.hbm_tokens != EngineCost().hbm_tokens:
+        return config  # the user's HBM
+    return replace(config, placement=replace(config.placement, engine_cost=replace(
+        cost, hbm_tokens=engine.hbm_tokens)))
+
+
 def emulator_args(args: argparse.Namespace) -> tuple[str, ...]:
     """What ``kvgate emulate`` is told, beyond its ports, when kvgate up runs the fleet."""
     return ("--time-scale", args.time_scale, "--processes", str(args.emulator_processes),
             "--pool-connector", args.pool_connector,
-            "--kv-events-port", str(args.kv_events_port),
+            "--kv-events-port", str(args.kv_events_port), "--hbm-tokens", str(args.hbm_tokens),
             *(("--roles", ",".join(args.roles)) if args.roles else ()))
 
 
