@@ -173,8 +173,10 @@ def _body_answer(body: bytes | None) -> bytes:
 
 def build_pd(config: Config, handler: RequestHandler, directory: EndpointDirectory,
              registry: CollectorRegistry, *, hbm: HbmBoard | None,
-             board: LoadBoard | None, etcd: EtcdClient | None) -> PdProcessor | None:
-    """The P/D stream's processor when a pool has prefill engines (None: colocated only)."""
+             board: LoadBoard | None, etcd: EtcdClient | None,
+             blocks: PromptBlocks) -> PdProcessor | None:
+    """The P/D stream's processor when a pool has prefill engines (None: colocated only).
+    `blocks`: how the gate cuts a prompt into blocks (the decider counts a prompt's in them)."""
     if not any(pool.disaggregated for pool in config.pools):
         return None
     settings, gate = config.disaggregation, config.placement.load_gate
@@ -194,11 +196,11 @@ def build_pd(config: Config, handler: RequestHandler, directory: EndpointDirecto
                              cost=config.placement.engine_cost,
                              rule=SkipRule(settings.skip_rule),
                              running=None if board is None else running,
-                             block_tokens=gate.prefix_block_tokens)  # as the gate's (_policy)
+                             block_tokens=blocks.block_tokens)  # as the gate's (_policy)
     return PdProcessor(handler, decider, PdMetrics(registry),
                        timeout_s=settings.prefill_timeout,
                        prompt_tokens=gate.prompt_tokens,
                        session_headers=config.session.headers,
                        turns=None if etcd is None else TurnLog(etcd, config.etcd.prefix,
                                                                config.session.idle_ttl),
-                       blocks=PromptBlocks(gate.prefix_block_tokens, gate.bytes_per_token))
+                       blocks=blocks)

@@ -177,9 +177,10 @@ class ExtProcService:
             await self._http.serve(self._http_socket)
             return
         assert self._server is not None
+        blocks = self._prompt_blocks()
         self._pd = build_pd(self._config, handler, self.directory, self.metrics.registry,
-                            hbm=self._hbm, board=self.board, etcd=self._etcd)
-        prompt = self._prompt(handler)
+                            hbm=self._hbm, board=self.board, etcd=self._etcd, blocks=blocks)
+        prompt = self._prompt(handler, blocks)
         processor = ExternalProcessor(handler, None if self._pd is None else self._pd.process,
                                       None if prompt is None else prompt.process)
         self._server.add_generic_rpc_handlers((processor.generic_handler(),))
@@ -188,14 +189,18 @@ class ExtProcService:
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set(DECISIONS_HEALTH_SERVICE, health_pb2.HealthCheckResponse.SERVING)
 
-    def _prompt(self, handler: RequestHandler) -> PromptProcessor | None:
-        """The prefix step's stream, when the gate places by prompts (its routes are marked)."""
+    def _prompt_blocks(self) -> PromptBlocks:
+        """How a body's prompt is cut into blocks, as the gate counts them (the prefix step's
+        keys; the P/D decider's count of a prompt's blocks)."""
         settings = self._config.placement.load_gate
-        if not settings.reads_prompts:
+        return PromptBlocks(settings.prefix_block_tokens, settings.bytes_per_token)
+
+    def _prompt(self, handler: RequestHandler, blocks: PromptBlocks) -> PromptProcessor | None:
+        """The prefix step's stream, when the gate places by prompts (its routes are marked)."""
+        if not self._config.placement.load_gate.reads_prompts:
             return None
-        return PromptProcessor(handler, PromptBlocks(settings.prefix_block_tokens,
-                                                     settings.bytes_per_token),
-                               self._config.session.body_limit, self.metrics.prompts_read)
+        return PromptProcessor(handler, blocks, self._config.session.body_limit,
+                               self.metrics.prompts_read)
 
     def _cut_off(self) -> bool:
         """This replica's writes do not reach etcd, or its copy of the bindings is not current

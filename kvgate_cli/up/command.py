@@ -43,6 +43,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--engines", help="comma-separated engine URLs to front (instead of the YAML's pools)",
     )
+    _add_emulated_arguments(parser)
+    parser.add_argument(
+        "--ports", metavar="auto|BASE",
+        help="take every port of the stack from the OS ('auto') or consecutive from BASE "
+        "(gateway, Envoy admin, xDS, admin API, ext_proc metrics, ext_proc), instead of the "
+        "YAML's or the defaults (8080, 9901, 18000, 18001, 9003, 9002)",
+    )
+    parser.add_argument(
+        "--upstream-header", metavar="NAME", nargs="?", const="x-kvgate-upstream",
+        help="add a response header naming the engine (ip:port) that served each request "
+        "(default name %(const)s; YAML: upstream_header). Off unless asked: it reveals "
+        "internal addresses to clients",
+    )
+    parser.add_argument(
+        "--workdir", help="where logs, rendered configs and embedded etcd data go "
+        "(default: a new temporary directory); removed at exit if this run made it, kept "
+        "with its logs when a start or a child failed",
+    )
+    parser.add_argument(
+        "--keep-workdir", action="store_true",
+        help="keep the work directory (logs, etcd data) when kvgate up ends",
+    )
+
+
+
+def _add_emulated_arguments(parser: argparse.ArgumentParser) -> None:
+    """The emulated fleet's shape, when no engines are configured."""
     parser.add_argument(
         "--emulated", type=int, default=4, metavar="N",
         help="with no engines configured: run N emulated vLLM engines sharing a DDR pool "
@@ -78,28 +105,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="emulated engines only: each publishes vLLM's KV cache events (ZMQ PUB), the "
         "first on PORT, the others on the next ports; 0 = off (default %(default)s)",
     )
-    parser.add_argument(
-        "--ports", metavar="auto|BASE",
-        help="take every port of the stack from the OS ('auto') or consecutive from BASE "
-        "(gateway, Envoy admin, xDS, admin API, ext_proc metrics, ext_proc), instead of the "
-        "YAML's or the defaults (8080, 9901, 18000, 18001, 9003, 9002)",
-    )
-    parser.add_argument(
-        "--upstream-header", metavar="NAME", nargs="?", const="x-kvgate-upstream",
-        help="add a response header naming the engine (ip:port) that served each request "
-        "(default name %(const)s; YAML: upstream_header). Off unless asked: it reveals "
-        "internal addresses to clients",
-    )
-    parser.add_argument(
-        "--workdir", help="where logs, rendered configs and embedded etcd data go "
-        "(default: a new temporary directory); removed at exit if this run made it, kept "
-        "with its logs when a start or a child failed",
-    )
-    parser.add_argument(
-        "--keep-workdir", action="store_true",
-        help="keep the work directory (logs, etcd data) when kvgate up ends",
-    )
-
 
 def run(args: argparse.Namespace) -> int:
     try:

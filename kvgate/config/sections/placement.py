@@ -286,7 +286,8 @@ describe(
                          name="transfer_fixed_ms"),
     hbm_tokens=Key(Integer(1, 1 << 40), "one engine's HBM for KV cache, in tokens (vLLM: "
                    "`num_gpu_blocks` × `block_size`, its `cache_config_info` metric). Read by "
-                   "`load_gate.hbm_estimate` only"),
+                   "`load_gate.hbm_estimate` only. `kvgate up` with emulated engines: their "
+                   "HBM (`--hbm-tokens`) unless set here"),
     prompt_s_per_token=Key(Scaled(0.0, 1e6, 1e6, "µs"), "per prompt token, cached or not: "
                            "what the engine does with the whole prompt before its prefill "
                            "(tokenizing, hashing its blocks, looking them up; the emulator's "
