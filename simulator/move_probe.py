@@ -135,7 +135,7 @@ def _wrap_reconsider(probe: Probe) -> None:
         moved = reconsider(self, placing, endpoint, state, known)
         config, now = self.config, known.now
         moved_at = None if known.seen is None else known.seen.moved_at
-        if moved is None and moved_at is not None and now - moved_at < config.cooldown_s:
+        if moved is None and config.cooling(moved_at, now):
             return moved
         backlog = self.board.backlog_s(endpoint, now)
         self.config = config.without_move_thresholds()

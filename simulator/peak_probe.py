@@ -23,7 +23,6 @@ behaviour changes) and writes to OUT.json:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections import Counter, defaultdict
@@ -128,7 +127,7 @@ def _wrap_reconsider(probe: Probe) -> None:
         if moved is not None:
             probe.gate[f"moved:{moved.reason.name}"] += 1
             probe.moves.append((now, endpoint, moved.endpoint))
-        elif moved_at is not None and now - moved_at < config.cooldown_s:
+        elif config.cooling(moved_at, now):
             probe.gate["cooldown"] += 1
         else:
             probe.gate[_why_stayed(self, placing, endpoint, known)] += 1
@@ -142,12 +141,12 @@ def _why_stayed(gate: GatedPolicy, placing: Any, endpoint: str, known: Any) -> s
     `miss_safe`, by `min_saving_ratio`, or no sibling saves enough."""
     config, now = gate.config, known.now
     backlog = gate.board.backlog_s(endpoint, now)
-    if backlog < config.min_saving_s:
+    if not config.clears(backlog, 0.0):  # a move saves at most the backlog (min_saving_s >= 0)
         return "under_min_saving_s"
-    gate.config = dataclasses.replace(config, miss_safe=False)
+    gate.config = config.without_miss_safe()
     try:
         loose = gate.move(placing, endpoint, backlog, known)
-        gate.config = dataclasses.replace(config, miss_safe=False, min_saving_ratio=0.0)
+        gate.config = config.without_miss_safe().without_saving_ratio()
         no_ratio = gate.move(placing, endpoint, backlog, known)
     finally:
         gate.config = config
@@ -173,9 +172,9 @@ def _wrap_gate_place(probe: Probe) -> None:
         if best is not None and board:
             probe.place_gap.append(board[best] - min(board.values()))
             gate["placed"] += 1
-            if best not in free[: self.config.candidates]:
+            if best not in self.config.scored(free):
                 gate["placed_outside_candidates"] += 1
-            if min(board, key=board.__getitem__) not in free[: self.config.candidates]:
+            if min(board, key=board.__getitem__) not in self.config.scored(free):
                 gate["least_loaded_not_a_candidate"] += 1
             if known.seen is not None:
                 gate["placed_rebound"] += 1

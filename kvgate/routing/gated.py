@@ -250,7 +250,7 @@ class GatedPolicy:
         if state is not EndpointState.ACTIVE or not config.enabled:
             return None
         moved_at = None if known.seen is None else known.seen.moved_at
-        if moved_at is not None and now - moved_at < config.cooldown_s:
+        if config.cooling(moved_at, now):
             return None
         if self.hbm is not None:
             home = self.rehome(placing, endpoint, known)

@@ -8,8 +8,9 @@ flags (`DECISION_KEYS`) read it. The engines' speed is kvgate.placement.cost.Eng
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from kvgate.config.address import HostPort
 from kvgate.config.fields import Fields, Path
@@ -35,6 +36,7 @@ from kvgate.placement.terms import DEFAULT_TERMS, TERMS
 LOAD_SOURCES = ("scrape", "collector")
 ROUTED = "routed"  # `hbm_estimate`: from what this gateway routed
 HBM_ESTIMATES = ("none", ROUTED)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +207,25 @@ class GateConfig:
         """A move saving `saving_s` of a session's `stay_s` estimate on its own engine saves
         enough: `min_saving_s`, and `min_saving_ratio` of `stay_s`."""
         return not (saving_s < self.min_saving_s or saving_s < self.min_saving_ratio * stay_s)
+
+    def cooling(self, moved_at: float | None, now: float) -> bool:
+        """A session the gate moved at `moved_at` (None: never) stays put at `now`
+        (`cooldown_s`)."""
+        return moved_at is not None and now - moved_at < self.cooldown_s
+
+    def scored(self, ring: Sequence[T]) -> Sequence[T]:
+        """The ring's candidates a decision scores: its first `candidates`."""
+        return ring[: self.candidates]
+
+    def without_miss_safe(self) -> GateConfig:
+        """These settings pricing every move as a DDR read (`miss_safe` off; a diagnostic's
+        counterfactual, simulator.peak_probe)."""
+        return replace(self, miss_safe=False)
+
+    def without_saving_ratio(self) -> GateConfig:
+        """These settings with no `min_saving_ratio` (0: `min_saving_s` alone; a diagnostic's
+        counterfactual, simulator.peak_probe)."""
+        return replace(self, min_saving_ratio=0.0)
 
     def without_move_thresholds(self) -> GateConfig:
         """These settings taking any sooner sibling: no saving threshold, no `miss_safe`
