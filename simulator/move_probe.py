@@ -34,11 +34,11 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.engine_model import EngineModel
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.routing.booking import Ledger
 from kvgate.routing.gated import GatedPolicy, Move
 from simulator.command import add_arguments, run
+from simulator.probe_hooks import on_admit, on_place, on_send
 from simulator.simulation import Simulation
 
 # request index -> engine, arrival, admission, prefill start, first token, DDR tokens,
@@ -81,19 +81,11 @@ def _wrap(probe: Probe) -> None:
 
 
 def _wrap_admit(probe: Probe) -> None:
-    admit = EngineModel.admit
-
-    def admit_probe(self: EngineModel, now: float, *a: Any, **k: Any) -> Any:
-        probe.last_admit = now
-        return admit(self, now, *a, **k)
-
-    EngineModel.admit = admit_probe  # type: ignore[method-assign]
+    on_admit(probe)
 
 
 def _wrap_place(probe: Probe) -> None:
-    place = Simulation._place
-
-    def place_probe(self: Simulation, e: int, i: int, admission: Any, ask: Any) -> None:
+    def record(sim: Simulation, e: int, i: int, admission: Any) -> None:
         s = admission.slot
         decision = probe.decisions.get(i)
         if decision is not None:
@@ -102,28 +94,24 @@ def _wrap_place(probe: Probe) -> None:
             heapq.heappush(probe.heard, (s.first_token, i, side,
                                          s.first_token - s.arrival - guess))
         probe.real[i] = (e, s.arrival, probe.last_admit, s.prefill_start, s.first_token,
-                         admission.ddr_hit_tokens, bool(self.measured[i]),
+                         admission.ddr_hit_tokens, bool(sim.measured[i]),
                          admission.prompt_tokens - admission.cached_tokens,
                          admission.prompt_tokens)
-        place(self, e, i, admission, ask)
 
-    Simulation._place = place_probe  # type: ignore[method-assign]
+    on_place(record)
 
 
 def _wrap_send(probe: Probe) -> None:
-    send = Simulation._send
-
-    def send_probe(self: Simulation, e: int, i: int, ask: Any, hashes: Any, now: float) -> None:
+    def record(sim: Simulation, e: int, i: int) -> None:
         booked = probe.pending.pop("booked", None)
         if booked is not None:
             probe.booked[i] = (booked["kind"], booked["prefill_s"])
         decision = probe.pending.pop("decision", None)
         if decision is not None:
-            decision["went"] = self.addresses[e]
+            decision["went"] = sim.addresses[e]
             probe.decisions[i] = decision
-        send(self, e, i, ask, hashes, now)
 
-    Simulation._send = send_probe  # type: ignore[method-assign]
+    on_send(record)
 
 
 def _wrap_reconsider(probe: Probe) -> None:

@@ -29,10 +29,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from emulator.engine_model import EngineModel
 from kvgate.placement.pick import candidates
 from kvgate.routing.gated import GatedPolicy
 from simulator.command import add_arguments, run
+from simulator.probe_hooks import on_admit, on_place, on_send
 from simulator.routing import AffinityRouter
 from simulator.simulation import Simulation
 
@@ -67,38 +67,26 @@ def _wrap(probe: Probe) -> None:
 
 
 def _wrap_admit(probe: Probe) -> None:
-    admit = EngineModel.admit
-
-    def admit_probe(self: EngineModel, now: float, *a: Any, **k: Any) -> Any:
-        probe.last_admit = now
-        return admit(self, now, *a, **k)
-
-    EngineModel.admit = admit_probe  # type: ignore[method-assign]
+    on_admit(probe)
 
 
 def _wrap_place(probe: Probe) -> None:
-    place_sim = Simulation._place
-
-    def place_probe(self: Simulation, e: int, i: int, admission: Any, ask: Any) -> None:
+    def record(sim: Simulation, e: int, i: int, admission: Any) -> None:
         s = admission.slot
         probe.rows.append((i, e, s.arrival, probe.last_admit, s.prefill_start, s.first_token,
                            float(admission.prompt_tokens - admission.hbm_hit_tokens
                                  - admission.ddr_hit_tokens), admission.ddr_hit_tokens))
-        place_sim(self, e, i, admission, ask)
 
-    Simulation._place = place_probe  # type: ignore[method-assign]
+    on_place(record)
 
 
 def _wrap_send(probe: Probe) -> None:
-    send = Simulation._send
-
-    def send_probe(self: Simulation, e: int, i: int, ask: Any, hashes: Any, now: float) -> None:
+    def record(sim: Simulation, e: int, i: int) -> None:
         board = probe.pending.pop("board", None)
         if board is not None:
-            probe.board_at[i] = board[self.addresses[e]]
-        send(self, e, i, ask, hashes, now)
+            probe.board_at[i] = board[sim.addresses[e]]
 
-    Simulation._send = send_probe  # type: ignore[method-assign]
+    on_send(record)
 
 
 def _wrap_route(probe: Probe) -> None:
