@@ -11,15 +11,24 @@ kvgate reads reports a link's queued bytes: vLLM's `/metrics` counts the connect
 (vllm/distributed/kv_transfer/kv_connector/v1/metrics.py) transfers done, not bytes waiting;
 so these reads are all it knows.
 
-A link drains at its full rate while anything is queued on it: under max-min fair sharing
-(`TransferModel`) a busy link is never idle, so what is booked on it is through after its
-bytes ÷ its rate. A new read is priced as if it waited for all of it (first come, first
-served); fair sharing finishes a read shorter than those ahead of it sooner, so for those this
-is an upper bound, and for a link with nothing booked it is exactly `EngineCost.transfer_s`.
+The links share their bandwidth as `TransferModel` does: max-min fair, which on one bottleneck
+is processor sharing (`TransferModel`'s docstring). So each link here is processor sharing
+among the reads booked on it: every read in flight moves at the link's rate over their number.
+A read of `b` bytes sent now, with nothing sent after it, is through once each read ahead has
+moved as much of itself as it has, at most `b`: after (sum of min(left_i, b) + b) / rate
+(the same as `TransferModel.estimate` on one link). A node's link is a second constraint: the
+later of the two. A link is never idle while anything is on it, so what is booked is through
+after its bytes / its rate (`wait_s`). For a link with nothing booked a read costs exactly
+`EngineCost.transfer_s`. Each link's reads drain on it alone (a device's reads slowed by a busy
+node are not slowed here): the model is exact on one link and optimistic across two.
+Measured against the simulator's transfers: docs/journal/agentic-peak.md (2026-12-07, the link
+term's error).
 """
 
 from __future__ import annotations
 
+import math
+from bisect import insort
 from collections.abc import Callable
 
 from kvgate.placement.cost import GB, EngineCost
@@ -30,8 +39,60 @@ def host_of(address: str) -> str:
     return address.rpartition(":")[0] or address
 
 
+class SharedLink:
+    """One link's booked reads under processor sharing, in virtual time: `moved` is what each
+    read in flight has moved since the first booked; a read is through when `moved` reaches
+    its tag (what had moved when it was booked, plus its bytes). Tags are kept sorted, so the
+    reads finish in their order. Calls whose `now` goes back are taken at the last booking."""
+
+    __slots__ = ("_moved", "_rate", "_since", "_tags")
+
+    def __init__(self, rate: float) -> None:
+        self._rate = rate  # bytes/s
+        self._tags: list[float] = []  # sorted
+        self._moved = 0.0  # at `_since`
+        self._since = -math.inf
+
+    def _at(self, now: float) -> tuple[float, int]:
+        """At `now`: what each read in flight has moved, and the first read not through."""
+        tags, rate = self._tags, self._rate
+        moved, at, first = self._moved, self._since, 0
+        now = max(now, at)
+        while first < len(tags):
+            sharing = len(tags) - first
+            end = at + (tags[first] - moved) * sharing / rate
+            if end > now:
+                return moved + (now - at) * rate / sharing, first
+            at, moved = end, tags[first]
+            first += 1
+        return moved, first
+
+    def left(self, now: float) -> float:
+        """The bytes booked on the link and not through by `now`."""
+        moved, first = self._at(now)
+        return sum(self._tags[k] - moved for k in range(first, len(self._tags)))
+
+    def read_s(self, now: float, size: float) -> float:
+        """Seconds until a read of `size` bytes sent at `now` is through, if none is sent
+        after it: the reads ahead move min(left, size) each meanwhile."""
+        moved, first = self._at(now)
+        tags = self._tags
+        ahead = sum(min(tags[k] - moved, size) for k in range(first, len(tags)))
+        return (ahead + size) / self._rate
+
+    def book(self, now: float, size: float) -> float:
+        """A read of `size` bytes sent at `now`; seconds until it is through (as `read_s`)."""
+        now = max(now, self._since)
+        seconds = self.read_s(now, size)
+        moved, first = self._at(now)
+        del self._tags[:first]
+        self._moved, self._since = moved, now
+        insort(self._tags, moved + size)
+        return seconds
+
+
 class LinkBacklog:
-    """When the reads booked on each device's link and each node's are through."""
+    """The reads booked on each device's link and each node's, shared as the links share."""
 
     __slots__ = ("_bytes", "_device", "_device_rate", "_fixed", "_node", "_node_of",
                  "_node_rate", "_nodes")
@@ -45,8 +106,8 @@ class LinkBacklog:
         self._node_rate = cost.node_gbps * GB
         self._node_of = node_of
         self._nodes: dict[str, str] = {}  # address -> node, as first asked
-        self._device: dict[str, float] = {}  # address -> when its booked bytes are through
-        self._node: dict[str, float] = {}  # node -> the same
+        self._device: dict[str, SharedLink] = {}  # address -> its device link's reads
+        self._node: dict[str, SharedLink] = {}  # node -> its link's reads
 
     def _node_key(self, address: str) -> str:
         node = self._nodes.get(address)
@@ -56,37 +117,45 @@ class LinkBacklog:
 
     def wait_s(self, address: str, now: float) -> float:
         """Seconds until what is booked on `address`'s links is through."""
-        device = self._device.get(address, now) - now
-        if not self._node_rate:
-            return max(0.0, device)
-        return max(0.0, device, self._node.get(self._node_key(address), now) - now)
+        device = self._device.get(address)
+        wait = 0.0 if device is None else device.left(now) / self._device_rate
+        if self._node_rate:
+            node = self._node.get(self._node_key(address))
+            if node is not None:
+                wait = max(wait, node.left(now) / self._node_rate)
+        return wait
 
     def read_s(self, address: str, now: float, tokens: int) -> float:
-        """Reading `tokens` into `address`'s HBM, sent now, behind what is booked on its
-        links (with the transfer's fixed cost)."""
+        """Reading `tokens` into `address`'s HBM, sent now, sharing its links with what is
+        booked on them (with the transfer's fixed cost)."""
         if tokens <= 0:
             return 0.0
         size = tokens * self._bytes
-        done = max(self._device.get(address, now), now) + size / self._device_rate
+        device = self._device.get(address)
+        seconds = size / self._device_rate if device is None else device.read_s(now, size)
         if self._node_rate:
-            node = self._node_key(address)
-            done = max(done, max(self._node.get(node, now), now) + size / self._node_rate)
-        return self._fixed + done - now
+            node = self._node.get(self._node_key(address))
+            seconds = max(seconds, size / self._node_rate if node is None
+                          else node.read_s(now, size))
+        return self._fixed + seconds
 
     def book(self, address: str, now: float, tokens: int) -> float:
-        """A read of `tokens` into `address`'s HBM sent at `now`: queued on its links; when it
-        is ready (its last byte in, plus the fixed cost)."""
+        """A read of `tokens` into `address`'s HBM sent at `now`: booked on its links; when it
+        is ready (its last byte in, plus the fixed cost), if no read is sent after it."""
         if tokens <= 0:
             return now
         size = tokens * self._bytes
-        device = self._device[address] = (max(self._device.get(address, now), now)
-                                          + size / self._device_rate)
-        done = device
+        device = self._device.get(address)
+        if device is None:
+            device = self._device[address] = SharedLink(self._device_rate)
+        seconds = device.book(now, size)
         if self._node_rate:
-            node = self._node_key(address)
-            end = self._node[node] = max(self._node.get(node, now), now) + size / self._node_rate
-            done = max(done, end)
-        return done + self._fixed
+            node_key = self._node_key(address)
+            node = self._node.get(node_key)
+            if node is None:
+                node = self._node[node_key] = SharedLink(self._node_rate)
+            seconds = max(seconds, node.book(now, size))
+        return now + seconds + self._fixed
 
     def forget(self, address: str) -> None:
         """An engine left (or failed: its reads are gone with it)."""

@@ -75,9 +75,10 @@ class DdrRead(Term):
 
 
 class QueuedDdrRead(Term):
-    """Reading the context from the DDR pool behind the reads already queued on the engine's
-    device link and its node's (`EngineSignals.ddr_read_s`, kvgate.placement.links): the
-    `ddr_read` term with its links' backlog; exactly `ddr_read` where nothing is queued."""
+    """Reading the context from the DDR pool sharing the engine's device link and its node's
+    with the reads booked on them, as the links share (`EngineSignals.ddr_read_s`,
+    kvgate.placement.links: processor sharing on each link): the `ddr_read` term with its
+    links' backlog; exactly `ddr_read` where nothing is booked."""
 
     name = "link_backlog"
     overlaps_wait = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from emulator.transfer import TransferModel, TransferParams
 from kvgate.config.sections.placement import GateConfig
 from kvgate.contract.states import EndpointState
 from kvgate.placement import session_hash
@@ -55,8 +56,9 @@ def test_devices_on_one_node_share_its_link_and_other_nodes_do_not() -> None:
     links.book("a", 0.0, 100_000)  # 26.2 GB: 1.31 s on its device, 0.87 s of its node's
     node_busy = 100_000 * cost.kv_bytes_per_token / 30e9
     assert links.wait_s("b", 0.0) == pytest.approx(node_busy)
+    # The node's link is shared: b's read moves at half of it while a's is in flight.
     assert links.read_s("b", 0.0, 1_000) == pytest.approx(
-        cost.transfer_fixed_s + node_busy + 1_000 * cost.kv_bytes_per_token / 30e9)
+        cost.transfer_fixed_s + 2 * 1_000 * cost.kv_bytes_per_token / 30e9)
     assert links.read_s("c", 0.0, 1_000) == pytest.approx(cost.transfer_s(1_000))
     # No node link (0): devices never wait on each other.
     alone = LinkBacklog(EngineCost(node_gbps=0.0), {"a": "n1", "b": "n1"}.__getitem__)
@@ -139,3 +141,75 @@ def test_a_session_whose_reload_waits_on_a_busy_link_moves_to_a_free_one() -> No
         if moved is not None:
             assert moved.endpoint != current
             assert moved.estimate.stay_s > 6.0
+
+
+def test_a_short_read_shares_the_link_with_a_long_one_rather_than_waiting_for_it() -> None:
+    # Fair sharing (emulator/transfer.py, TransferModel): a 10k-token read sent behind a
+    # 200k-token one moves at half the link until it is through, after 2 x its bytes / rate,
+    # not after both reads' bytes (first come, first served, the model before).
+    links = LinkBacklog(COST)
+    links.book("a:1", 0.0, 200_000)
+    rate = COST.ddr_gbps * 1e9
+    short = 10_000 * COST.kv_bytes_per_token
+    assert links.read_s("a:1", 0.0, 10_000) == pytest.approx(
+        COST.transfer_fixed_s + 2 * short / rate)
+    # Each read ahead moves at most what it has left: one nearly through adds only that.
+    long = 200_000 * COST.kv_bytes_per_token
+    almost = (long - short / 4) / rate  # a quarter of the short read's bytes left
+    assert links.read_s("a:1", almost, 10_000) == pytest.approx(
+        COST.transfer_fixed_s + 1.25 * short / rate)
+    # What is booked is through at the same time either way: the link is never idle.
+    assert links.wait_s("a:1", 0.0) == pytest.approx(long / rate)
+    assert links.wait_s("a:1", 1.0) == pytest.approx(long / rate - 1.0)
+
+
+def _transfer_ready(sends: list[tuple[float, int, int]], params: TransferParams) -> float:
+    """The emulator's transfer model: when the last of `sends` (time, device, tokens) is
+    ready, nothing being sent after it."""
+    model = TransferModel(params)
+    last = -1
+    for at, device, tokens in sends:
+        model.finish_due(at)
+        last = model.start(at, device, tokens * COST.kv_bytes_per_token)
+    while True:
+        for tid, ready in model.finish_due(model.next_done()):
+            if tid == last:
+                return ready
+
+
+@pytest.mark.parametrize("sends", [
+    [(0.0, 0, 100_000), (0.5, 0, 20_000), (1.0, 0, 50_000)],
+    [(0.0, 0, 30_000), (0.1, 0, 30_000), (0.2, 0, 200_000), (0.3, 0, 5_000)],
+    [(0.0, 0, 80_000), (3.0, 0, 10_000), (3.1, 0, 10_000)],  # the first is through by 3.0
+])
+def test_the_last_reads_ready_time_is_the_emulators_on_one_link(
+        sends: list[tuple[float, int, int]]) -> None:
+    cost = EngineCost(node_gbps=0.0)  # devices' links only, as the params below
+    params = TransferParams(device_gbps=cost.ddr_gbps, node_gbps=None, devices_per_node=1,
+                            fixed_ms=cost.transfer_fixed_s * 1000)
+    links = LinkBacklog(cost, lambda address: address)
+    ready = 0.0
+    for at, _, tokens in sends:
+        ready = links.book("a", at, tokens)
+    assert ready == pytest.approx(_transfer_ready(sends, params), rel=1e-9)
+
+
+def test_a_read_on_a_busy_node_gets_its_fair_share_of_the_nodes_link() -> None:
+    # Two devices of one node, a 30 GB/s node link: the transfer model's max-min shares give
+    # each of the two reads 15 GB/s while both are in flight.
+    cost = EngineCost(ddr_gbps=20.0, node_gbps=30.0)
+    params = TransferParams(device_gbps=20.0, node_gbps=30.0, devices_per_node=2,
+                            fixed_ms=cost.transfer_fixed_s * 1000)
+    links = LinkBacklog(cost, {"d0": "n", "d1": "n"}.__getitem__)
+    links.book("d0", 0.0, 100_000)
+    sends = [(0.0, 0, 100_000), (0.0, 1, 1_000)]
+    assert links.book("d1", 0.0, 1_000) == pytest.approx(_transfer_ready(sends, params))
+
+
+def test_a_call_from_before_the_last_booking_is_taken_at_it() -> None:
+    # Live, two streams may book with their own clocks' readings slightly out of order.
+    links = LinkBacklog(COST)
+    links.book("a:1", 1.0, 40_000)
+    assert links.read_s("a:1", 0.5, 40_000) == links.read_s("a:1", 1.0, 40_000)
+    expected = links.read_s("a:1", 1.0, 40_000)
+    assert links.book("a:1", 0.5, 40_000) - 0.5 == pytest.approx(expected)
