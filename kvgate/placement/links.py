@@ -43,51 +43,57 @@ class SharedLink:
     """One link's booked reads under processor sharing, in virtual time: `moved` is what each
     read in flight has moved since the first booked; a read is through when `moved` reaches
     its tag (what had moved when it was booked, plus its bytes). Tags are kept sorted, so the
-    reads finish in their order. Calls whose `now` goes back are taken at the last booking."""
+    reads finish in their order. A call whose `now` is before the last is taken at the last
+    (live, two streams may read their clocks slightly out of order)."""
 
-    __slots__ = ("_moved", "_rate", "_since", "_tags")
+    __slots__ = ("_end", "_moved", "_rate", "_since", "_tags")
 
     def __init__(self, rate: float) -> None:
         self._rate = rate  # bytes/s
         self._tags: list[float] = []  # sorted
         self._moved = 0.0  # at `_since`
         self._since = -math.inf
+        self._end = -math.inf  # when all of it is through: the link is never idle meanwhile
 
-    def _at(self, now: float) -> tuple[float, int]:
-        """At `now`: what each read in flight has moved, and the first read not through."""
+    def wait_s(self, now: float) -> float:
+        """Seconds until what is booked on the link is through."""
+        return max(0.0, self._end - now)
+
+    def _advance(self, now: float) -> None:
+        """Brings `moved` to `now` and drops the reads through by then."""
         tags, rate = self._tags, self._rate
         moved, at, first = self._moved, self._since, 0
-        now = max(now, at)
+        if now <= at:
+            return
         while first < len(tags):
             sharing = len(tags) - first
             end = at + (tags[first] - moved) * sharing / rate
             if end > now:
-                return moved + (now - at) * rate / sharing, first
+                moved += (now - at) * rate / sharing
+                break
             at, moved = end, tags[first]
             first += 1
-        return moved, first
-
-    def left(self, now: float) -> float:
-        """The bytes booked on the link and not through by `now`."""
-        moved, first = self._at(now)
-        return sum(self._tags[k] - moved for k in range(first, len(self._tags)))
+        del tags[:first]
+        self._moved, self._since = moved, now
 
     def read_s(self, now: float, size: float) -> float:
         """Seconds until a read of `size` bytes sent at `now` is through, if none is sent
         after it: the reads ahead move min(left, size) each meanwhile."""
-        moved, first = self._at(now)
-        tags = self._tags
-        ahead = sum(min(tags[k] - moved, size) for k in range(first, len(tags)))
+        if self._end <= now:  # nothing left on the link: the sticky path's usual case
+            return size / self._rate
+        self._advance(now)
+        moved = self._moved
+        ahead = 0.0
+        for tag in self._tags:
+            ahead += min(tag - moved, size)
         return (ahead + size) / self._rate
 
     def book(self, now: float, size: float) -> float:
         """A read of `size` bytes sent at `now`; seconds until it is through (as `read_s`)."""
-        now = max(now, self._since)
         seconds = self.read_s(now, size)
-        moved, first = self._at(now)
-        del self._tags[:first]
-        self._moved, self._since = moved, now
-        insort(self._tags, moved + size)
+        self._advance(now)
+        insort(self._tags, self._moved + size)
+        self._end = max(self._end, now) + size / self._rate
         return seconds
 
 
@@ -118,11 +124,11 @@ class LinkBacklog:
     def wait_s(self, address: str, now: float) -> float:
         """Seconds until what is booked on `address`'s links is through."""
         device = self._device.get(address)
-        wait = 0.0 if device is None else device.left(now) / self._device_rate
+        wait = 0.0 if device is None else device.wait_s(now)
         if self._node_rate:
             node = self._node.get(self._node_key(address))
             if node is not None:
-                wait = max(wait, node.left(now) / self._node_rate)
+                wait = max(wait, node.wait_s(now))
         return wait
 
     def read_s(self, address: str, now: float, tokens: int) -> float:
