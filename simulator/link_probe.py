@@ -166,6 +166,8 @@ def summary(probe: Probe, warmup_s: float) -> dict[str, Any]:
     out: dict[str, Any] = {
         "booked": len(rows), "with_transfer": len(read),
         "booked_without_transfer": sum(1 for r in rows if "bytes" not in r),
+        "booked_tokens": sum(r["tokens"] for r in rows),
+        "booked_tokens_without_transfer": sum(r["tokens"] for r in rows if "bytes" not in r),
         "transfers": probe.counts["transfers"],
         "real_mean_s": sum(r["real_s"] for r in read) / max(1, len(read)),
         "booked_over_read_bytes": sum(r["booked_bytes"] for r in read) / max(
