@@ -28,7 +28,7 @@ from emulator.transfer import TransferModel
 from kvgate.placement.cost import GB, EngineCost
 from kvgate.placement.links import LinkBacklog
 from simulator.command import add_arguments, run
-from simulator.probe_hooks import on_send
+from simulator.probe_hooks import on_place, on_send
 from simulator.simulation import Simulation
 
 WARMUP_S = 360.0  # the committed runs' warm-up: reads sent before it are not summarised
@@ -99,7 +99,14 @@ def _wrap(probe: Probe) -> None:
         if pending is not None and pending["address"] == sim.addresses[e]:
             probe.rows[i] = pending
 
+    def placed(sim: Simulation, e: int, i: int, admission: Any) -> None:
+        row = probe.rows.get(i)
+        if row is not None:  # what the engine found: HBM, DDR, and what it computes
+            row.update(hbm_hit=admission.hbm_hit_tokens, ddr_hit=admission.ddr_hit_tokens,
+                       computed=admission.prompt_tokens - admission.cached_tokens)
+
     on_send(record)
+    on_place(placed)
     _wrap_transfers(probe)
 
 
@@ -168,6 +175,10 @@ def summary(probe: Probe, warmup_s: float) -> dict[str, Any]:
         "booked_without_transfer": sum(1 for r in rows if "bytes" not in r),
         "booked_tokens": sum(r["tokens"] for r in rows),
         "booked_tokens_without_transfer": sum(r["tokens"] for r in rows if "bytes" not in r),
+        # of the reads that never happened, those whose engine computed at least their size
+        # (neither tier had it) rather than finding it in HBM
+        "without_transfer_computed": sum(1 for r in rows if "bytes" not in r
+                                         and r.get("computed", 0) >= r["tokens"]),
         "transfers": probe.counts["transfers"],
         "real_mean_s": sum(r["real_s"] for r in read) / max(1, len(read)),
         "booked_over_read_bytes": sum(r["booked_bytes"] for r in read) / max(
