@@ -35,6 +35,8 @@ import xxhash
 
 from emulator.ddr_pool import DdrPool
 from emulator.prefix_cache import max_hit_blocks
+from emulator.timing import Scheduler
+from kvgate.placement.live import LoadBoard
 from kvgate.routing.booking import Ledger
 from simulator.command import add_arguments, run
 from simulator.probe_hooks import on_admit, on_place, on_send
@@ -243,13 +245,87 @@ def spread_ticks(seconds: float) -> None:
     trace._record = spread  # type: ignore[assignment]
 
 
+def keep_place() -> None:
+    """A diagnostic of the engine model, not of the gate: a request whose DDR read the engine's
+    queue hides (its prefill would start after the read's estimated end) is admitted when it
+    is sent, in its place, as vLLM keeps it (a request waiting for remote KVs is skipped, then
+    put back at the head of the waiting queue: vllm/v1/core/sched/scheduler.py, `schedule`);
+    the simulator admits it when its read ends, behind what arrived meanwhile. Its transfer
+    still runs (the links' traffic), and its end admits nothing."""
+    loaded = Simulation._on_transfer_loaded
+    early: set[int] = set()
+
+    def send_keeping(self: Simulation, e: int, i: int, ask: Any, hashes: Any,
+                     now: float) -> None:
+        self.per_engine[e] += 1
+        self.assignments[i] = e
+        engine = self.fleet.engines[e]
+        self.gauges[e].arrived(now)
+        probe = engine.probe_hashes(now, hashes, ask.tokens)
+        pool, transfers = self.pool, self.transfers
+        ddr: int | None = None
+        if pool is not None and self.pool_up and probe.hbm_blocks < probe.limit_blocks:
+            ddr = pool.lookup(probe.pool_hashes, probe.hbm_blocks, now)
+        elif pool is not None:
+            ddr = 0
+        tokens, answer = self._output(e, i)
+        if ddr and transfers is not None:
+            nbytes = ddr * self.block_bytes
+            hidden = (isinstance(engine.scheduler, Scheduler) and engine.scheduler.prefill_start(
+                now) >= now + transfers.estimate(now, e, nbytes))
+            tid = transfers.start(now, e, nbytes)
+            self.loading[tid] = (e, self.fleet.generation[e], probe, i, ddr, now, ask)
+            if not hidden:
+                return
+            early.add(tid)
+            self._place(e, i, engine.admit(now, probe, tokens, ddr, answer, arrival=now), ask)
+        else:
+            self._place(e, i, engine.admit(now, probe, tokens, ddr, answer), ask)
+
+    def loaded_keeping(self: Simulation, tid: int, at: float) -> None:
+        if tid in early:
+            early.discard(tid)
+            del self.loading[tid]
+            return
+        loaded(self, tid, at)
+
+    Simulation._send = send_keeping  # type: ignore[method-assign]
+    Simulation._on_transfer_loaded = loaded_keeping  # type: ignore[method-assign]
+
+
+def true_board() -> None:
+    """A diagnostic bound, not a rule (only the simulator knows it): the load board's backlog
+    of an engine is that engine's real FCFS queue at the instant (when a request sent then
+    would start its prefill), as a ledger with no drift at all would give; requests whose DDR
+    read is under way are not in it yet."""
+    init = Simulation.__init__
+    sims: list[Simulation] = []
+
+    def init_kept(self: Simulation, *a: Any, **k: Any) -> None:
+        init(self, *a, **k)
+        sims.append(self)
+
+    def backlog_true(self: LoadBoard, address: str, now: float) -> float:
+        sim = sims[-1]
+        scheduler = sim.fleet.engines[sim.index[address]].scheduler
+        return max(0.0, scheduler.prefill_start(now) - now)
+
+    Simulation.__init__ = init_kept  # type: ignore[method-assign]
+    LoadBoard.backlog_s = backlog_true  # type: ignore[method-assign]
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv:
         raise SystemExit("usage: python -m simulator.drift_probe OUT.json [--raw] "
-                         "[--spread-ticks S] -- [kvgate simulate flags...]")
+                         "[--spread-ticks S] [--keep-place] [--true-board] -- "
+                         "[kvgate simulate flags...]")
     own, rest = argv[: argv.index("--")], argv[argv.index("--") + 1:]
     if "--spread-ticks" in own:
         spread_ticks(float(own[own.index("--spread-ticks") + 1]))
+    if "--keep-place" in own:  # before the probe's own hooks wrap the send
+        keep_place()
+    if "--true-board" in own:
+        true_board()
     probe = DriftProbe()
     on_admit(probe)
     _wrap_ledger(probe)

@@ -71,3 +71,16 @@ def test_overtaken_counts_later_bookings_that_started_first() -> None:
     overtaken(rows)
     assert moved["overtaken_s"] == 0.8
     assert all(r["overtaken_s"] == 0.0 for r in rows[1:])
+
+
+def test_a_true_board_reads_the_engines_real_queue(tmp_path: Path) -> None:
+    out = tmp_path / "drift.json"
+    subprocess.run([sys.executable, "-m", "simulator.drift_probe", str(out), "--raw",
+                    "--true-board", "--keep-place", "--", *FLAGS, "--out", str(tmp_path)],
+                   check=True, capture_output=True)
+    rows = json.loads((tmp_path / "drift.json.raw.json").read_text())
+    unread = [r for r in rows if r["real_read_s"] == 0]
+    assert len(unread) > len(rows) / 2
+    # Sent with nothing to read, a request waits exactly the queue the board gave the gate.
+    assert all(abs(r["real_wait_s"] - r["backlog_s"]) < 1e-9 for r in unread)
+    assert any(r["real_wait_s"] > 0 for r in unread)
