@@ -7,17 +7,25 @@ difference in computed tokens split by cause:
   rule with real sizes less what it booked);
 - `reuse`: what the engine could reuse that the rule does not count (the answer's blocks a
   kept turn finds, a prefix other sessions left): every leading block of the prompt ever held
-  by the engine, or by the DDR pool where the context comes from there, less the rule's
-  context;
+  by the engine or the DDR pool, less the rule's context;
 - `lost`: of that reusable prefix, what the engine had to compute anyway (evicted from HBM,
-  and the pool lost it or is not read);
+  and the pool lost it);
 
-and, apart, `hbm_evicted_read`: tokens read from DDR that the gate took as in HBM (kept turns).
+and, apart, `hbm_evicted_read`: tokens read from DDR that the gate took as in HBM (kept turns),
+and `overtaken`: the prefill seconds of requests booked after it on its engine that started
+first. The rule is the default one (a new session booked whole): with `book_uncached_prefill`
+the held prefix it books off shows as a positive `estimate` that `reuse` cancels. OUT.json:
+per kind of booking, and each engine's booked less real prefill seconds; OUT.json.raw.json
+with `--raw`: every row.
 
     python -m simulator.drift_probe OUT.json -- --jobs 1 --quiet --modes affinity+ddr \
         --no-oracle [kvgate simulate flags...]
 
-It changes no decision (it wraps the ledger and the simulation; `--jobs 1`, one mode).
+It changes no decision (it wraps the ledger and the simulation; `--jobs 1`, one mode). Three
+diagnostics (before `--`) change the run, every mode's alike, and are not rules: `--spread-ticks
+S` (trace arrivals spread over S seconds), `--keep-place` (a DDR read the engine's queue hides
+keeps its place), `--true-board` (the gate reads each engine's real queue: a ledger with no
+drift). docs/journal/small-fleet.md has what they showed.
 """
 
 from __future__ import annotations
