@@ -3,8 +3,10 @@ RequestHandler and Pipeline (kvgate.routing) over an in-memory store, 4 engines 
 pool.
 
     python bench/decision_cost.py [--decisions 200000] [--sessions 1000] [--board-from-reports]
+                                  [--cases round,round+hbm,round+estimate]
 
-`--board-from-reports`: the gate-on runs with `placement.load_gate.board_from_reports`.
+`--board-from-reports`: the gate-on runs with `placement.load_gate.board_from_reports`;
+`--cases`: only these (`off`, or the gate on with one of the engine figures below).
 
 Every session is bound first; each measured request carries `content-length: 2000`, so with the
 gate on it is sized and booked on the ledger (engines priced as instant: no backlog builds, the
@@ -126,8 +128,10 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=1000)
     parser.add_argument("--board-from-reports", action="store_true",
                         help="placement.load_gate.board_from_reports on in the gate-on runs")
+    parser.add_argument("--cases", type=_cases, default=("off", *FIGURES),
+                        help="comma-separated: off, " + ", ".join(FIGURES) + " (default: all)")
     args = parser.parse_args()
-    runs = [(False, "none"), *((True, figures) for figures in FIGURES)]
+    runs = [(case != "off", "none" if case == "off" else case) for case in args.cases]
     for _ in range(2):
         costs = {}
         for gate_on, figures in runs:
@@ -135,9 +139,20 @@ def main() -> None:
                 gate_on, args.decisions, args.sessions, figures, args.board_from_reports))
             what = f"on, engine figures: {figures}" if gate_on else "off"
             print(f"gate {what:<28} {seconds * 1e6:6.2f} us per sticky decision")
-        # The estimate of what HBM holds (no KV events) against the same round without it.
-        print(f"round+estimate / round: {costs['round+estimate'] / costs['round']:.2f} "
-              f"(+{(costs['round+estimate'] - costs['round']) * 1e6:.2f} us)")
+        # What HBM residency (KV events, or the estimate) adds to the same round without it.
+        for case in ("round+hbm", "round+estimate"):
+            if case in costs and "round" in costs:
+                print(f"{case} / round: {costs[case] / costs['round']:.2f} "
+                      f"(+{(costs[case] - costs['round']) * 1e6:.2f} us)")
+
+
+def _cases(text: str) -> tuple[str, ...]:
+    cases = tuple(c.strip() for c in text.split(",") if c.strip())
+    unknown = [c for c in cases if c != "off" and c not in FIGURES]
+    if unknown or not cases:
+        raise argparse.ArgumentTypeError(f"unknown {unknown or 'nothing'}; "
+                                         f"choose from off, {', '.join(FIGURES)}")
+    return cases
 
 
 if __name__ == "__main__":
