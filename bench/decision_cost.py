@@ -3,10 +3,12 @@ RequestHandler and Pipeline (kvgate.routing) over an in-memory store, 4 engines 
 pool.
 
     python bench/decision_cost.py [--decisions 200000] [--sessions 1000] [--board-from-reports]
-                                  [--cases round,round+hbm,round+estimate]
+                                  [--cases round,round+hbm,round+estimate] [--chunks 20]
 
 `--board-from-reports`: the gate-on runs with `placement.load_gate.board_from_reports`;
-`--cases`: only these (`off`, or the gate on with one of the engine figures below).
+`--cases`: only these (`off`, or the gate on with one of the engine figures below);
+`--chunks N`: the cases take turns in one process, chunk by chunk, and each prints its least
+and median chunk (on a busy machine the least is the figure that compares).
 
 Every session is bound first; each measured request carries `content-length: 2000`, so with the
 gate on it is sized and booked on the ledger (engines priced as instant: no backlog builds, the
@@ -27,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -96,9 +100,59 @@ def _gate(on: bool, prefix: bool, reports: bool = False, estimate: bool = False
                      require_pools=False).placement.load_gate
 
 
+class Sticky:
+    """One case: its handler, every session bound, deciding sticky turns in order."""
+
+    def __init__(self, gate_on: bool, sessions: int, figures: str, reports: bool) -> None:
+        self.prefix = figures.endswith("+prefix")
+        self.handler = _handler(gate_on, sessions, figures, reports)
+        self.headers = [{"x-session-id": f"bench-{i}".encode(), "content-length": b"2000"}
+                        for i in range(sessions)]
+        self.turn = 0
+
+    async def bind(self) -> None:
+        for one in self.headers:
+            await self.handler.decide(None, one, None)
+
+    async def seconds(self, decisions: int) -> float:
+        """CPU seconds per sticky decision over the next `decisions`."""
+        handler, headers, start = self.handler, self.headers, self.turn
+        sessions = len(headers)
+        started = time.process_time()
+        if self.prefix:  # ext_proc.prompt_stream: every request may give its prompt; sticky
+            for i in range(start, start + decisions):  # ones do not
+                await handler.decide(None, headers[i % sessions], None, prompt=True)
+        else:
+            for i in range(start, start + decisions):
+                await handler.decide(None, headers[i % sessions], None)
+        self.turn = start + decisions
+        return (time.process_time() - started) / decisions
+
+
 async def per_decision(gate_on: bool, decisions: int, sessions: int,
                        figures: str = "none", reports: bool = False) -> float:
     """CPU seconds per sticky decision."""
+    case = Sticky(gate_on, sessions, figures, reports)
+    await case.bind()
+    return await case.seconds(decisions)
+
+
+async def interleaved(cases: Sequence[str], decisions: int, sessions: int, chunks: int,
+                      reports: bool) -> dict[str, list[float]]:
+    """Each case's CPU seconds per sticky decision in `chunks` runs of `decisions` / `chunks`,
+    the cases taking turns chunk by chunk (a busy machine's noise falls on all alike)."""
+    runs = {case: Sticky(case != "off", sessions, "none" if case == "off" else case, reports)
+            for case in cases}
+    for run in runs.values():
+        await run.bind()
+    found: dict[str, list[float]] = {case: [] for case in cases}
+    for _ in range(chunks):
+        for case, run in runs.items():
+            found[case].append(await run.seconds(max(1, decisions // chunks)))
+    return found
+
+
+def _handler(gate_on: bool, sessions: int, figures: str, reports: bool) -> RequestHandler:
     prefix = figures.endswith("+prefix")
     policy = build_policy(_gate(gate_on, prefix, reports, figures.endswith("+estimate")),
                           EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
@@ -106,20 +160,8 @@ async def per_decision(gate_on: bool, decisions: int, sessions: int,
                           hbm=resident(sessions) if "+hbm" in figures else None,
                           block_tokens=16)
     pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, policy=policy)
-    handler = RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics("bench"),
-                             "p", bytes_per_token=4.0 if gate_on else None)
-    headers = [{"x-session-id": f"bench-{i}".encode(), "content-length": b"2000"}
-               for i in range(sessions)]
-    for one in headers:
-        await handler.decide(None, one, None)
-    started = time.process_time()
-    if prefix:  # ext_proc.prompt_stream: every request may give its prompt; sticky ones do not
-        for i in range(decisions):
-            await handler.decide(None, headers[i % sessions], None, prompt=True)
-    else:
-        for i in range(decisions):
-            await handler.decide(None, headers[i % sessions], None)
-    return (time.process_time() - started) / decisions
+    return RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics("bench"),
+                          "p", bytes_per_token=4.0 if gate_on else None)
 
 
 def main() -> None:
@@ -130,7 +172,13 @@ def main() -> None:
                         help="placement.load_gate.board_from_reports on in the gate-on runs")
     parser.add_argument("--cases", type=_cases, default=("off", *FIGURES),
                         help="comma-separated: off, " + ", ".join(FIGURES) + " (default: all)")
+    parser.add_argument("--chunks", type=int, default=1,
+                        help="over 1: the cases take turns in one process, each run in this "
+                        "many chunks; each chunk's figure printed as the least and the median")
     args = parser.parse_args()
+    if args.chunks > 1:
+        _chunked(args.cases, args.decisions, args.sessions, args.chunks, args.board_from_reports)
+        return
     runs = [(case != "off", "none" if case == "off" else case) for case in args.cases]
     for _ in range(2):
         costs = {}
@@ -144,6 +192,21 @@ def main() -> None:
             if case in costs and "round" in costs:
                 print(f"{case} / round: {costs[case] / costs['round']:.2f} "
                       f"(+{(costs[case] - costs['round']) * 1e6:.2f} us)")
+
+
+def _chunked(cases: Sequence[str], decisions: int, sessions: int, chunks: int,
+             reports: bool) -> None:
+    found = asyncio.run(interleaved(cases, decisions, sessions, chunks, reports))
+    for case, seconds in found.items():
+        print(f"{case:<18} least {min(seconds) * 1e6:6.2f} us, median "
+              f"{statistics.median(seconds) * 1e6:6.2f} us per sticky decision "
+              f"({chunks} chunks of {max(1, decisions // chunks)})")
+    if "round" in found:
+        base = min(found["round"])
+        for case in ("round+hbm", "round+estimate"):
+            if case in found:
+                print(f"{case} - round, least against least: "
+                      f"{(min(found[case]) - base) * 1e6:+.2f} us")
 
 
 def _cases(text: str) -> tuple[str, ...]:
