@@ -3,12 +3,13 @@ RequestHandler and Pipeline (kvgate.routing) over an in-memory store, 4 engines 
 pool.
 
     python bench/decision_cost.py [--decisions 200000] [--sessions 1000] [--board-from-reports]
-                                  [--cases round,round+hbm,round+estimate] [--chunks 20]
+                                  [--cases round,round+hbm,round+estimate] [--chunks 20] [--calls]
 
 `--board-from-reports`: the gate-on runs with `placement.load_gate.board_from_reports`;
 `--cases`: only these (`off`, or the gate on with one of the engine figures below);
 `--chunks N`: the cases take turns in one process, chunk by chunk, and each prints its least
-and median chunk (on a busy machine the least is the figure that compares).
+and median chunk (on a busy machine the least is the figure that compares); `--calls`: the
+Python function calls per decision instead of its time (a count no load moves).
 
 Every session is bound first; each measured request carries `content-length: 2000`, so with the
 gate on it is sized and booked on the ledger (engines priced as instant: no backlog builds, the
@@ -29,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import pstats
 import statistics
 import sys
 import time
@@ -152,6 +155,20 @@ async def interleaved(cases: Sequence[str], decisions: int, sessions: int, chunk
     return found
 
 
+async def calls_per_decision(case: str, decisions: int, sessions: int, reports: bool
+                             ) -> float:
+    """Python function calls per sticky decision of `case` (builtins included)."""
+    run = Sticky(case != "off", sessions, "none" if case == "off" else case, reports)
+    await run.bind()
+    profile = cProfile.Profile()
+    profile.enable()
+    await run.seconds(decisions)
+    profile.disable()
+    counts = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    calls: int = sum(entry[1] for entry in counts.values())  # (primitive calls, calls, ...)
+    return calls / decisions
+
+
 def _handler(gate_on: bool, sessions: int, figures: str, reports: bool) -> RequestHandler:
     prefix = figures.endswith("+prefix")
     policy = build_policy(_gate(gate_on, prefix, reports, figures.endswith("+estimate")),
@@ -175,7 +192,16 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=1,
                         help="over 1: the cases take turns in one process, each run in this "
                         "many chunks; each chunk's figure printed as the least and the median")
+    parser.add_argument("--calls", action="store_true",
+                        help="count the Python function calls per sticky decision instead "
+                        "(cProfile's count: no load on a shared machine moves it)")
     args = parser.parse_args()
+    if args.calls:
+        for case in args.cases:
+            calls = asyncio.run(calls_per_decision(case, args.decisions, args.sessions,
+                                                   args.board_from_reports))
+            print(f"{case:<18} {calls:7.2f} Python function calls per sticky decision")
+        return
     if args.chunks > 1:
         _chunked(args.cases, args.decisions, args.sessions, args.chunks, args.board_from_reports)
         return

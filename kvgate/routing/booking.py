@@ -48,20 +48,20 @@ class Ledger:
         # prefilled (`book_uncached_prefill`; the ledger records placements in it, so the
         # sticky path has no second hook); None: a placed prompt is booked whole.
         self.prefix: PrefixStep | None = None
-        self._found: tuple[Known, str, int | None] | None = None  # `found`, until `kept`
+        self._found: tuple[Known, str, int | None] | None = None  # `held` deciding: `kept`
 
-    def held(self, endpoint: str, known: Known) -> int | None:
+    def held(self, endpoint: str, known: Known, *, deciding: bool = False) -> int | None:
         """What `endpoint`'s HBM holds of `known`'s context (its session's last prompt), in the
-        gate's units (held_context, scaled by the prompt's whole blocks); None: not known."""
+        gate's units (held_context, scaled by the prompt's whole blocks); None: not known.
+        `deciding`: the gate asks as it decides the request, and a `kept` of it books with
+        this answer (the residency is asked once a decision)."""
         hbm, seen = self.hbm, known.seen
-        return None if hbm is None else held_context(
+        held = None if hbm is None else held_context(
             hbm.hbm_tokens, endpoint, known.session, 0 if seen is None else seen.tokens,
             known.prompt_tokens, known.full_blocks or len(known.blocks), self.block_tokens)
-
-    def found(self, known: Known, endpoint: str, held: int | None) -> None:
-        """`held` for `known` on `endpoint`, as the gate found it deciding: `kept` books the
-        same request with it, not asking the residency again (once a decision)."""
-        self._found = (known, endpoint, held)
+        if deciding:
+            self._found = (known, endpoint, held)
+        return held
 
     def _book(self, endpoint: str, now: float, prefill_s: float,
               ready_at: float | None = None) -> None:

@@ -42,7 +42,7 @@ from kvgate.placement.view import PoolView
 from kvgate.routing import moves
 from kvgate.routing.booking import Ledger
 from kvgate.routing.hbm_estimate import RoutedHbmHook
-from kvgate.routing.moves import Move, least
+from kvgate.routing.moves import REHOME_HELD_BELOW, Move, least
 from kvgate.routing.policy import (
     BookingHook,
     HbmResidency,
@@ -225,24 +225,25 @@ class GatedPolicy:
                    known: Known) -> Moved | None:
         """A DDR-pool sibling that answers sooner by enough (or, its context evicted, keeps it
         longer: `rehome`), for a session on an active endpoint; None: it stays."""
-        config, now = self.config, known.now
+        config, now, seen = self.config, known.now, known.seen
         if state is not EndpointState.ACTIVE or not config.enabled:
             return None
-        moved_at = None if known.seen is None else known.seen.moved_at
-        if config.cooling(moved_at, now):
+        if config.cooling(None if seen is None else seen.moved_at, now):
             return None
         held = None  # what its HBM holds of the context, where known: asked once a decision
-        if self.hbm is not None:
-            ledger = self._ledger
-            held = ledger.held(endpoint, known)
-            ledger.found(known, endpoint, held)  # a kept turn books with it
-            home = moves.rehome(self, placing, endpoint, known, held)
-            if home is not None:
-                return Moved(home.endpoint, MoveReason.EVICTED, home.estimate)
+        ledger = self._ledger
+        if ledger.hbm is not None:
+            held = ledger.held(endpoint, known, deciding=True)  # a kept turn books with it
+            # Re-homing is asked only of a context mostly gone (rehome's own test, here so the
+            # sticky path makes no call for it).
+            if held is not None and seen is not None and held < REHOME_HELD_BELOW * seen.tokens:
+                home = moves.rehome(self, placing, endpoint, known, held)
+                if home is not None:
+                    return Moved(home.endpoint, MoveReason.EVICTED, home.estimate)
         # Moving saves at most this engine's backlog (the prefill is the same anywhere): under
         # the threshold nothing else is looked at, so the sticky path stays O(1).
         backlog = self.board.backlog_s(endpoint, now)
-        if backlog < config.min_saving_s and (self._ledger.links is None
+        if backlog < config.min_saving_s and (ledger.links is None
                                                or not self._link_bound(endpoint, now)):
             return None
         move = moves.move(self, placing, endpoint, backlog, known, held)
