@@ -3,13 +3,16 @@ RequestHandler and Pipeline (kvgate.routing) over an in-memory store, 4 engines 
 pool.
 
     python bench/decision_cost.py [--decisions 200000] [--sessions 1000] [--board-from-reports]
-                                  [--cases round,round+hbm,round+estimate] [--chunks 20] [--calls]
+                                  [--cases round,round+hbm,round+estimate]
+                                  [--chunks 20 [--gate-only]] [--calls]
 
 `--board-from-reports`: the gate-on runs with `placement.load_gate.board_from_reports`;
 `--cases`: only these (`off`, or the gate on with one of the engine figures below);
 `--chunks N`: the cases take turns in one process, chunk by chunk, and each prints its least
 and median chunk (on a busy machine the least is the figure that compares); `--calls`: the
-Python function calls per decision instead of its time (a count no load moves).
+Python function calls per decision instead of its time (a count no load moves);
+`--gate-only` (with `--chunks`): the policy's part of a sticky turn alone (what it knows,
+`reconsider`, its booking hooks), the part the cases differ in.
 
 Every session is bound first; each measured request carries `content-length: 2000`, so with the
 gate on it is sized and booked on the ledger (engines priced as instant: no backlog builds, the
@@ -44,6 +47,7 @@ from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.bindings.memory import MemoryBindingStore
 from kvgate.config import load_text
 from kvgate.config.sections.placement import GateConfig
+from kvgate.contract.states import EndpointState
 from kvgate.contract.vllm import GAUGES, EngineFigures
 from kvgate.endpoints import EndpointDirectory
 from kvgate.fleet.hbm_board import HbmBoard
@@ -51,6 +55,7 @@ from kvgate.placement.cost import EngineCost
 from kvgate.placement.live import LoadBoard, ObservedLoad, ObservedRound
 from kvgate.routing import Pipeline, build_policy
 from kvgate.routing.handler import DecisionMetrics, RequestHandler
+from kvgate.routing.policy import Placing, Policy
 from kvgate.routing.sources import SessionSources
 from kvgate.session import normalize_session
 
@@ -108,14 +113,34 @@ class Sticky:
 
     def __init__(self, gate_on: bool, sessions: int, figures: str, reports: bool) -> None:
         self.prefix = figures.endswith("+prefix")
-        self.handler = _handler(gate_on, sessions, figures, reports)
+        self.handler, self.policy = _handler(gate_on, sessions, figures, reports)
         self.headers = [{"x-session-id": f"bench-{i}".encode(), "content-length": b"2000"}
                         for i in range(sessions)]
+        self.bound: list[tuple[str, str]] = []  # each session and its endpoint
         self.turn = 0
 
     async def bind(self) -> None:
         for one in self.headers:
-            await self.handler.decide(None, one, None)
+            decision = await self.handler.decide(None, one, None)
+            session = normalize_session(one["x-session-id"])
+            assert session is not None and decision.endpoints
+            self.bound.append((session, decision.endpoints[0]))
+
+    def gate_seconds(self, decisions: int) -> float:
+        """CPU seconds per sticky turn in the policy alone (what it knows, `reconsider`, its
+        booking hooks), over the next `decisions`: no handler, pipeline or store."""
+        policy, bound, start = self.policy, self.bound, self.turn
+        placing = Placing(EndpointDirectory(CONFIG).view("p"), 0, {}, 1.25)
+        tokens = 2000 // 4  # the handler's estimate of the body (4 bytes a token)
+        started = time.process_time()
+        for i in range(start, start + decisions):
+            session, endpoint = bound[i % len(bound)]
+            known = policy.known("p", session, tokens)
+            policy.reconsider(placing, endpoint, EndpointState.ACTIVE, known)  # never moves:
+            for hook in policy.hooks:  # every engine is instant
+                hook.kept("p", session, endpoint, known)
+        self.turn = start + decisions
+        return (time.process_time() - started) / decisions
 
     async def seconds(self, decisions: int) -> float:
         """CPU seconds per sticky decision over the next `decisions`."""
@@ -141,9 +166,10 @@ async def per_decision(gate_on: bool, decisions: int, sessions: int,
 
 
 async def interleaved(cases: Sequence[str], decisions: int, sessions: int, chunks: int,
-                      reports: bool) -> dict[str, list[float]]:
+                      reports: bool, gate_only: bool = False) -> dict[str, list[float]]:
     """Each case's CPU seconds per sticky decision in `chunks` runs of `decisions` / `chunks`,
-    the cases taking turns chunk by chunk (a busy machine's noise falls on all alike)."""
+    the cases taking turns chunk by chunk (a busy machine's noise falls on all alike);
+    `gate_only`: the policy's part alone (`Sticky.gate_seconds`)."""
     runs = {case: Sticky(case != "off", sessions, "none" if case == "off" else case, reports)
             for case in cases}
     for run in runs.values():
@@ -151,7 +177,9 @@ async def interleaved(cases: Sequence[str], decisions: int, sessions: int, chunk
     found: dict[str, list[float]] = {case: [] for case in cases}
     for _ in range(chunks):
         for case, run in runs.items():
-            found[case].append(await run.seconds(max(1, decisions // chunks)))
+            count = max(1, decisions // chunks)
+            found[case].append(run.gate_seconds(count) if gate_only
+                               else await run.seconds(count))
     return found
 
 
@@ -169,7 +197,8 @@ async def calls_per_decision(case: str, decisions: int, sessions: int, reports: 
     return calls / decisions
 
 
-def _handler(gate_on: bool, sessions: int, figures: str, reports: bool) -> RequestHandler:
+def _handler(gate_on: bool, sessions: int, figures: str, reports: bool
+             ) -> tuple[RequestHandler, Policy]:
     prefix = figures.endswith("+prefix")
     policy = build_policy(_gate(gate_on, prefix, reports, figures.endswith("+estimate")),
                           EngineCost(prefill_tokens_per_s=1e9, prefill_overhead_s=0.0),
@@ -178,7 +207,7 @@ def _handler(gate_on: bool, sessions: int, figures: str, reports: bool) -> Reque
                           block_tokens=16)
     pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 1.25, policy=policy)
     return RequestHandler(pipeline, SessionSources(CONFIG.session), DecisionMetrics("bench"),
-                          "p", bytes_per_token=4.0 if gate_on else None)
+                          "p", bytes_per_token=4.0 if gate_on else None), policy
 
 
 def main() -> None:
@@ -192,6 +221,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=1,
                         help="over 1: the cases take turns in one process, each run in this "
                         "many chunks; each chunk's figure printed as the least and the median")
+    parser.add_argument("--gate-only", action="store_true",
+                        help="with --chunks: time the policy's part of a decision alone")
     parser.add_argument("--calls", action="store_true",
                         help="count the Python function calls per sticky decision instead "
                         "(cProfile's count: no load on a shared machine moves it)")
@@ -203,14 +234,20 @@ def main() -> None:
             print(f"{case:<18} {calls:7.2f} Python function calls per sticky decision")
         return
     if args.chunks > 1:
-        _chunked(args.cases, args.decisions, args.sessions, args.chunks, args.board_from_reports)
+        _chunked(args.cases, args.decisions, args.sessions, args.chunks, args.board_from_reports,
+                 args.gate_only)
         return
-    runs = [(case != "off", "none" if case == "off" else case) for case in args.cases]
+    _twice(args.cases, args.decisions, args.sessions, args.board_from_reports)
+
+
+def _twice(cases: Sequence[str], decisions: int, sessions: int, reports: bool) -> None:
+    """Each case in its own run, twice over."""
+    runs = [(case != "off", "none" if case == "off" else case) for case in cases]
     for _ in range(2):
         costs = {}
         for gate_on, figures in runs:
             seconds = costs[figures if gate_on else "off"] = asyncio.run(per_decision(
-                gate_on, args.decisions, args.sessions, figures, args.board_from_reports))
+                gate_on, decisions, sessions, figures, reports))
             what = f"on, engine figures: {figures}" if gate_on else "off"
             print(f"gate {what:<28} {seconds * 1e6:6.2f} us per sticky decision")
         # What HBM residency (KV events, or the estimate) adds to the same round without it.
@@ -221,11 +258,12 @@ def main() -> None:
 
 
 def _chunked(cases: Sequence[str], decisions: int, sessions: int, chunks: int,
-             reports: bool) -> None:
-    found = asyncio.run(interleaved(cases, decisions, sessions, chunks, reports))
+             reports: bool, gate_only: bool) -> None:
+    found = asyncio.run(interleaved(cases, decisions, sessions, chunks, reports, gate_only))
+    what = "in the policy alone" if gate_only else "per sticky decision"
     for case, seconds in found.items():
         print(f"{case:<18} least {min(seconds) * 1e6:6.2f} us, median "
-              f"{statistics.median(seconds) * 1e6:6.2f} us per sticky decision "
+              f"{statistics.median(seconds) * 1e6:6.2f} us {what} "
               f"({chunks} chunks of {max(1, decisions // chunks)})")
     if "round" in found:
         base = min(found["round"])
