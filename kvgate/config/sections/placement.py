@@ -68,8 +68,8 @@ class GateConfig:
         ListOf(Choice(tuple(TERMS))), "the terms a request's estimated TTFT on an endpoint is "
         "the sum of (the longest of those that overlap the queue wait, then the others): "
         "`queue_wait` (the prefill queued there), `ddr_read` (its context read from the DDR "
-        "pool), `link_backlog` (that read behind the reads this router sent on the engine's "
-        "device and node links; not in the default), `prefill` (what neither tier holds)",
+        "pool), `link_backlog` (that read sharing the engine's device and node links with the "
+        "reads this router sent there; not in the default), `prefill` (what neither tier holds)",
         default=DEFAULT_TERMS)
     prefix_placement: bool = key(
         Boolean(), "a new session, and a session the gate moves, is priced on each candidate "
