@@ -28,7 +28,7 @@ from emulator.transfer import TransferModel
 from kvgate.placement.cost import GB, EngineCost
 from kvgate.placement.links import LinkBacklog
 from simulator.command import add_arguments, run
-from simulator.probe_hooks import on_place, on_send
+from simulator.probe_hooks import on_place, on_send, pct
 from simulator.simulation import Simulation
 
 WARMUP_S = 360.0  # the committed runs' warm-up: reads sent before it are not summarised
@@ -149,20 +149,13 @@ def _wrap_transfers(probe: Probe) -> None:
     TransferModel.finish_due = finish_probe  # type: ignore[method-assign]
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
-
-
 def errors(rows: list[Row], key: str) -> dict[str, float]:
     """`key`'s estimate less the real time, in seconds: > 0 over-estimates."""
     error = [r[key] - r["real_s"] for r in rows]
     return {"n": len(error), "mean_s": sum(error) / len(error) if error else 0.0,
             "mean_abs_s": sum(map(abs, error)) / len(error) if error else 0.0,
-            "p50_s": _pct(error, 50), "p90_s": _pct(error, 90), "p99_s": _pct(error, 99),
-            "p1_s": _pct(error, 1), "p10_s": _pct(error, 10)}
+            "p50_s": pct(error, 50), "p90_s": pct(error, 90), "p99_s": pct(error, 99),
+            "p1_s": pct(error, 1), "p10_s": pct(error, 10)}
 
 
 def summary(probe: Probe, warmup_s: float) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from typing import Any
 from kvgate.placement.pick import candidates
 from kvgate.routing.gated import GatedPolicy
 from simulator.command import add_arguments, run
-from simulator.probe_hooks import on_admit, on_place, on_send
+from simulator.probe_hooks import on_admit, on_place, on_send, pct
 from simulator.routing import AffinityRouter
 from simulator.simulation import Simulation
 
@@ -171,13 +171,6 @@ def _wrap_gate_place(probe: Probe) -> None:
     GatedPolicy.place = place_probe  # type: ignore[method-assign]
 
 
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
-
-
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
@@ -203,7 +196,7 @@ def summary(probe: Probe, warmup_s: float) -> dict[str, Any]:
             "prefill_s_min": min(busy), "wait_s_mean": sum(waits) / len(waits),
             "wait_s_max": max(waits), "wait_s_min": min(waits)})
     ttft = [r[5] - r[2] for r in rows]
-    p99 = _pct(ttft, 99)
+    p99 = pct(ttft, 99)
     tail = [r for r in rows if r[5] - r[2] >= p99]
     tail_engines = Counter(r[1] for r in tail)
 
@@ -211,7 +204,7 @@ def summary(probe: Probe, warmup_s: float) -> dict[str, Any]:
     pairs = [(probe.board_at[i], real[i]) for i in real if i in probe.board_at]
     return {
         "requests": len(rows), "ttft_p99_s": p99,
-        "ttft_p50_s": _pct(ttft, 50),
+        "ttft_p50_s": pct(ttft, 50),
         "tail": {"n": len(tail), "read_wait_s": _mean([r[3] - r[2] for r in tail]),
                  "queue_wait_s": _mean([r[4] - r[3] for r in tail]),
                  "prefill_s": _mean([r[5] - r[4] for r in tail]),
@@ -220,7 +213,7 @@ def summary(probe: Probe, warmup_s: float) -> dict[str, Any]:
                  "engines": dict(sorted(tail_engines.items()))},
         "all": {"read_wait_s": _mean([r[3] - r[2] for r in rows]),
                 "queue_wait_s": _mean([r[4] - r[3] for r in rows]),
-                "queue_wait_p99_s": _pct([r[4] - r[3] for r in rows], 99),
+                "queue_wait_p99_s": pct([r[4] - r[3] for r in rows], 99),
                 "ddr_tokens": _mean([float(r[7]) for r in rows]),
                 "prefill_s": _mean([r[5] - r[4] for r in rows])},
         "per_engine_requests": dict(sorted(Counter(r[1] for r in rows).items())),
@@ -232,8 +225,8 @@ def summary(probe: Probe, warmup_s: float) -> dict[str, Any]:
         "gate": dict(probe.gate),
         "place_free_candidates": dict(sorted(probe.place_free.items())),
         "place_backlog_over_least_s": {"mean": _mean(probe.place_gap),
-                                       "p90": _pct(probe.place_gap, 90),
-                                       "p99": _pct(probe.place_gap, 99)},
+                                       "p90": pct(probe.place_gap, 90),
+                                       "p99": pct(probe.place_gap, 99)},
         "estimate_vs_real": {"n": len(pairs), "estimate_mean_s": _mean([p[0] for p in pairs]),
                              "real_mean_s": _mean([p[1] for p in pairs]),
                              "estimate_over_1s": sum(1 for p in pairs if p[0] > 1.0),

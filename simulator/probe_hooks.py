@@ -1,7 +1,8 @@
-"""What the simulator's probes (simulator.peak_probe, simulator.move_probe) hook into this
-process's simulation: each engine's admissions (the instant a request was admitted), each
+"""What the simulator's probes (peak_probe, move_probe, link_probe, drift_probe) hook into
+this process's simulation: each engine's admissions (the instant a request was admitted), each
 request placed on an engine (its slot's times) and each request sent (which engine took it).
-A probe hands in what it records; the hooks wrap the classes, changing no decision."""
+A probe hands in what it records; the hooks wrap the classes, changing no decision. And the
+percentile the probes print (`pct`)."""
 
 from __future__ import annotations
 
@@ -47,3 +48,12 @@ def on_send(record: Callable[[Simulation, int, int], None]) -> None:
         send(self, e, i, ask, hashes, now)
 
     Simulation._send = send_probe  # type: ignore[method-assign]
+
+
+def pct(values: list[float], q: float) -> float:
+    """The `q`th percentile as the probes print it: the value at index q/100 x n of the sorted
+    values (0.0 for none)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
