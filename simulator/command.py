@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
                        progress=not args.quiet and sys.stderr.isatty() and args.jobs <= 1,
                        addresses=addresses, pd=args.pd,
                        skip_prefill_below=args.skip_prefill_below, skip_rule=args.skip_rule,
+                       decode_puts=args.pd_decode_puts == "on",
                        **router_settings(args))
     blocks = hashed(workload, options.block_size, args.jobs)
     print(f"prompts hashed into {options.block_size}-token blocks "

@@ -61,6 +61,12 @@ def add_pd_flags(parser: argparse.ArgumentParser) -> None:
              "threshold (that alone) or streams (also that its prefill costs the decode "
              "engine's running streams fewer seconds than disaggregating costs the turn; "
              "disaggregation.skip_rule; %(default)s)")
+    parser.add_argument(
+        "--pd-decode-puts", choices=["on", "off"], default="off",
+        help="P/D modes: the decode engines also put each prompt they computed or pulled to "
+             "the DDR pool at its first token, as vllm-ascend's AscendStoreConnector does with "
+             "consumer_is_to_put: true (answers stay out: save_decode_cache off); off: only "
+             "the prefill engines write the pool (%(default)s)")
 
 
 def check_pd(args: argparse.Namespace, engines: int) -> None:
@@ -84,7 +90,10 @@ def pd_description(config: SimConfig) -> dict[str, Any]:
     if config.pd is None:
         return {}
     options = config.engine
+    # Named only when on: results without it keep their bytes.
+    puts = {"decode_puts": True} if config.decode_puts else {}
     return {"pd": {"prefill_engines": config.pd[0], "decode_engines": config.pd[1],
                    "skip_prefill_below": config.skip_prefill_below,
                    "skip_rule": str(config.skip_rule),
-                   "link_gbps": options.ddr_gbps, "link_fixed_ms": options.transfer_fixed_ms}}
+                   "link_gbps": options.ddr_gbps, "link_fixed_ms": options.transfer_fixed_ms,
+                   **puts}}

@@ -15,6 +15,15 @@ Engines ``0..P-1`` prefill, the next ``D`` decode. Per turn the mode's router
    from the pool and saves the prompt back; on the decode side Mooncake reports the remote
    prompt, and ``consumer_is_to_load`` / ``consumer_is_to_put`` are off, so the decode engine
    neither reads nor writes the pool. An answer therefore never reaches the pool.
+   ``--pd-decode-puts on`` (``consumer_is_to_put: true``) makes each decode engine a writer
+   too: at its first token it offers the prompt it holds (pulled or computed, from block 0)
+   to the pool, which puts the blocks it lacks. Sources: vllm-ascend ``ascend_store/
+   pool_scheduler.py`` ``build_connector_meta`` (``force_skip_save`` only while the flag is
+   off; ``_process_new_request`` saves ``prompt_token_ids`` up to the tokens computed) and
+   ``kv_transfer.py`` ``KVCacheStoreSendingThread._handle_stored_request`` (skips only a range
+   AscendStore loaded itself; on D Mooncake loaded, so nothing is skipped). Generated tokens
+   follow the profile's ``store_decode`` (``save_decode_cache``, off for ascend-store:
+   ``_process_running_cached_request``). The decode side still never reads the pool.
 2. At the prefill's end the decode engine pulls only what its own HBM lacks
    (``get_num_new_matched_tokens``: ``len(prompt) - num_computed_tokens``) over a link priced as
    ``emulator.pd.Link`` prices it (``--ddr-gbps`` per device, 20 GB/s, plus
@@ -38,7 +47,7 @@ from simulator.observe import Scraper
 from simulator.pd_routers import PdPick, make_pd_router
 from simulator.routing import Ask, EngineHoldings, PoolHoldings, Router
 from simulator.setup import SimConfig, router_setup
-from simulator.simulation import _FIRST, Simulation, _Admitted, _Entry
+from simulator.simulation import _FIRST, _POOL_END, Simulation, _Admitted, _Entry
 from workload.hashing import PromptBlocks
 from workload.model import Workload
 
@@ -62,6 +71,7 @@ class PdSimulation(Simulation):
         options = config.engine
         self.link = Link(options.ddr_gbps, options.transfer_fixed_ms, options.kv_bytes_per_token)
         self.pulled_tokens = 0
+        self.decode_puts = config.decode_puts  # consumer_is_to_put (module docstring)
         self.prefilled_on = [-1] * len(self.requests)  # the engine that prefilled each turn
         self._decode_of: dict[int, int] = {}  # turn -> its decode engine, while in flight
         self._asks: dict[int, Ask] = {}
@@ -123,8 +133,28 @@ class PdSimulation(Simulation):
                 self._push(slot.first_token, _FIRST, event)
             self._push(slot.first_token, _HANDOFF, event)
             return
+        if self.pool is not None and self.decode_puts:
+            self._push(slot.first_token, _FIRST, event)
+            if self.pool_end:  # the answer, when the profile stores decode blocks
+                self._push(slot.finish, _POOL_END, event)
         self._push(slot.finish, _DONE, event)
         self._served(i, admission, self._prefill.pop(i, None))
+
+    def _on_first_token(self, admitted: _Admitted, at: float) -> None:
+        """A decode engine's put offers its prompt from block 0: what it pulled came over the
+        P/D link, not from the pool, so no loaded range is skipped."""
+        e, _, admission, _ = admitted
+        if e < self.prefillers:
+            super()._on_first_token(admitted, at)
+        elif self.pool is not None and self.pool_up:
+            self.pool.store(admission.to_pool, admission.hbm_blocks, 0, at)
+
+    def _on_pool_end(self, admitted: _Admitted, at: float) -> None:
+        e, _, admission, _ = admitted
+        if e < self.prefillers:
+            super()._on_pool_end(admitted, at)
+        elif self.pool is not None and self.pool_up:
+            self.pool.finish(admission.to_pool, admission.answer, admission.hbm_blocks, 0, at)
 
     def _dispatch(self, at: float, kind: int, data: _Entry) -> None:
         if kind == _HANDOFF:

@@ -57,6 +57,9 @@ class SimConfig:
     pd: tuple[int, int] | None = None
     skip_prefill_below: int = DEFAULT_SKIP_PREFILL_BELOW  # pd-kvgate's decider
     skip_rule: SkipRule = SkipRule.THRESHOLD  # and what else keeps a turn on the decode engine
+    # The decode engines put each prompt they hold to the pool too (AscendStore's
+    # `consumer_is_to_put: true`; simulator.pd_simulation). Off: only the prefill side writes it.
+    decode_puts: bool = False
 
 
 def router_setup(options: EmulatorOptions, config: SimConfig) -> RouterSetup:
