@@ -86,9 +86,8 @@ class PromptProcessor:
         message = await anext(requests, None)
         if message is None or not message.HasField("request_body"):
             return  # Envoy gave up on the request
-        prompt = self._blocks.read(message.request_body.body)
-        decision = await self._handler.decide(pool, headers, fields, blocks=prompt.blocks,
-                                              full_blocks=prompt.full)
+        blocks = self._blocks.of_body(message.request_body.body)
+        decision = await self._handler.decide(pool, headers, fields, blocks=blocks)
         yield self._body_answers.of(decision)
 
     def _fits(self, headers: dict[str, bytes]) -> bool:

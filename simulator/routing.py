@@ -225,10 +225,8 @@ class AffinityRouter:
         if self._hbm is not None:
             self._hbm.asking = ask.hashes
         try:
-            # Every full block hashed, none capped: the prompt's real whole blocks.
             decision = await self._pipeline.decide(POOL, ask.session.encode(), ask.prompt_tokens,
-                                                   blocks=ask.hashes,
-                                                   full_blocks=len(ask.hashes))
+                                                   blocks=ask.hashes)
         except DecisionError:
             return None
         if decision.reason in (MoveReason.LOAD, MoveReason.EVICTED):

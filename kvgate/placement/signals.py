@@ -53,11 +53,8 @@ def held_context(hbm_tokens: HbmTokens, endpoint: str, session: str, context: in
     `block_tokens`; the estimate's error is the session's, steady over its turns:
     docs/journal/load-gate.md, "Prompt sizes"), then rounded down to whole blocks. All of
     that held: all of `context`; else what is held, in the gate's units."""
-    if block_tokens and blocks and prompt > 0:
-        ratio = blocks * block_tokens / prompt
-        real = int(context * ratio)
-    else:  # not scaled (a sticky turn live: no body read)
-        ratio, real = 1.0, context
+    ratio = blocks * block_tokens / prompt if block_tokens and blocks and prompt > 0 else 1.0
+    real = int(context * ratio)
     whole = real - real % block_tokens if block_tokens else real
     held = hbm_tokens(endpoint, session, whole)
     if held is None or held >= whole:

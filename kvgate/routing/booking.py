@@ -34,34 +34,18 @@ class Ledger:
     """A :class:`~kvgate.routing.policy.BookingHook` over one load board."""
 
     def __init__(self, cost: EngineCost, board: LoadBoard, recent: RecentSessions,
-                 mix: PrefillMix, block_tokens: int | None = None) -> None:
-        """`block_tokens`: the size of a request's prompt blocks (`Known.blocks`), where they
-        are known (held_context)."""
+                 mix: PrefillMix) -> None:
         self._cost = cost
         self._board = board
         self._recent = recent
         self._mix = mix
         self.hbm: HbmResidency | None = None  # what each engine's HBM holds, where known
-        self.block_tokens = block_tokens
+        self.block_tokens: int | None = None  # the prompt blocks' size, where blocks are known
         self.links: LinkBacklog | None = None  # the reads booked on each link, where kept
         # What an engine holds of a placed prompt's leading blocks, where booked as not
         # prefilled (`book_uncached_prefill`; the ledger records placements in it, so the
         # sticky path has no second hook); None: a placed prompt is booked whole.
         self.prefix: PrefixStep | None = None
-        self._found: tuple[Known, str, int | None] | None = None  # `held` deciding: `kept`
-
-    def held(self, endpoint: str, known: Known, *, deciding: bool = False) -> int | None:
-        """What `endpoint`'s HBM holds of `known`'s context (its session's last prompt), in the
-        gate's units (held_context, scaled by the prompt's whole blocks); None: not known.
-        `deciding`: the gate asks as it decides the request, and a `kept` of it books with
-        this answer (the residency is asked once a decision)."""
-        hbm, seen = self.hbm, known.seen
-        held = None if hbm is None else held_context(
-            hbm.hbm_tokens, endpoint, known.session, 0 if seen is None else seen.tokens,
-            known.prompt_tokens, known.full_blocks or len(known.blocks), self.block_tokens)
-        if deciding:
-            self._found = (known, endpoint, held)
-        return held
 
     def _book(self, endpoint: str, now: float, prefill_s: float,
               ready_at: float | None = None) -> None:
@@ -83,11 +67,10 @@ class Ledger:
         prompt, seen = known.prompt_tokens, known.seen
         context = 0 if seen is None else seen.tokens
         if prompt > 0:  # unknown size (no body, chunked): nothing booked, as in routed()
-            held = None
-            if self.hbm is not None:  # as the gate found it deciding, else asked now
-                found, self._found = self._found, None
-                held = (found[2] if found is not None and found[0] is known
-                        and found[1] == endpoint else self.held(endpoint, known))
+            hbm = self.hbm
+            held = None if hbm is None else held_context(
+                hbm.hbm_tokens, endpoint, session, context, prompt, len(known.blocks),
+                self.block_tokens)
             if held is None or held >= context:
                 self._book(endpoint, known.now, self._cost.prefill_s(prompt - context, prompt))
             else:

@@ -84,13 +84,12 @@ class RequestHandler:
         pool: str | None,
         headers: Mapping[str, bytes],
         body: BodyFields | None,
-        *, prompt: bool = False, blocks: Sequence[int] = (), full_blocks: int = 0,
+        *, prompt: bool = False, blocks: Sequence[int] = (),
     ) -> Decision:
         """`headers`: the forwarded request headers, name -> value; `body`: the session fields
         Envoy found in the body (metadata namespace kvgate.session), None if it found none.
         `prompt`: the transport can read the request's prompt; a decision that would weigh it
-        answers `wants_prompt` (not counted), and is asked again with its `blocks` (and
-        `full_blocks`: the prompt's whole blocks, where `blocks` stops short)."""
+        answers `wants_prompt` (not counted), and is asked again with its `blocks`."""
         self.last_decided = started = time.perf_counter()
         pool = pool or self.default_pool
         try:
@@ -102,7 +101,7 @@ class RequestHandler:
             if prompt or blocks:
                 decision = await self._pipeline.decide(
                     pool, found.raw or None, self._prompt_tokens(headers), ring=found.ring,
-                    blocks=blocks, full_blocks=full_blocks, prompt=prompt)
+                    blocks=blocks, prompt=prompt)
             else:  # the path of every request that cannot give its prompt, sticky turns first
                 decision = await self._pipeline.decide(pool, found.raw or None,
                                                       self._prompt_tokens(headers),

@@ -64,15 +64,12 @@ class Pipeline:
 
     async def decide(self, pool: str, raw_session: bytes | None,
                      prompt_tokens: int = 0, *, ring: bytes | None = None,
-                     blocks: Sequence[int] = (), full_blocks: int = 0,
-                     prompt: bool = False) -> Decision:
+                     blocks: Sequence[int] = (), prompt: bool = False) -> Decision:
         """`prompt_tokens`: an estimate of the request's prompt size (0: unknown), which a
         load-aware policy prices the request with. `ring`: what Envoy's ring hashes for this
         session when not `raw_session` itself (a key carried percent-encoded). `blocks`: the
         prompt's chained block hashes where the caller knows them (the simulator), which the
-        gate's prefix step places new sessions with; `full_blocks`: how many whole blocks the
-        prompt fills where `blocks` stops short (ext_proc hashes at most the prefix index's
-        keys; 0: as many as `blocks`). `prompt`: the caller can still read the
+        gate's prefix step places new sessions with. `prompt`: the caller can still read the
         prompt (ext_proc, which then asks Envoy for the body): where the policy would weigh
         its blocks, the answer is `PROMPT_WANTED`, and the caller asks again with `blocks`. A
         bound session's sticky turn never asks."""
@@ -90,7 +87,7 @@ class Pipeline:
         policy = self.policy
         known = policy.known(pool, session, prompt_tokens)
         if blocks:
-            known = known._replace(blocks=blocks, full_blocks=full_blocks)
+            known = known._replace(blocks=blocks)
         state = None if binding is None else view.state(binding.endpoint)
         moved: Moved | None = None
         if binding is not None and state in _KEEPS_SESSIONS:

@@ -39,9 +39,6 @@ class Known(NamedTuple):
     seen: Seen | None = None
     session: str = ""
     blocks: Sequence[int] = ()  # the prompt's chained block hashes, where known (else empty)
-    # The prompt's whole blocks, uncapped: live, `blocks` stops at the prefix index's keys
-    # (kvgate.routing.prompt_blocks.MAX_BLOCKS); 0: as many as `blocks` (held_context).
-    full_blocks: int = 0
 
     @property
     def size(self) -> PromptSize:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import xxhash
 
@@ -37,18 +37,6 @@ import xxhash
 CHARS_PER_TOKEN = 4.0
 # The scorer's `maxPrefixBlocksToMatch`; also RoutedPrefixes' `leading_blocks`.
 MAX_BLOCKS = 256
-
-
-class Prompt(NamedTuple):
-    """A request body's prompt in blocks: the hashes of its leading ones (at most
-    `max_blocks`), and how many whole blocks it fills (uncapped: what the gate scales a
-    session's context with, kvgate.placement.signals.held_context)."""
-
-    blocks: list[int]
-    full: int
-
-
-NO_PROMPT = Prompt([], 0)
 
 
 class PromptBlocks:
@@ -71,20 +59,16 @@ class PromptBlocks:
         """The blocks of an OpenAI request body's prompt (`/v1/chat/completions`,
         `/v1/completions`); none when the body is not such a request or its prompt is shorter
         than one block (it is then placed as without the prefix step)."""
-        return self.read(body).blocks
-
-    def read(self, body: bytes) -> Prompt:
-        """`of_body`'s blocks, and how many whole blocks the prompt fills (not capped)."""
         try:
             request = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            return NO_PROMPT
+            return []
         if not isinstance(request, dict):
-            return NO_PROMPT
-        raw = prompt_text(request).encode()
-        if not raw:
-            return NO_PROMPT
-        return Prompt(self._chained(raw, _root(request)), len(raw) // self.block_chars)
+            return []
+        text = prompt_text(request)
+        if not text:
+            return []
+        return self.of_text(text, _root(request))
 
     def full(self, request: Mapping[str, Any]) -> int:
         """How many whole blocks a parsed request's prompt fills, not capped at `max_blocks`
@@ -93,12 +77,8 @@ class PromptBlocks:
 
     def of_text(self, text: str, root: int = 0) -> list[int]:
         """The blocks of `text`, chained from `root`."""
-        return self._chained(text.encode(), root)
-
-    def _chained(self, raw: bytes, root: int) -> list[int]:
-        """The hashes of `raw`'s leading whole blocks (at most `max_blocks`), from `root`."""
         width = self.block_chars
-        raw = raw[:width * self.max_blocks]
+        raw = text.encode()[:width * self.max_blocks]
         hashes: list[int] = []
         parent = root
         for start in range(0, len(raw) - width + 1, width):

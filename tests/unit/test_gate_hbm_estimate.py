@@ -51,22 +51,6 @@ def test_it_is_off_by_default_and_kv_events_take_its_place() -> None:
     assert _policy(ROUTED, now, hbm=events).hbm is events
 
 
-def test_an_engine_that_left_is_forgotten_by_the_gates_own_estimate_only() -> None:
-    """`forget`: the estimate the gate keeps forgets the engine; KV events given to it (any
-    `HbmResidency`, here an estimate kept elsewhere) are their feed's to forget."""
-    now = [0.0]
-    policy = _policy(ROUTED, now)
-    _place(policy, "s", 1_000, 0.0)
-    estimate = policy.hbm
-    assert estimate is not None and estimate.hbm_tokens(ENGINE, "s", 1_000) == 1_000
-    policy.forget(ENGINE)
-    assert estimate.hbm_tokens(ENGINE, "s", 1_000) is None
-    events = RoutedHbm(100_000)
-    events.placed(ENGINE, "s", 1_000, (), 0.0)
-    _policy(ROUTED, now, hbm=events).forget(ENGINE)
-    assert events.hbm_tokens(ENGINE, "s", 1_000) == 1_000
-
-
 def test_a_kept_session_whose_context_was_evicted_books_its_reload() -> None:
     """With the estimate, the reload of an evicted context is booked before its prefill;
     without it, the same turn books its prefill alone."""

@@ -4,21 +4,12 @@ holds, counted in whole blocks of real tokens, in one unit (kvgate.placement.sig
 
 from __future__ import annotations
 
-import json
-
-from kvgate.bindings.memory import MemoryBindingStore
-from kvgate.config import load_text
-from kvgate.endpoints import EndpointDirectory
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.signals import held_context
-from kvgate.routing import Pipeline
 from kvgate.routing.booking import Ledger
-from kvgate.routing.decision import Outcome
-from kvgate.routing.gated import GatedPolicy
 from kvgate.routing.policy import Known
-from kvgate.routing.prompt_blocks import MAX_BLOCKS, PromptBlocks
 from kvgate.routing.recent import RecentSessions, Seen
 
 BLOCK = 128
@@ -67,8 +58,9 @@ def test_the_last_partial_block_is_never_missing() -> None:
 
 def test_a_sticky_turn_held_whole_books_no_read() -> None:
     board = LoadBoard()
-    ledger = Ledger(EngineCost(), board, RecentSessions(), PrefillMix(), BLOCK)
+    ledger = Ledger(EngineCost(), board, RecentSessions(), PrefillMix())
     ledger.hbm = Held(149 * BLOCK)
+    ledger.block_tokens = BLOCK
     known = Known(0.0, 20_196, Seen(20_476, None), "s", tuple(range(147)))
     ledger.kept("coder", "s", "e", known)
     # Booked with no read: the prefill is ready to start now (a read would delay it).
@@ -76,29 +68,3 @@ def test_a_sticky_turn_held_whole_books_no_read() -> None:
     ledger.hbm = Held(100 * BLOCK)  # 49 whole blocks left HBM: a read is booked first
     ledger.kept("coder", "s", "f", known)
     assert board.backlog_s("f", 0.0) > EngineCost().prefill_s(0, 20_196)
-
-
-CONFIG = load_text("pools: [{name: p, kv_pool: a, endpoints: [10.0.0.1:1, 10.0.0.2:1]}]\n")
-
-
-async def test_a_prompt_past_the_index_keys_is_scaled_by_all_its_whole_blocks() -> None:
-    """ext_proc hashes at most the prefix index's 256 blocks of a body, but gives the gate the
-    prompt's whole blocks (`Known.full_blocks`): a 300-block prompt is scaled by 300, not 256.
-    And a sticky turn asks the engine's residency once (the gate's decision hands it on to the
-    booking)."""
-    blocks = PromptBlocks(16)  # 64 bytes a block
-    body = json.dumps({"model": "m", "messages": [
-        {"role": "user", "content": "x" * (300 * 64 + 20)}]}).encode()
-    prompt = blocks.read(body)
-    assert (len(prompt.blocks), prompt.full) == (MAX_BLOCKS, 300)
-    assert prompt.blocks == blocks.of_body(body)
-    engine = Held(None)  # not known: asked, and the turn books as a hit
-    policy = GatedPolicy(EngineCost(), CONFIG.placement.load_gate, LoadBoard(),
-                         clock=lambda: 1_000.0, hbm=engine, block_tokens=16)
-    pipeline = Pipeline(MemoryBindingStore(), EndpointDirectory(CONFIG), 2.0, policy=policy)
-    assert (await pipeline.decide("p", b"s", 4_000)).outcome is Outcome.NEW
-    kept = await pipeline.decide("p", b"s", 4_100, blocks=prompt.blocks,
-                                 full_blocks=prompt.full)
-    assert kept.outcome is Outcome.STICKY
-    scaled = 4_000 * 300 * 16 // 4_100  # the context (its last prompt) in real tokens
-    assert engine.asked == [scaled - scaled % 16]  # once, by 300 blocks (256: 3,984)
