@@ -36,7 +36,8 @@ from typing import Any
 
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.routing.booking import Ledger
-from kvgate.routing.gated import GatedPolicy, Move
+from kvgate.routing.gated import GatedPolicy
+from kvgate.routing.moves import Move
 from simulator.command import add_arguments, run
 from simulator.probe_hooks import on_admit, on_place, on_send
 from simulator.simulation import Simulation

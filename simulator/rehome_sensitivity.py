@@ -1,4 +1,4 @@
-"""How much the load gate's re-homing rule (kvgate.routing.gated `GatedPolicy.rehome`) depends
+"""How much the load gate's re-homing rule (kvgate.routing.moves `rehome`) depends
 on its constants: agentic-coding at 960 sessions with HBM residency, each constant halved and
 doubled in turn, kvgate's DDR read per request and TTFT p99 beside the constants as they are.
 
@@ -11,12 +11,12 @@ import sys
 
 from kvgate.contract.modes import RoutingMode
 from kvgate.placement import evictions
-from kvgate.routing import gated
+from kvgate.routing import moves
 from simulator.command import one_simulation
 from simulator.run import simulate
 
 # (module, constant): each is read when the rule runs, so setting it here takes effect.
-CONSTANTS = ((gated, "REHOME_HELD_BELOW"), (gated, "REHOME_RATE_RATIO"), (evictions, "WINDOW_S"))
+CONSTANTS = ((moves, "REHOME_HELD_BELOW"), (moves, "REHOME_RATE_RATIO"), (evictions, "WINDOW_S"))
 
 
 def main(argv: list[str]) -> int:

@@ -6,23 +6,10 @@ debug level, each placement and move is logged with its seconds per term.
 - A new session is scored over its first `candidates` endpoints under the load bound in ring
   order (its KV pool's ring first), and goes to the least estimated TTFT; ties keep ring order,
   so with no load anywhere it lands where Envoy's ring would put it.
-- A bound session stays unless a sibling in its DDR pool would answer sooner by more than
-  `min_saving_s` and `min_saving_ratio` of its engine's estimate: there, its context costs only
-  a DDR read, which overlaps the sibling's queue. With `miss_safe` (the default) the move must
-  also be no slower if the pool has lost the context and the sibling prefills it all (a pool
-  evicts a long session's early blocks while they live in HBM; it can be down). Where what the
-  pool holds of the session is known (a `PoolResidency`), the move is priced with exactly that
-  read from DDR and the rest prefilled, and `miss_safe` has nothing left to guard. Where what
-  its engine's HBM still holds is known (an `HbmResidency`, from the engine's KV events),
-  staying is priced with that: a context that has left HBM comes back from the pool there too,
-  so a move costs no hit rate. A session that moved stays put for `cooldown_s` (hysteresis: no
+- A bound session is reconsidered on each turn: re-homed off an engine whose HBM evicts its
+  context, or moved to a DDR-pool sibling that answers sooner by enough; both are priced in
+  kvgate.routing.moves. A session that moved stays put for `cooldown_s` (hysteresis: no
   flapping between two busy siblings).
-- Where that residency is known, a bound session whose context has mostly left its engine's
-  HBM is re-homed to the DDR-pool sibling that evicts slowest (`rehome`), if it evicts at most
-  half as fast and answers no later than staying, give or take re-reading what is still held:
-  the context comes back from the pool either way, and an engine that evicts fast will evict it
-  again before the session's next turn. Without it, a few engines whose HBM thrashes keep
-  reloading their sessions' contexts turn after turn (docs/pool-profiles.md).
 - A request with no session and a known size goes to the least estimated TTFT among
   `candidates` endpoints of the whole pool's ring, from a starting point that turns with each
   such request, and is booked there: an engine busy with a large sessionless prompt shows
@@ -34,27 +21,27 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from itertools import islice
 
 from structlog.typing import FilteringBoundLogger
 
-from kvgate.bindings.model import MoveEstimate
 from kvgate.config.sections.placement import ROUTED, GateConfig
 from kvgate.contract.states import EndpointState, MoveReason
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.links import LinkBacklog, host_of
 from kvgate.placement.live import LoadBoard
-from kvgate.placement.pick import LoadBound, candidates
+from kvgate.placement.pick import candidates
 from kvgate.placement.prefix import PrefixHolders, RoutedPrefixes
 from kvgate.placement.ring import session_hash
 from kvgate.placement.routed_hbm import RoutedHbm
 from kvgate.placement.signals import EngineSignals, held_context
 from kvgate.placement.terms import Candidate, Estimate, QueuedDdrRead, Term, make_terms
 from kvgate.placement.view import PoolView
+from kvgate.routing import moves
 from kvgate.routing.booking import Ledger
 from kvgate.routing.hbm_estimate import RoutedHbmHook
+from kvgate.routing.moves import Move, least
 from kvgate.routing.policy import (
     BookingHook,
     HbmResidency,
@@ -66,21 +53,6 @@ from kvgate.routing.policy import (
 )
 from kvgate.routing.prefixes import PrefixStep
 from kvgate.routing.recent import RecentSessions
-
-
-@dataclass(frozen=True, slots=True)
-class Move:
-    """The gate's verdict for a bound session that should move: where, and the two estimates
-    (`terms`: the move's, per scoring term)."""
-
-    endpoint: str
-    stay_s: float
-    move_s: float
-    terms: tuple[tuple[str, float], ...] = ()
-
-    @property
-    def estimate(self) -> MoveEstimate:
-        return MoveEstimate(self.terms, round(self.stay_s, 6))
 
 
 class GatedPolicy:
@@ -179,7 +151,11 @@ class GatedPolicy:
         return Candidate(self.engine(address, now), size.prompt_tokens, hbm_tokens=held,
                          ddr_tokens=max(0, ddr_tokens - held))
 
-    def _explaining(self) -> FilteringBoundLogger | None:
+    def scored(self, found: Iterable[str]) -> Iterator[str]:
+        """The candidates a decision scores: the first `candidates` of a ring walk."""
+        return islice(found, self.config.candidates)
+
+    def explaining(self) -> FilteringBoundLogger | None:
         log = self._log
         return log if log is not None and log.is_enabled_for(logging.DEBUG) else None
 
@@ -209,11 +185,11 @@ class GatedPolicy:
 
         scored = (islice(found, count) if step is None or not blocks
                   else step.candidates(found, count, blocks, size.prompt_tokens))
-        best, best_s = _least(
+        best, best_s = least(
             (address, self.estimate.seconds(self.landing(address, now, size, ddr(address),
                                                          blocks)))
             for address in scored)
-        log = self._explaining()
+        log = self.explaining()
         if log is not None and best is not None:
             log.debug("gate_placed", session=known.session, endpoint=best,
                       estimate_s=round(best_s, 6), terms=self.estimate.parts(
@@ -229,13 +205,12 @@ class GatedPolicy:
         self._sessionless += 1
         start = session_hash(self._sessionless.to_bytes(8, "big"))
         now, size = self.clock(), PromptSize(prompt_tokens)
-        best, best_s = _least((address, self.score(address, now, size))
-                              for address in islice(whole.ring.walk(start),
-                                                    self.config.candidates))
+        best, best_s = least((address, self.score(address, now, size))
+                             for address in self.scored(whole.ring.walk(start)))
         if best is None:
             return None
         self._ledger.sessionless(best, now, prompt_tokens)
-        log = self._explaining()
+        log = self.explaining()
         if log is not None:
             log.debug("gate_sessionless", endpoint=best, estimate_s=round(best_s, 6),
                       terms=self.estimate.parts(Candidate(self.engine(best, now),
@@ -272,7 +247,7 @@ class GatedPolicy:
         return (links is not None and self.hbm is not None
                 and links.wait_s(endpoint, now) >= self.config.min_saving_s)
 
-    def _held(self, endpoint: str, known: Known, context: int) -> int | None:
+    def held(self, endpoint: str, known: Known, context: int) -> int | None:
         """What `endpoint`'s HBM holds of `context`, in the gate's units (held_context)."""
         hbm = self.hbm
         return None if hbm is None else held_context(
@@ -280,120 +255,14 @@ class GatedPolicy:
             len(known.blocks), self._ledger.block_tokens)
 
     def rehome(self, placing: Placing, current: str, known: Known) -> Move | None:
-        """The DDR-pool sibling a session whose context has mostly left `current`'s HBM should
-        move to, where it will stay longer: the one evicting slowest, at most
-        `REHOME_RATE_RATIO` of `current`'s rate, whose estimate is no later than staying's
-        plus the read of what `current` still holds (with the two estimates). None: it
-        stays."""
-        hbm, seen, now = self.hbm, known.seen, known.now
-        # From the tuple, not `known.size`: the sticky path makes no object (Ledger.kept).
-        context = 0 if seen is None else seen.tokens
-        if hbm is None or context <= 0:
-            return None
-        held = self._held(current, known, context)
-        if held is None or held >= REHOME_HELD_BELOW * context:
-            return None
-        size = known.size
-        rate = hbm.eviction_rate(current)
-        if not rate:  # unknown, or it evicts nothing: its HBM is not why the context left
-            return None
-        siblings = _ddr_siblings(placing, current)
-        if siblings is None:
-            return None
-        here = Candidate(self.engine(current, now), size.prompt_tokens, hbm_tokens=held,
-                         ddr_tokens=context - held)
-        stay = self.estimate.seconds(here)
-        limit = stay + self.cost.transfer_s(held)
-        best, best_rate, best_s = None, REHOME_RATE_RATIO * rate, 0.0
-        for address in islice(siblings, self.config.candidates):
-            sibling_rate = hbm.eviction_rate(address)
-            if sibling_rate is not None and sibling_rate < best_rate:
-                seconds = self.score(address, now, size, ddr_tokens=context)
-                if seconds <= limit:
-                    best, best_rate, best_s = address, sibling_rate, seconds
-        if best is None:
-            return None
-        terms = self.estimate.parts(Candidate(self.engine(best, now), size.prompt_tokens,
-                                              ddr_tokens=context))
-        log = self._explaining()
-        if log is not None:
-            log.debug("gate_rehomed", session=known.session, endpoint=best,
-                      stay_terms=self.estimate.parts(here), terms=terms)
-        return Move(best, stay, best_s, tuple(terms.items()))
+        """Where a session whose context has mostly left `current`'s HBM should move
+        (kvgate.routing.moves.rehome); None: it stays."""
+        return moves.rehome(self, placing, current, known)
 
     def move(self, placing: Placing, current: str, backlog: float, known: Known) -> Move | None:
-        """The DDR-pool sibling a session on `current` (with `backlog` seconds queued) should
-        move to, if moving saves enough; cooldown and threshold are `reconsider`'s."""
-        config, now, size = self.config, known.now, known.size
-        siblings = _ddr_siblings(placing, current)
-        if siblings is None:
-            return None
-        kv_pool = placing.view.kv_pool_of(current)
-        # What the pool holds of the context, where known: the sibling reads that and prefills
-        # the rest, so the estimate is the move's own and needs no miss-safe doubt.
-        held = (None if self.residency is None or kv_pool is None
-                else self.residency.pool_tokens(kv_pool, known.session, size.context_tokens))
-        ddr = size.context_tokens if held is None else held
-        # What its engine's HBM still holds, where known; what left it comes back from the pool.
-        in_hbm = self._held(current, known, size.context_tokens)
-        if in_hbm is None:
-            in_hbm = size.context_tokens
-        engine = self.engine(current, now, backlog)
-        here = Candidate(engine, size.prompt_tokens, hbm_tokens=in_hbm,
-                         ddr_tokens=max(0, ddr - in_hbm))
-        stay = self.estimate.seconds(here)
-        blocks = known.blocks
-        best, best_s = _least(
-            (address, self.estimate.seconds(self.landing(address, now, size, ddr, blocks)))
-            for address in islice(siblings, config.candidates))
-        if best is None:
-            return None
-        if not config.clears(stay - best_s, stay):
-            return None
-        if config.miss_safe and held is None and self.score(best, now, size) > (
-                stay if in_hbm >= size.context_tokens else self.estimate.seconds(
-                    Candidate(engine, size.prompt_tokens, hbm_tokens=in_hbm))):
-            # The pool may have lost the context (evicted, down, restarted): then the sibling
-            # prefills it all, and so does this engine for what has left its HBM. Only a move
-            # that is no worse even so is taken.
-            return None
-        terms = self.estimate.parts(self.landing(best, now, size, ddr, blocks))
-        log = self._explaining()
-        if log is not None:
-            log.debug("gate_moved", session=known.session, endpoint=best,
-                      stay_s=round(stay, 6), stay_terms=self.estimate.parts(here),
-                      estimate_s=round(best_s, 6), terms=terms)
-        return Move(best, stay, best_s, tuple(terms.items()))
-
-
-def _ddr_siblings(placing: Placing, current: str) -> Iterator[str] | None:
-    """`current`'s siblings in its DDR pool under the whole pool's load bound, in ring order;
-    None: no sibling shares its DDR pool."""
-    view = placing.view
-    kv_pool = view.kv_pool_of(current)
-    same_kv = view.ring_for(kv_pool, current) if kv_pool is not None else None
-    whole = view.ring_for(None, None)
-    if same_kv is None or whole is None or same_kv is whole:
-        return None
-    bound = LoadBound(view, whole, placing.loads, placing.load_factor, extra=0)
-    return (a for a in same_kv.ring.walk(placing.hash_value)
-            if a != current and bound.admits(a))
-
-
-# rehome: the context has mostly left its engine's HBM (less than this share still there) ...
-REHOME_HELD_BELOW = 0.5
-# ... and a sibling evicts at most this share as fast.
-REHOME_RATE_RATIO = 0.5
-
-
-def _least(scored: Iterable[tuple[str, float]]) -> tuple[str | None, float]:
-    """The pick: the lowest estimate, the first of equals (ring order)."""
-    best: str | None = None
-    best_s = float("inf")
-    for address, seconds in scored:
-        if seconds < best_s:
-            best, best_s = address, seconds
-    return best, best_s
+        """Where a session on `current` (with `backlog` seconds queued) should move for load,
+        if moving saves enough (kvgate.routing.moves.move)."""
+        return moves.move(self, placing, current, backlog, known)
 
 
 def _prefix_step(config: GateConfig, exact: PrefixHolders | None,
