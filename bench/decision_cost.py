@@ -78,7 +78,7 @@ def resident(sessions: int) -> HbmBoard:
     board = HbmBoard()
     board.apply(pb.FleetLoad(
         loads=pb.EngineLoads(endpoint=ENGINES, eviction_rate=[10.0] * len(ENGINES)),
-        residency=[pb.SessionResidency(endpoint=e, session=k, tokens=100_000)
+        residency=[pb.SessionResidency(endpoint=e, session=k, tokens=100_000, stored=100_000)
                    for e in ENGINES for k in keys if k is not None]))
     return board
 

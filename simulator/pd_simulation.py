@@ -126,7 +126,7 @@ class PdSimulation(Simulation):
 
     def _place(self, e: int, i: int, admission: Admission, ask: Ask) -> None:
         slot = admission.slot
-        self._admitted(e, admission)
+        self._admitted(e, admission, ask)
         event = (e, self.fleet.generation[e], admission, i)
         if e < self.prefillers:
             if self.pool is not None:  # the prefill side saves the prompt to the pool

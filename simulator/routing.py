@@ -22,6 +22,7 @@ from kvgate.placement.evictions import EvictionRate
 from kvgate.placement.live import LoadBoard, ObservedLoad
 from kvgate.placement.view import Member, PoolView
 from kvgate.routing import STATIC, DecisionError, Pipeline, Policy, build_policy
+from kvgate.session import normalize_session
 from simulator.observe import Scrape
 
 POOL = "sim"
@@ -169,6 +170,17 @@ class EngineHoldings:
         self.addresses = tuple(addresses)  # the engines (`holders`)
         self.asking: Sequence[int] = ()  # the prompt's block hashes
         self._rates: dict[str, EvictionRate] = {}
+        # (engine, session) -> the blocks it stored at its last turn there (`stored`)
+        self._stored: dict[tuple[str, str], Sequence[int]] = {}
+
+    def stored(self, endpoint: str, session: str, blocks: Sequence[int]) -> None:
+        """A turn of `session` admitted on `endpoint`, which cached `blocks`: its prompt's and
+        answer's full blocks (emulator.engine_model ``admit``), as its KV events would name
+        them (kvgate.fleet.residency: the session's chain, to the depth of its last block),
+        under the session's key as the gate has it (its events' ids are normalized alike)."""
+        key = normalize_session(session.encode())
+        if blocks and key is not None:
+            self._stored[endpoint, key] = blocks
 
     def eviction_rate(self, endpoint: str) -> float | None:
         """See ``kvgate.routing.policy.HbmResidency``: from the engine's own count of evicted
@@ -182,8 +194,17 @@ class EngineHoldings:
         rate.sample(self.clock(), cache.evictions)
         return rate.per_s()
 
+    def hbm_share(self, endpoint: str, session: str) -> float | None:
+        """See ``kvgate.routing.policy.HbmResidency``: of the blocks the session stored at its
+        last turn on `endpoint`, the leading run its prefix cache still holds."""
+        cache = self.cache_of(endpoint)
+        blocks = self._stored.get((endpoint, session))
+        if cache is None or blocks is None:
+            return None
+        return cache.match(blocks) / len(blocks)
+
     def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
-        """See ``kvgate.routing.policy.HbmResidency``."""
+        """See ``kvgate.routing.policy.HbmResidency``: the prompt being routed (``asking``)."""
         cache = self.cache_of(endpoint)
         if cache is None:
             return None

@@ -82,9 +82,9 @@ class Simulation:
                           lambda e, at: self.fleet.engines[e].usage(at), config.load_refresh_s)
         holdings = (PoolHoldings(self.pool, lambda: self.pool_up, options.block_size)
                     if config.pool_residency and self.pool is not None else None)
-        hbm = (EngineHoldings(self._cache_of, options.block_size, lambda: self.now,
-                              self.addresses)
-               if config.hbm_residency else None)
+        hbm = self.hbm = (EngineHoldings(self._cache_of, options.block_size, lambda: self.now,
+                                         self.addresses)
+                          if config.hbm_residency else None)
         self.router = self._build_router(mode, config, scraper, holdings, hbm)
         self.estimate = PromptEstimate(config.prompt_error)
         self.requests = workload.requests
@@ -226,7 +226,7 @@ class Simulation:
     def _place(self, e: int, i: int, admission: Admission, ask: Ask) -> None:
         """An admitted request's schedule is closed form: push its first token and its end."""
         slot = admission.slot
-        self._admitted(e, admission)
+        self._admitted(e, admission, ask)
         self.router.answered(self.addresses[e], ask, slot.first_token, slot.finish)
         event = (e, self.fleet.generation[e], admission, i)
         heap, seq = self.heap, self.seq
@@ -242,9 +242,12 @@ class Simulation:
             self._served(i, admission)
         self.seq = seq + 3
 
-    def _admitted(self, e: int, admission: Admission) -> None:
-        """Engine ``e``'s gauges and step accounting hear of an admitted request."""
+    def _admitted(self, e: int, admission: Admission, ask: Ask) -> None:
+        """Engine ``e``'s gauges and step accounting hear of an admitted request; the gate's
+        view of its KV events, of the blocks it cached."""
         slot = admission.slot
+        if self.hbm is not None:
+            self.hbm.stored(self.addresses[e], ask.session, admission.hashes)
         self.gauges[e].admitted(slot.prefill_start, slot.finish)
         self.itl[e].prefill(slot.prefill_start, slot.first_token,
                             admission.prompt_tokens - admission.cached_tokens)

@@ -90,4 +90,5 @@ class FleetStream:
 
 def _residency(entries: list[Residency]) -> list[pb.SessionResidency]:
     return [pb.SessionResidency(endpoint=r.endpoint, session=r.session, tokens=r.tokens or 0,
-                                unknown=r.tokens is None) for r in entries]
+                                unknown=r.tokens is None, stored=r.stored or 0)
+            for r in entries]

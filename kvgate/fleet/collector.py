@@ -59,11 +59,13 @@ def one_stream_each(endpoints: Mapping[str, EventsAt]) -> dict[str, EventsAt]:
 
 @dataclass(frozen=True, slots=True)
 class Residency:
-    """What one engine's HBM holds of one session (None: nothing known of it there now)."""
+    """What one engine's HBM holds of one session (None: nothing known of it there now), and
+    what the session last stored there (`stored`, None: not known), both in real tokens."""
 
     endpoint: str
     session: str
     tokens: int | None
+    stored: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +190,8 @@ class FleetCollector:
             if rate is None:
                 rate = evicting[engine] = EvictionRate()
             rate.sample(now, residency.evicted)
-            changed.extend(Residency(engine, session, residency.hbm_tokens(session))
+            changed.extend(Residency(engine, session, residency.hbm_tokens(session),
+                                     residency.stored_tokens(session))
                            for session in residency.take_changed())
         self.residency_changed, self.residency_lost = changed, lost
 
@@ -200,9 +203,9 @@ class FleetCollector:
 
     def residency(self) -> list[Residency]:
         """Every session known on every engine (a stream's first message)."""
-        return [Residency(engine, session, tokens)
+        return [Residency(engine, session, tokens, stored)
                 for engine, (sub, _) in self.events.engines.items()
-                for session, tokens in sub.residency.known()]
+                for session, tokens, stored in sub.residency.known()]
 
     @asynccontextmanager
     async def _events_closed(self) -> AsyncIterator[None]:

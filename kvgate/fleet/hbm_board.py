@@ -13,11 +13,11 @@ from kvgate.admin_api.v1 import admin_pb2 as pb
 
 
 class HbmBoard:
-    """Engine → session → leading tokens in its HBM, and engine → blocks evicted per second;
-    updated by :meth:`apply`."""
+    """Engine → session → (leading tokens in its HBM, tokens it last stored there), and
+    engine → blocks evicted per second; updated by :meth:`apply`."""
 
     def __init__(self) -> None:
-        self._tokens: dict[str, dict[str, int]] = {}
+        self._tokens: dict[str, dict[str, tuple[int, int]]] = {}
         self._evicting: dict[str, float] = {}
 
     @property
@@ -25,10 +25,21 @@ class HbmBoard:
         """(engine, session) pairs held: a session in two engines' HBM counts twice."""
         return sum(len(held) for held in self._tokens.values())
 
-    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
+    def _entry(self, endpoint: str, session: str) -> tuple[int, int] | None:
         held = self._tokens.get(endpoint)
-        tokens = None if held is None else held.get(session)
-        return None if tokens is None else min(tokens, context_tokens)
+        return None if held is None else held.get(session)
+
+    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
+        entry = self._entry(endpoint, session)
+        return None if entry is None else min(entry[0], context_tokens)
+
+    def hbm_share(self, endpoint: str, session: str) -> float | None:
+        """Held over stored (kvgate.fleet.residency ``stored_tokens``); None: not known, or
+        what it stored is not (a collector from before the field sends 0)."""
+        entry = self._entry(endpoint, session)
+        if entry is None or entry[1] <= 0:
+            return None
+        return min(1.0, entry[0] / entry[1])
 
     @property
     def engines_evicting(self) -> int:
@@ -55,7 +66,8 @@ class HbmBoard:
                 if held is not None:
                     held.pop(entry.session, None)
             else:
-                tokens.setdefault(entry.endpoint, {})[entry.session] = entry.tokens
+                tokens.setdefault(entry.endpoint, {})[entry.session] = (entry.tokens,
+                                                                         entry.stored)
 
     def clear(self) -> None:
         """The stream is lost: nothing is known until the next one's first message."""

@@ -38,6 +38,7 @@ class _Chain:
     anchored: bool = True  # what comes before its first own block is known
     intact: int = 0  # leading own blocks all resident
     block_size: int = 0
+    base: int = 0  # its parent's place in the prompt (0: none, or not known)
 
 
 class EngineResidency:
@@ -92,10 +93,22 @@ class EngineResidency:
         depth = self._depth[last]
         return depth * chain.block_size if depth else None  # 0: its place is not known
 
-    def known(self) -> Iterator[tuple[str, int | None]]:
-        """Every session remembered here, with :meth:`hbm_tokens`' answer."""
+    def stored_tokens(self, session: str) -> int | None:
+        """Tokens of the session's last prompt and answer as stored here: the depth of its last
+        own block, resident or not (vLLM stores every full block, the generated ones too:
+        vllm/v1/core/block_pool.py ``cache_full_blocks``). With :meth:`hbm_tokens`, the share
+        still held (kvgate.placement.signals.held_context). None: nothing known of it here,
+        or its place is not."""
+        chain = self._chains.get(session)
+        if chain is None or not chain.anchored or (chain.parent is not None and not chain.base):
+            return None
+        return (chain.base + len(chain.blocks)) * chain.block_size or None
+
+    def known(self) -> Iterator[tuple[str, int | None, int | None]]:
+        """Every session remembered here, with :meth:`hbm_tokens`' and :meth:`stored_tokens`'
+        answers."""
         for session in self._chains:
-            yield session, self.hbm_tokens(session)
+            yield session, self.hbm_tokens(session), self.stored_tokens(session)
 
     def take_changed(self) -> set[str]:
         """Sessions whose answer may have changed since the last call (a store or an eviction
@@ -110,7 +123,7 @@ class EngineResidency:
         self.changed.update(self._chains)
         for chain in self._chains.values():
             chain.intact = 0
-            chain.parent, chain.anchored = None, True
+            chain.parent, chain.anchored, chain.base = None, True, 0
 
     def lost(self) -> None:
         """Events were missed: nothing is known any more until sessions store again."""
@@ -157,7 +170,8 @@ class EngineResidency:
             if chain is not None:
                 self._forget_chain(session, chain)
             # Anchored: its parent's place is known (it is resident, in use by this request).
-            chain = _Chain(parent, anchored=parent is None or self._depth.get(parent, 0) > 0)
+            base = 0 if parent is None else self._depth.get(parent, 0)
+            chain = _Chain(parent, anchored=parent is None or base > 0, base=base)
             start = 0
             self._chains[session] = chain
         else:

@@ -8,9 +8,9 @@ and Dynamo's conditional disaggregation (`isl_bounding`: the prompt minus the de
 overlap). What the engine lacks comes from its KV events (the gate's HBM residency) when known,
 else from the binding: the session's previous turn on the same engine is assumed still there.
 The KV events count whole blocks of real tokens and the prompt is estimated from the body's
-size, so what they hold is put in the estimate's units first (`held_context`, as the gate
-does); compared raw, agentic-coding 8:8 read 0 tokens lacking for 87 % of its turns under the
-threshold (docs/journal/pd.md).
+size, so what they hold is put in the estimate's units first, by the prompt's own ratio
+(`held_prompt`); compared raw, agentic-coding 8:8 read 0 tokens lacking for 87 % of its turns
+under the threshold (docs/journal/pd.md).
 Otherwise the prefill engine whose queue ends soonest takes it, round robin on ties: the pool's
 prefill engines all read the same DDR pool, so none holds the session's prefix better than
 another. Its queue is the larger of the gate's backlog estimate and this replica's own prefills
@@ -42,7 +42,7 @@ from typing import Protocol
 from kvgate.config.sections.disaggregation import SkipRule
 from kvgate.pd.skip_price import SkipPrice
 from kvgate.placement.cost import EngineCost
-from kvgate.placement.signals import HbmTokens, held_context
+from kvgate.placement.signals import HbmTokens, held_prompt
 from kvgate.placement.view import Member
 
 # Sessions whose previous turn is remembered (per replica); older ones count as new.
@@ -91,7 +91,7 @@ class PrefillDecider:
                  backlog_s: Callable[[str], float] | None = None,
                  cost: EngineCost | None = None, rule: SkipRule = SkipRule.THRESHOLD,
                  running: Running | None = None, block_tokens: int | None = None) -> None:
-        """`block_tokens`: the size of the prompt blocks `plan` is given (`held_context`)."""
+        """`block_tokens`: the size of the prompt blocks `plan` is given (`held_prompt`)."""
         self._directory = directory
         self.skip_below = skip_below
         self._hbm_tokens = hbm_tokens
@@ -144,8 +144,8 @@ class PrefillDecider:
         if session is None:
             return prompt, "new"
         hbm = self._hbm_tokens
-        held = None if hbm is None else held_context(
-            hbm, decode, session, prompt, prompt, blocks, self._block_tokens)
+        held = None if hbm is None else held_prompt(
+            hbm, decode, session, prompt, blocks, self._block_tokens)
         last = self._turns.get(session)
         if self.rule is SkipRule.STREAMS and last is not None and last.decode == decode:
             return self._grown(prompt, last, held), "binding"

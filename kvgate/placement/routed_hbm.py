@@ -175,14 +175,31 @@ class RoutedHbm:
                 engine.evicted += over
                 over = 0
 
-    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
-        """See `kvgate.placement.signals.HbmResidency`: of `context_tokens`, the share the
-        session's own part still held and its shared prefix are of its context; None: not
-        routed there by this gateway (or forgotten)."""
+    def _there(self, endpoint: str, session: str) -> _Held | None:
+        """The session's record, if last routed to `endpoint` (and not forgotten)."""
         held = self._where.current.get(session)
         if held is None:
             held = self._where.find(session, None)
         if held is None or held.engine.address != endpoint or not held.engine.alive:
+            return None
+        return held
+
+    def hbm_share(self, endpoint: str, session: str) -> float | None:
+        """See `kvgate.placement.signals.HbmResidency`: the share of its context (the gate's
+        units, as recorded) its own part still held and its shared prefix are; None: not
+        routed there by this gateway (or forgotten)."""
+        held = self._there(endpoint, session)
+        if held is None:
+            return None
+        if held.held >= held.own or held.tokens <= 0:
+            return 1.0
+        return (held.shared + held.held) / held.tokens
+
+    def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
+        """See `kvgate.placement.signals.HbmResidency`: of `context_tokens`, that share
+        (:meth:`hbm_share`)."""
+        held = self._there(endpoint, session)
+        if held is None:
             return None
         if held.held >= held.own:
             return context_tokens

@@ -40,12 +40,19 @@ class Ledger:
         self._recent = recent
         self._mix = mix
         self.hbm: HbmResidency | None = None  # what each engine's HBM holds, where known
-        self.block_tokens: int | None = None  # the prompt blocks' size, where blocks are known
         self.links: LinkBacklog | None = None  # the reads booked on each link, where kept
         # What an engine holds of a placed prompt's leading blocks, where booked as not
         # prefilled (`book_uncached_prefill`; the ledger records placements in it, so the
         # sticky path has no second hook); None: a placed prompt is booked whole.
         self.prefix: PrefixStep | None = None
+
+    def held(self, endpoint: str, known: Known, context: int) -> int | None:
+        """What `endpoint`'s HBM holds of `context` (the session's last prompt there), in the
+        gate's units (held_context: the share still held of what it stored there); None: not
+        known."""
+        hbm = self.hbm
+        return None if hbm is None else held_context(hbm.hbm_share, endpoint, known.session,
+                                                     context)
 
     def _book(self, endpoint: str, now: float, prefill_s: float,
               ready_at: float | None = None) -> None:
@@ -67,10 +74,7 @@ class Ledger:
         prompt, seen = known.prompt_tokens, known.seen
         context = 0 if seen is None else seen.tokens
         if prompt > 0:  # unknown size (no body, chunked): nothing booked, as in routed()
-            hbm = self.hbm
-            held = None if hbm is None else held_context(
-                hbm.hbm_tokens, endpoint, session, context, prompt, len(known.blocks),
-                self.block_tokens)
+            held = self.held(endpoint, known, context)
             if held is None or held >= context:
                 self._book(endpoint, known.now, self._cost.prefill_s(prompt - context, prompt))
             else:

@@ -35,7 +35,7 @@ from kvgate.placement.pick import candidates
 from kvgate.placement.prefix import PrefixHolders, RoutedPrefixes
 from kvgate.placement.ring import session_hash
 from kvgate.placement.routed_hbm import RoutedHbm
-from kvgate.placement.signals import EngineSignals, held_context
+from kvgate.placement.signals import EngineSignals
 from kvgate.placement.terms import Candidate, Estimate, QueuedDdrRead, Term, make_terms
 from kvgate.placement.view import PoolView
 from kvgate.routing import moves
@@ -99,7 +99,6 @@ class GatedPolicy:
             hbm, self.hooks = estimate, (*self.hooks, RoutedHbmHook(estimate))
             self.reads_prompts = True  # a placement's blocks give the shared prefix
         self.hbm = hbm
-        self._ledger.block_tokens = block_tokens  # `Known.blocks`' size (held_context)
         self._log = log
         self._sessionless = 0  # requests with no session routed: where their ring walk starts
 
@@ -249,10 +248,7 @@ class GatedPolicy:
 
     def held(self, endpoint: str, known: Known, context: int) -> int | None:
         """What `endpoint`'s HBM holds of `context`, in the gate's units (held_context)."""
-        hbm = self.hbm
-        return None if hbm is None else held_context(
-            hbm.hbm_tokens, endpoint, known.session, context, known.prompt_tokens,
-            len(known.blocks), self._ledger.block_tokens)
+        return self._ledger.held(endpoint, known, context)
 
     def rehome(self, placing: Placing, current: str, known: Known) -> Move | None:
         """Where a session whose context has mostly left `current`'s HBM should move

@@ -72,7 +72,7 @@ class PromptBlocks:
 
     def full(self, request: Mapping[str, Any]) -> int:
         """How many whole blocks a parsed request's prompt fills, not capped at `max_blocks`
-        and not hashed: the P/D decider's `blocks` (kvgate.placement.signals.held_context)."""
+        and not hashed: the P/D decider's `blocks` (kvgate.placement.signals.held_prompt)."""
         return len(prompt_text(request).encode()) // self.block_chars
 
     def of_text(self, text: str, root: int = 0) -> list[int]:

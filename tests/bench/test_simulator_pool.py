@@ -11,6 +11,7 @@ from emulator.options import EmulatorOptions
 from emulator.pool_faults import PoolFaults, PoolWindow, parse_window
 from emulator.prefix_cache import PrefixCache
 from kvgate.contract.modes import RoutingMode
+from kvgate.session import normalize_session
 from simulator.routing import EngineHoldings, PoolHoldings
 from simulator.run import SimConfig, simulate
 from workload.bank import BankCodingOptions, bank_coding
@@ -134,6 +135,23 @@ def test_engine_holdings_are_the_engines_cache_as_a_pure_query() -> None:
     assert holdings.hbm_tokens("e0", "s", 10_000) == 256  # blocks 1 and 2, then a miss
     assert holdings.hbm_tokens("e0", "s", 100) == 100  # never more than the context
     assert holdings.hbm_tokens("e1", "s", 10_000) is None  # not an engine it knows
+
+
+def test_engine_holdings_share_is_of_what_the_session_last_stored_there() -> None:
+    """As the engines' KV events tell it (kvgate.fleet.residency): of the blocks the session's
+    last turn cached there (prompt and answer), the leading run still held; keyed by the
+    session as the gate keys it."""
+    cache = PrefixCache(8 * 128, 128)
+    cache.release([1, 2, 3, 4], hold=cache.acquire([1, 2, 3, 4]))
+    holdings = EngineHoldings({"e0": cache}.get, 128)
+    key = normalize_session(b"s")
+    assert key is not None and holdings.hbm_share("e0", key) is None  # stored nothing there
+    holdings.stored("e0", "s", [1, 2, 3, 4])
+    assert holdings.hbm_share("e0", key) == 1.0
+    holdings.asking = [7]  # the prompt being routed plays no part
+    assert holdings.hbm_share("e0", key) == 1.0
+    holdings.stored("e0", "s", [1, 2, 5, 6])  # its next turn: blocks 5 and 6 not cached
+    assert holdings.hbm_share("e0", key) == 0.5 and holdings.hbm_share("e1", key) is None
 
 
 def test_hbm_residency_off_changes_nothing_and_on_is_its_own_run(workload: Workload) -> None:

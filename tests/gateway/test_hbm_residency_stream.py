@@ -2,8 +2,9 @@
 plane, two ext_proc replicas and Envoy in front of two emulated engines that publish vLLM's KV
 cache events. A session's turns go through the gateway with its `x-session-id` header, which
 reaches the engine and tags its stored blocks; the collector reads both engines' streams and
-streams what each HBM holds of the session to every replica. When other prompts push the
-session's context out of its engine's HBM, the collector says so (0 tokens)."""
+streams what each HBM holds of the session, and what it stored there, to every replica. When
+other prompts push the session's context out of its engine's HBM, the collector says so (0
+tokens, of what it stored)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.config.model import HostPort
 from kvgate.session import normalize_session
-from tests.support.collector import residency_of
+from tests.support.collector import residency_of, stored_of
 from tests.support.polling import eventually
 from tests.support.ports import free_ports
 from tests.support.stack import gateway_config, running_stack
@@ -117,6 +118,10 @@ async def test_the_collector_streams_what_each_engines_hbm_holds_of_a_session(
             await eventually(lambda: residency_of(admin, key),
                              until=lambda seen: seen.get(home) == 0,
                              what="the collector reports the session's context gone")
+            # What it stored there stays known: held over stored is the share the gate takes
+            # of the session's context (kvgate.placement.signals.held_context).
+            held, stored = (await stored_of(admin, key))[home]
+            assert held == 0 and stored >= 10 * BS
             # Those evictions make the engine's eviction rate, once the collector has a few
             # seconds of samples (kvgate.placement.evictions.MIN_SPAN_S), and every replica
             # has it; the engine that evicted nothing evicts at 0.

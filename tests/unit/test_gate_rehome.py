@@ -34,6 +34,11 @@ class Engines:
         tokens = self.held.get(endpoint)
         return None if tokens is None else min(tokens, context_tokens)
 
+    def hbm_share(self, endpoint: str, session: str) -> float | None:
+        """Of the context it stored (`CONTEXT`), the share held."""
+        tokens = self.held.get(endpoint)
+        return None if tokens is None else min(1.0, tokens / CONTEXT)
+
     def eviction_rate(self, endpoint: str) -> float | None:
         return self.rates.get(endpoint)
 

@@ -36,6 +36,30 @@ def test_a_session_holds_what_it_stored_until_its_tail_is_evicted() -> None:
     assert hbm.hbm_tokens("s") == 0  # known to hold nothing: not the same as unknown
 
 
+def test_what_a_session_stored_stays_its_depth_as_its_blocks_leave() -> None:
+    """`stored_tokens`: the depth of its last own block, resident or not; with `hbm_tokens`,
+    the share still held (kvgate.placement.signals.held_context)."""
+    hbm = EngineResidency()
+    assert hbm.stored_tokens("s") is None
+    hbm.apply([stored([1, 2, 3], None, "s"), stored([4], 3, "s")])  # prompt, answer block
+    assert (hbm.hbm_tokens("s"), hbm.stored_tokens("s")) == (4 * BS, 4 * BS)
+    hbm.apply(removed(4, 3))
+    assert (hbm.hbm_tokens("s"), hbm.stored_tokens("s")) == (2 * BS, 4 * BS)
+    hbm.apply([stored([30, 31], 2, "s")])  # the next turn went another way after block 2
+    assert (hbm.hbm_tokens("s"), hbm.stored_tokens("s")) == (4 * BS, 4 * BS)
+    # Behind a shared prefix stored by another session: counted from the prompt's start.
+    hbm.apply([stored([10, 11], None, "a"), stored([20], 11, "b")])
+    assert (hbm.hbm_tokens("b"), hbm.stored_tokens("b")) == (3 * BS, 3 * BS)
+    hbm.apply(removed(20))
+    assert (hbm.hbm_tokens("b"), hbm.stored_tokens("b")) == (2 * BS, 3 * BS)
+    hbm.apply([{"type": "AllBlocksCleared"}])
+    assert (hbm.hbm_tokens("s"), hbm.stored_tokens("s")) == (0, 4 * BS)
+    assert next(iter(hbm.known())) == ("s", 0, 4 * BS)
+    # Its parent stored before the events seen: its place, and so what it stored, not known.
+    hbm.apply([stored([50], 99, "c")])
+    assert (hbm.hbm_tokens("c"), hbm.stored_tokens("c")) == (None, None)
+
+
 def test_a_block_evicted_in_the_middle_ends_the_run_and_its_restore_mends_it() -> None:
     hbm = EngineResidency()
     hbm.apply([stored([1, 2, 3, 4], None, "s")])

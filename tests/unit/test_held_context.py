@@ -1,10 +1,18 @@
-"""The gate compares a session's context, estimated from headers, with what its engine's HBM
-holds, counted in whole blocks of real tokens, in one unit (kvgate.placement.signals
-`held_context`): a sticky turn whose context is all there is not booked as a reload."""
+"""The gate's context is estimated from headers, what an engine's HBM holds is counted in whole
+blocks of real tokens: the gate takes the share held of what the session stored there, unit-free
+(kvgate.placement.signals `held_context`), so a sticky turn whose context is all there is not
+booked as a reload however far its estimate is off."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
+from kvgate.admin_api.v1 import admin_pb2 as pb
+from kvgate.fleet.hbm_board import HbmBoard
 from kvgate.fleet.prefill_mix import PrefillMix
+from kvgate.fleet.residency import EngineResidency
 from kvgate.placement.cost import EngineCost
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.signals import held_context
@@ -16,55 +24,70 @@ BLOCK = 128
 
 
 class Held:
-    """An engine holding `tokens` real tokens of the session (whole blocks), at most the cap."""
+    """An engine holding `share` of what the session last stored there (None: not known)."""
 
-    def __init__(self, tokens: int | None) -> None:
-        self.tokens = tokens
-        self.asked: list[int] = []
+    def __init__(self, share: float | None) -> None:
+        self.share = share
+        self.asked = 0
+
+    def hbm_share(self, endpoint: str, session: str) -> float | None:
+        self.asked += 1
+        return self.share
 
     def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
-        self.asked.append(context_tokens)
-        return None if self.tokens is None else min(self.tokens, context_tokens)
+        raise AssertionError("the gate asks for the share held, not tokens")
 
     def eviction_rate(self, endpoint: str) -> float | None:
         return None
 
 
-def test_a_context_estimated_high_and_held_whole_is_all_there() -> None:
-    # The journal's example: the prompt estimated 20,196 tokens is 147 real blocks of 128
-    # (18,816 tokens); its last prompt, estimated 20,476, is held as 130 blocks (16,640).
-    # Scaled to real tokens the context is 20,476 x 18,816 / 20,196 = 19,076: 149 whole
-    # blocks. 130 held: 19 blocks left HBM, not the 3,836 tokens the raw comparison says.
-    engine = Held(16_640)
-    held = held_context(engine.hbm_tokens, "e", "s", 20_476, 20_196, 147, BLOCK)
-    assert engine.asked == [149 * BLOCK]
-    assert held == int(16_640 * 20_196 / (147 * BLOCK))
-    assert 20_476 - held == 2_616  # read back, in the gate's units: 19 blocks (was 3,836)
-    whole = Held(149 * BLOCK)  # every whole block of the context held: none read back
-    assert held_context(whole.hbm_tokens, "e", "s", 20_476, 20_196, 147, BLOCK) == 20_476
+def test_held_context_is_the_share_held_of_the_context() -> None:
+    assert held_context(Held(None).hbm_share, "e", "s", 20_476) is None
+    assert held_context(Held(1.0).hbm_share, "e", "s", 20_476) == 20_476
+    assert held_context(Held(0.5).hbm_share, "e", "s", 20_476) == 10_238
+    assert held_context(Held(0.0).hbm_share, "e", "s", 20_476) == 0
 
 
-def test_the_last_partial_block_is_never_missing() -> None:
-    # Blocks not known (a sticky turn live: no body read): the context is counted as
-    # estimated, rounded down to whole blocks, which is all an engine caches of it.
-    engine = Held(78 * BLOCK)  # 10,000 tokens = 78 whole blocks + 16 tokens
-    assert held_context(engine.hbm_tokens, "e", "s", 10_000, 11_000, 0, BLOCK) == 10_000
-    fewer = Held(77 * BLOCK).hbm_tokens
-    assert held_context(fewer, "e", "s", 10_000, 11_000, 0, BLOCK) == 77 * BLOCK
-    assert held_context(Held(None).hbm_tokens, "e", "s", 10_000, 11_000, 0, BLOCK) is None
-    # No block size known: compared as tokens, as before.
-    assert held_context(Held(9_999).hbm_tokens, "e", "s", 10_000, 11_000, 0, None) == 9_999
+def _board(events: list[dict[str, Any]]) -> HbmBoard:
+    """A replica's board as the collector's stream fills it from one engine's KV events."""
+    residency = EngineResidency()
+    residency.apply(events)
+    board = HbmBoard()
+    board.apply(pb.FleetLoad(residency_full=True, residency=[pb.SessionResidency(
+        endpoint="e", session=session, tokens=tokens or 0, unknown=tokens is None,
+        stored=stored or 0) for session, tokens, stored in residency.known()]))
+    return board
 
 
-def test_a_sticky_turn_held_whole_books_no_read() -> None:
-    board = LoadBoard()
-    ledger = Ledger(EngineCost(), board, RecentSessions(), PrefillMix())
-    ledger.hbm = Held(149 * BLOCK)
-    ledger.block_tokens = BLOCK
-    known = Known(0.0, 20_196, Seen(20_476, None), "s", tuple(range(147)))
+# The session's last prompt and answer: 160 whole blocks of 128 real tokens (20,480), in one
+# chain. The gate estimated that prompt 20 % high: 24,576 tokens.
+STORED = [{"type": "BlockStored", "block_hashes": list(range(1, 161)), "parent_block_hash": None,
+           "token_ids": [], "block_size": BLOCK, "session_id": "s"}]
+CONTEXT, PROMPT = 24_576, 25_000
+
+
+def test_a_session_estimated_high_and_held_whole_books_no_read() -> None:
+    # Compared in tokens (the context put in real tokens by the current request's ratio, 1
+    # on a sticky turn live: no body read) 24,576 > 20,480 held: a read of 4,096 was booked.
+    board, cost = LoadBoard(), EngineCost()
+    ledger = Ledger(cost, board, RecentSessions(), PrefillMix())
+    ledger.hbm = _board(STORED)
+    known = Known(0.0, PROMPT, Seen(CONTEXT, None), "s")
+    assert ledger.held("e", known, CONTEXT) == CONTEXT
     ledger.kept("coder", "s", "e", known)
     # Booked with no read: the prefill is ready to start now (a read would delay it).
-    assert board.backlog_s("e", 0.0) == EngineCost().prefill_s(0, 20_196)
-    ledger.hbm = Held(100 * BLOCK)  # 49 whole blocks left HBM: a read is booked first
-    ledger.kept("coder", "s", "f", known)
-    assert board.backlog_s("f", 0.0) > EngineCost().prefill_s(0, 20_196)
+    assert board.backlog_s("e", 0.0) == pytest.approx(cost.prefill_s(PROMPT - CONTEXT, PROMPT))
+
+
+def test_half_the_stored_run_evicted_is_half_the_context() -> None:
+    # vLLM frees a request's blocks tail first: the last 80 go, the leading 80 stay.
+    evicted = [{"type": "BlockRemoved", "block_hashes": list(range(160, 80, -1))}]
+    board, cost = LoadBoard(), EngineCost()
+    ledger = Ledger(cost, board, RecentSessions(), PrefillMix())
+    ledger.hbm = _board(STORED + evicted)
+    known = Known(0.0, PROMPT, Seen(CONTEXT, None), "s")
+    assert ledger.held("e", known, CONTEXT) == CONTEXT // 2  # compared in tokens: 10,240
+    ledger.kept("coder", "s", "e", known)
+    assert board.backlog_s("e", 0.0) == pytest.approx(
+        cost.transfer_s(CONTEXT // 2) + cost.prefill_s(PROMPT - CONTEXT, PROMPT))
+    assert ledger.held("other", known, CONTEXT) is None  # not known there: the gate assumes it held

@@ -123,6 +123,9 @@ class Evicted:
     def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
         return 0
 
+    def hbm_share(self, endpoint: str, session: str) -> float | None:
+        return 0.0
+
     def eviction_rate(self, endpoint: str) -> float | None:
         return None
 

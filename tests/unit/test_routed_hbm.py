@@ -42,6 +42,8 @@ def test_the_answer_is_in_the_callers_units() -> None:
     hbm.placed(A, "s1", 80, (), 0.0)
     hbm.placed(A, "s2", 60, (), 1.0)  # 40 of s1's 80 left
     assert hbm.hbm_tokens(A, "s1", 160) == 80  # half of it, asked in other units
+    assert (hbm.hbm_share(A, "s1"), hbm.hbm_share(A, "s2")) == (0.5, 1.0)  # unit-free
+    assert hbm.hbm_share(B, "s1") is None
 
 
 def test_a_session_not_routed_there_is_not_known() -> None:

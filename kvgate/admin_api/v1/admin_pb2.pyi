@@ -41,16 +41,18 @@ class EngineLoads(_message.Message):
     def __init__(self, endpoint: _Optional[_Iterable[str]] = ..., waiting: _Optional[_Iterable[int]] = ..., running: _Optional[_Iterable[int]] = ..., kv_usage: _Optional[_Iterable[float]] = ..., age_s: _Optional[_Iterable[float]] = ..., eviction_rate: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class SessionResidency(_message.Message):
-    __slots__ = ("endpoint", "session", "tokens", "unknown")
+    __slots__ = ("endpoint", "session", "tokens", "unknown", "stored")
     ENDPOINT_FIELD_NUMBER: _ClassVar[int]
     SESSION_FIELD_NUMBER: _ClassVar[int]
     TOKENS_FIELD_NUMBER: _ClassVar[int]
     UNKNOWN_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
     endpoint: str
     session: str
     tokens: int
     unknown: bool
-    def __init__(self, endpoint: _Optional[str] = ..., session: _Optional[str] = ..., tokens: _Optional[int] = ..., unknown: _Optional[bool] = ...) -> None: ...
+    stored: int
+    def __init__(self, endpoint: _Optional[str] = ..., session: _Optional[str] = ..., tokens: _Optional[int] = ..., unknown: _Optional[bool] = ..., stored: _Optional[int] = ...) -> None: ...
 
 class FleetLoad(_message.Message):
     __slots__ = ("round", "interval_s", "collector", "engines", "residency", "residency_full", "residency_lost", "loads")
