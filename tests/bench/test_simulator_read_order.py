@@ -5,12 +5,15 @@ first; the default reads from its arrival and queues behind what was booked mean
 from __future__ import annotations
 
 import asyncio
+import json
+from pathlib import Path
 
 import pytest
 from bench_helpers import small_bank
 
 from emulator.options import EmulatorOptions
 from kvgate.contract.modes import PdMode, RoutingMode
+from kvgate_cli.main import main
 from simulator.read_order import VllmReadOrder
 from simulator.run import READ_WHEN_REACHED, FleetEvent, SimConfig, SimResult, simulate
 from simulator.simulation import Simulation
@@ -90,3 +93,18 @@ def test_p_d_modes_and_unknown_orders_are_refused() -> None:
     with pytest.raises(ValueError, match="pool read order must be one of"):
         simulate(small_bank(sessions=2), RoutingMode.ROUND_ROBIN_DDR,
                  SimConfig(options, pool_read_order="later"))
+
+
+def test_the_flag_is_recorded_only_when_set_and_refused_with_pd(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    flags = ["simulate", "--engines", "2", "--sessions", "20", "--duration-s", "300",
+             "--modes", "round_robin+ddr", "--out", str(tmp_path), "--quiet", "--no-oracle"]
+    for order, name in (("arrival", "default"), ("vllm", "vllm")):
+        assert main([*flags, "--pool-read-order", order, "--name", name]) == 0
+    described = {name: json.loads((tmp_path / f"{name}.json").read_text())["workload"]
+                 for name in ("default", "vllm")}
+    assert "pool_read_order" not in described["default"]  # committed results keep their keys
+    assert described["vllm"]["pool_read_order"] == "vllm"
+    assert main(["simulate", "--engines", "2", "--pd", "1:1", "--modes", "pd-kvgate",
+                 "--pool-read-order", "vllm", "--quiet"]) == 2
+    assert "--pool-read-order vllm is not modelled with --pd" in capsys.readouterr().err
