@@ -2,9 +2,12 @@
 RequestHandler and Pipeline (kvgate.routing) over an in-memory store, 4 engines in one DDR
 pool.
 
-    python bench/decision_cost.py [--decisions 200000] [--sessions 1000] [--board-from-reports]
+    python bench/decision_cost.py [--decisions 200000] [--sessions 1000] [--passes 2]
+                                  [--board-from-reports]
 
 `--board-from-reports`: the gate-on runs with `placement.load_gate.board_from_reports`.
+`--passes`: every case run that many times; past one, each case's best is compared too (on
+a busy host one pass varies by more than issue 42's 2 us).
 
 Every session is bound first; each measured request carries `content-length: 2000`, so with the
 gate on it is sized and booked on the ledger (engines priced as instant: no backlog builds, the
@@ -124,20 +127,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=200_000)
     parser.add_argument("--sessions", type=int, default=1000)
+    parser.add_argument("--passes", type=int, default=2, help="times every case is run")
     parser.add_argument("--board-from-reports", action="store_true",
                         help="placement.load_gate.board_from_reports on in the gate-on runs")
     args = parser.parse_args()
     runs = [(False, "none"), *((True, figures) for figures in FIGURES)]
-    for _ in range(2):
+    best: dict[str, float] = {}
+    for _ in range(args.passes):
         costs = {}
         for gate_on, figures in runs:
             seconds = costs[figures if gate_on else "off"] = asyncio.run(per_decision(
                 gate_on, args.decisions, args.sessions, figures, args.board_from_reports))
             what = f"on, engine figures: {figures}" if gate_on else "off"
             print(f"gate {what:<28} {seconds * 1e6:6.2f} us per sticky decision")
-        # The estimate of what HBM holds (no KV events) against the same round without it.
-        print(f"round+estimate / round: {costs['round+estimate'] / costs['round']:.2f} "
-              f"(+{(costs['round+estimate'] - costs['round']) * 1e6:.2f} us)")
+        _ratios(costs)
+        best = {case: min(seconds, best.get(case, seconds)) for case, seconds in costs.items()}
+    if args.passes > 1:  # on a busy host a pass's figures vary more than the target
+        print(f"best of {args.passes} passes:")
+        _ratios(best)
+
+
+def _ratios(costs: dict[str, float]) -> None:
+    """What HBM holds, from KV events or estimated, against the same round without it
+    (issue 42: at most 2 us more)."""
+    for hbm in ("round+hbm", "round+estimate"):
+        print(f"{hbm} / round: {costs[hbm] / costs['round']:.2f} "
+              f"(+{(costs[hbm] - costs['round']) * 1e6:.2f} us)")
 
 
 if __name__ == "__main__":

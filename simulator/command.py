@@ -24,7 +24,14 @@ from kvgate.runtime.tasks.collector import collector_paused
 from simulator.gate_flags import add_gate_flags, gate_settings
 from simulator.parallel import simulate_modes
 from simulator.pd_flags import add_pd_flags, check_pd, parse_modes, pd_description
-from simulator.run import LOAD_REFRESH_S, PROMPT_ERROR, FleetEvent, SimConfig
+from simulator.run import (
+    LOAD_REFRESH_S,
+    POOL_READ_ORDERS,
+    PROMPT_ERROR,
+    READ_ON_ARRIVAL,
+    FleetEvent,
+    SimConfig,
+)
 from workload.cli import add_workload_arguments
 from workload.hashing import PromptBlocks, oracle_hits
 from workload.model import Workload
@@ -63,6 +70,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--addresses", help="comma-separated engine host:port (default 10.x.y.z:8000); a real "
       "fleet's addresses reproduce its placements, e.g. a bench --compare run's endpoints")
     a("--load-factor", type=float, default=1.25, help="kvgate bounded load (%(default)s)")
+    a("--pool-read-order", choices=POOL_READ_ORDERS, default=READ_ON_ARRIVAL,
+      help="a request reading KV from the pool: arrival = reads from its arrival, then queues "
+      "behind what was booked meanwhile; vllm = reads once its engine's scheduler reaches it, "
+      "lets those behind pass while it reads, then goes first, as vLLM's scheduler does "
+      "(simulator/read_order.py; %(default)s)")
     add_router_arguments(parser)
     a("--out", type=Path, help="write <name>.json, .md and .png here")
     a("--name", help="output file stem (default simulate-<workload>)")
@@ -93,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
                        addresses=addresses, pd=args.pd,
                        skip_prefill_below=args.skip_prefill_below, skip_rule=args.skip_rule,
                        decode_puts=args.pd_decode_puts == "on",
-                       **router_settings(args))
+                       pool_read_order=args.pool_read_order, **router_settings(args))
     blocks = hashed(workload, options.block_size, args.jobs)
     print(f"prompts hashed into {options.block_size}-token blocks "
           f"({time.perf_counter() - built:.1f} s)", file=sys.stderr)
@@ -156,6 +168,8 @@ def _describe(args: argparse.Namespace, workload: Workload, options: EmulatorOpt
                 "drain": [vars_of(e) for e in args.drain], "tool": "kvgate simulate"}
     describe.update(router_description(config))
     describe.update(pd_description(config))
+    if config.pool_read_order != READ_ON_ARRIVAL:  # named only when set: results keep their keys
+        describe["pool_read_order"] = config.pool_read_order
     return describe
 
 
@@ -170,6 +184,8 @@ def _check(args: argparse.Namespace, engines: int) -> None:
                 raise ValueError(f"{flag} {event.engine}@{event.time:g}: time must be >= 0")
     check_run_flags(args)
     check_pd(args, engines)
+    if args.pd is not None and args.pool_read_order != READ_ON_ARRIVAL:
+        raise ValueError(f"--pool-read-order {args.pool_read_order} is not modelled with --pd")
 
 
 def check_run_flags(args: argparse.Namespace) -> None:
@@ -252,7 +268,8 @@ def one_simulation(argv: Sequence[str], description: str
     args = parser.parse_args(["--quiet", "--jobs", "1", *argv])
     options, workload = engines_and_workload(args, check=lambda engines: None)
     config = SimConfig(options, args.load_factor, events=[*args.fail, *args.drain],
-                       progress=False, addresses=[], **router_settings(args))
+                       progress=False, addresses=[], pool_read_order=args.pool_read_order,
+                       **router_settings(args))
     return workload, config, hashed(workload, options.block_size, 1)
 
 

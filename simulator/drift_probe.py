@@ -265,17 +265,8 @@ def keep_place() -> None:
 
     def send_keeping(self: Simulation, e: int, i: int, ask: Any, hashes: Any,
                      now: float) -> None:
-        self.per_engine[e] += 1
-        self.assignments[i] = e
-        engine = self.fleet.engines[e]
-        self.gauges[e].arrived(now)
-        probe = engine.probe_hashes(now, hashes, ask.tokens)
-        pool, transfers = self.pool, self.transfers
-        ddr: int | None = None
-        if pool is not None and self.pool_up and probe.hbm_blocks < probe.limit_blocks:
-            ddr = pool.lookup(probe.pool_hashes, probe.hbm_blocks, now)
-        elif pool is not None:
-            ddr = 0
+        probe, ddr = self._arrive(e, i, ask, hashes, now)
+        engine, transfers = self.fleet.engines[e], self.transfers
         tokens, answer = self._output(e, i)
         if ddr and transfers is not None:
             nbytes = ddr * self.block_bytes

@@ -110,6 +110,9 @@ class _Quiet:
     def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
         pass
 
+    def queued(self, address: str, ask: Ask) -> None:
+        pass
+
     def prefill_done(self, prefill: str, ask: Ask, now: float) -> None:
         pass
 

@@ -49,6 +49,15 @@ class _InFlight:
         heapq.heappush(self._ends, (finish, self._seq, address, amount))
         self._seq += 1
 
+    def enters(self, address: str, amount: float) -> None:
+        """:meth:`add` without its end, which :meth:`leaves` gives once known."""
+        self.requests[address] = self.requests.get(address, 0) + 1
+        self.amount[address] = self.amount.get(address, 0.0) + amount
+
+    def leaves(self, address: str, amount: float, finish: float) -> None:
+        heapq.heappush(self._ends, (finish, self._seq, address, amount))
+        self._seq += 1
+
     def advance(self, now: float) -> None:
         ends = self._ends
         while ends and ends[0][0] <= now:
@@ -76,6 +85,8 @@ class _Peer:
         self.rng = random.Random(seed)
         # id of an Ask -> (the Ask, what it adds to its engine's in-flight amount)
         self._pending: dict[int, tuple[Ask, float]] = {}
+        # ... of those counted in flight before their stream's end was known (``queued``)
+        self._queued: dict[int, tuple[Ask, float]] = {}
 
     def set_state(self, address: str, state: EndpointState) -> None:
         self._states[address] = state
@@ -97,9 +108,21 @@ class _Peer:
         return None if scrape is None or now - scrape.at > self.setup.max_age_s else scrape
 
     def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
+        queued = self._queued.pop(id(ask), None) if self._queued else None
+        if queued is not None and queued[0] is ask:  # counted since it was sent
+            self.inflight.leaves(address, queued[1], finish)
+            return
         pending = self._pending.pop(id(ask), None)
         amount = pending[1] if pending is not None and pending[0] is ask else 0.0
         self.inflight.add(address, amount, finish)
+
+    def queued(self, address: str, ask: Ask) -> None:
+        """Counted in flight from now, as a router counts what it sent; its end comes with
+        ``answered``."""
+        pending = self._pending.pop(id(ask), None)
+        amount = pending[1] if pending is not None and pending[0] is ask else 0.0
+        self.inflight.enters(address, amount)
+        self._queued[id(ask)] = (ask, amount)
 
     def _sent(self, ask: Ask, amount: float) -> None:
         self._pending[id(ask)] = (ask, amount)

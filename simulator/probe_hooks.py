@@ -40,14 +40,16 @@ def on_place(record: Callable[[Simulation, int, int, Any], None]) -> None:
 
 
 def on_send(record: Callable[[Simulation, int, int], None]) -> None:
-    """`record(simulation, engine, request)` before each request is sent to its engine."""
-    send = Simulation._send
+    """`record(simulation, engine, request)` before each request is sent to its engine (as it
+    arrives there: every simulation's `_send` starts with `_arrive`)."""
+    arrive = Simulation._arrive
 
-    def send_probe(self: Simulation, e: int, i: int, ask: Any, hashes: Any, now: float) -> None:
+    def send_probe(self: Simulation, e: int, i: int, ask: Any, hashes: Any,
+                   now: float) -> Any:
         record(self, e, i)
-        send(self, e, i, ask, hashes, now)
+        return arrive(self, e, i, ask, hashes, now)
 
-    Simulation._send = send_probe  # type: ignore[method-assign]
+    Simulation._arrive = send_probe  # type: ignore[method-assign]
 
 
 def pct(values: list[float], q: float) -> float:

@@ -65,11 +65,18 @@ class Router(Protocol):
         """The request's stream: its first token and its end, as the router will see them
         (instants that may be ahead of the clock; a router uses them only once passed)."""
 
+    def queued(self, address: str, ask: Ask) -> None:
+        """The request waits at ``address`` with its schedule not yet known (``--pool-read-order
+        vllm``, simulator.read_order); ``answered`` follows once it is."""
+
 
 class _Blind:
     """A router that does not follow the streams it serves."""
 
     def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
+        pass
+
+    def queued(self, address: str, ask: Ask) -> None:
         pass
 
 
@@ -261,6 +268,9 @@ class AffinityRouter:
             self._policy.forget(address)  # its queue is gone
 
     def answered(self, address: str, ask: Ask, first_token: float, finish: float) -> None:
+        pass
+
+    def queued(self, address: str, ask: Ask) -> None:
         pass
 
 

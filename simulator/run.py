@@ -10,8 +10,10 @@ in the emulator; a request counts when its last token is out. A request with blo
 the DDR pool first waits for their transfer (the emulator's ``TransferModel``: shared device and
 node links, max-min fair, a fixed cost), whose end is an event too; it is then admitted, its TTFT
 counted from its arrival (vLLM's asynchronous KV connectors load while the engine prefills other
-requests). The pool can be down or slow for windows (``PoolFaults``): down, every lookup misses
-and nothing is stored, and it comes back empty.
+requests; ``--pool-read-order vllm``, ``simulator.read_order``: read once the engine's
+scheduler reaches it, then first in its queue, as vLLM's). The pool can be down or slow for
+windows (``PoolFaults``): down, every lookup misses and nothing is stored, and it comes back
+empty.
 A failed engine loses its HBM and every request it has not finished (they count as errors, and
 their sessions ask again after the think time, as a user who saw the error would); a draining
 engine keeps its sessions but gets no new ones (kvgate) or leaves the load balancer (Envoy modes).
@@ -29,7 +31,10 @@ from kvgate.runtime.tasks.collector import collector_paused
 from kvgate.runtime.tasks.loop import run as run_loop
 from simulator.setup import (
     LOAD_REFRESH_S,
+    POOL_READ_ORDERS,
     PROMPT_ERROR,
+    READ_ON_ARRIVAL,
+    READ_WHEN_REACHED,
     FleetEvent,
     SimConfig,
     SimResult,
@@ -42,7 +47,10 @@ from workload.model import Workload
 
 __all__ = [
     "LOAD_REFRESH_S",
+    "POOL_READ_ORDERS",
     "PROMPT_ERROR",
+    "READ_ON_ARRIVAL",
+    "READ_WHEN_REACHED",
     "FleetEvent",
     "SimConfig",
     "SimResult",
@@ -63,8 +71,18 @@ def simulate(workload: Workload, mode: RoutingMode | PdMode, config: SimConfig,
 async def simulate_async(workload: Workload, mode: RoutingMode | PdMode, config: SimConfig,
                          blocks: PromptBlocks | None = None) -> SimResult:
     """``simulate`` inside a running event loop (a router may await, e.g. a real gateway's)."""
+    if config.pool_read_order not in POOL_READ_ORDERS:
+        raise ValueError(f"pool read order must be one of {', '.join(POOL_READ_ORDERS)}, "
+                         f"got {config.pool_read_order!r}")
     if isinstance(mode, PdMode):
+        if config.pool_read_order != READ_ON_ARRIVAL:
+            raise ValueError(f"{mode}: --pool-read-order {config.pool_read_order} is not "
+                             f"modelled with --pd")
         from simulator.pd_simulation import PdSimulation
 
         return await PdSimulation(workload, mode, config, blocks).run()
+    if config.pool_read_order == READ_WHEN_REACHED and mode.ddr_pool:
+        from simulator.read_order import VllmReadOrder
+
+        return await VllmReadOrder(workload, mode, config, blocks).run()
     return await Simulation(workload, mode, config, blocks).run()

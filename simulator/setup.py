@@ -25,6 +25,9 @@ class FleetEvent:
 
 LOAD_REFRESH_S = 0.05
 PROMPT_ERROR = 0.25
+# SimConfig.pool_read_order's values (`--pool-read-order`).
+READ_ON_ARRIVAL, READ_WHEN_REACHED = "arrival", "vllm"
+POOL_READ_ORDERS = (READ_ON_ARRIVAL, READ_WHEN_REACHED)
 
 
 @dataclass(slots=True)
@@ -60,6 +63,12 @@ class SimConfig:
     # The decode engines put each prompt they hold to the pool too (AscendStore's
     # `consumer_is_to_put: true`; simulator.pd_simulation). Off: only the prefill side writes it.
     decode_puts: bool = False
+    # When a request reading KV from the pool reads, and where it then waits
+    # (simulator.read_order): READ_ON_ARRIVAL, from its arrival, then queued behind everything
+    # booked before the read ends (every committed figure); READ_WHEN_REACHED, once the engine's
+    # scheduler reaches it, passed by the requests behind it while it reads, then first in the
+    # queue, as vLLM's scheduler does.
+    pool_read_order: str = READ_ON_ARRIVAL
 
 
 def router_setup(options: EmulatorOptions, config: SimConfig) -> RouterSetup:

@@ -204,24 +204,39 @@ class Simulation:
 
     def _send(self, e: int, i: int, ask: Ask, hashes: list[int], now: float) -> None:
         """Request ``i`` reaches engine ``e``, which looks its prompt up in HBM and the pool."""
+        probe, ddr = self._arrive(e, i, ask, hashes, now)
+        if ddr and self.transfers is not None:
+            self._read(e, probe, i, ddr, now, ask, now)
+        else:
+            self._admit(e, i, probe, ddr, ask, now)
+
+    def _arrive(self, e: int, i: int, ask: Ask, hashes: list[int],
+                now: float) -> tuple[Probe, int | None]:
+        """Request ``i`` reaches engine ``e``: counted, and its prompt looked up in HBM (as at
+        its prefill start) and in the pool (None: this engine has no pool)."""
         self.per_engine[e] += 1
         self.assignments[i] = e
-        engine = self.fleet.engines[e]
         self.gauges[e].arrived(now)
-        probe = engine.probe_hashes(now, hashes, ask.tokens)
+        probe = self.fleet.engines[e].probe_hashes(now, hashes, ask.tokens)
         pool = self.pool
         if pool is None or not self._reads_pool(e):
-            ddr = None
-        elif self.pool_up and probe.hbm_blocks < probe.limit_blocks:
-            ddr = pool.lookup(probe.pool_hashes, probe.hbm_blocks, now)
-        else:
-            ddr = 0
-        if ddr and self.transfers is not None:
-            tid = self.transfers.start(now, e, ddr * self.block_bytes)
-            self.loading[tid] = (e, self.fleet.generation[e], probe, i, ddr, now, ask)
-        else:
-            tokens, answer = self._output(e, i)
-            self._place(e, i, engine.admit(now, probe, tokens, ddr, answer), ask)
+            return probe, None
+        if self.pool_up and probe.hbm_blocks < probe.limit_blocks:
+            return probe, pool.lookup(probe.pool_hashes, probe.hbm_blocks, now)
+        return probe, 0
+
+    def _read(self, e: int, probe: Probe, i: int, ddr: int, arrival: float, ask: Ask,
+              now: float) -> None:
+        """Request ``i``'s ``ddr`` blocks start their way from the pool to engine ``e``."""
+        assert self.transfers is not None
+        tid = self.transfers.start(now, e, ddr * self.block_bytes)
+        self.loading[tid] = (e, self.fleet.generation[e], probe, i, ddr, arrival, ask)
+
+    def _admit(self, e: int, i: int, probe: Probe, ddr: int | None, ask: Ask,
+               arrival: float) -> None:
+        """Request ``i``, sent at ``arrival`` and reading nothing, joins engine ``e``'s queue."""
+        tokens, answer = self._output(e, i)
+        self._place(e, i, self.fleet.engines[e].admit(arrival, probe, tokens, ddr, answer), ask)
 
     def _place(self, e: int, i: int, admission: Admission, ask: Ask) -> None:
         """An admitted request's schedule is closed form: push its first token and its end."""

@@ -7,7 +7,9 @@ gauges, HBM residency) and the engines' speed (`placement.engine_cost`). The ter
 A term either overlaps the wait in the engine's queue (`overlaps_wait`: a DDR read runs while
 the request waits, vLLM's asynchronous KV connectors) or follows it (the prefill). The estimate
 is the longest of the overlapping terms plus each following term: for the default terms,
-exactly `max(queue, ddr read) + prefill`.
+exactly `max(queue, ddr read) + prefill`. The `*_after_wait` read terms follow the wait
+instead, as vLLM's scheduler orders a read (`Scheduler.schedule` starts a request's connector
+load only when it reaches the request; docs/journal/small-fleet.md): `queue + read + prefill`.
 """
 
 from __future__ import annotations
@@ -89,6 +91,22 @@ class QueuedDdrRead(Term):
         return self.cost.transfer_s(candidate.ddr_tokens) if read is None else read
 
 
+class DdrReadAfterWait(DdrRead):
+    """`ddr_read` started once the queue ahead has gone (vLLM's order): added to the wait."""
+
+    name = "ddr_read_after_wait"
+    overlaps_wait = False
+    __slots__ = ()
+
+
+class QueuedDdrReadAfterWait(QueuedDdrRead):
+    """`link_backlog` started once the queue ahead has gone (vLLM's order): added to the wait."""
+
+    name = "link_backlog_after_wait"
+    overlaps_wait = False
+    __slots__ = ()
+
+
 class Prefill(Term):
     """Prefilling what neither tier holds (`placement.engine_cost`: prefill_tokens_per_s,
     prefill_overhead_s), and the whole prompt's per-token cost (prompt_us_per_token)."""
@@ -104,8 +122,8 @@ class Prefill(Term):
 
 
 # Every term by name: a new one is a class above (or imported here) and its entry.
-TERMS: Mapping[str, type[Term]] = {t.name: t for t in (QueueWait, DdrRead, QueuedDdrRead,
-                                                        Prefill)}
+TERMS: Mapping[str, type[Term]] = {t.name: t for t in (
+    QueueWait, DdrRead, QueuedDdrRead, DdrReadAfterWait, QueuedDdrReadAfterWait, Prefill)}
 DEFAULT_TERMS = ("queue_wait", "ddr_read", "prefill")
 
 

@@ -82,7 +82,7 @@ class GatedPolicy:
         self.estimate = Estimate(make_terms(config.terms, cost) if terms is None else terms)
         self._ledger = Ledger(cost, board, self.recent, self.mix)
         self.hooks: tuple[BookingHook, ...] = (self._ledger,)
-        if any(term.name == QueuedDdrRead.name for term in self.estimate.terms):
+        if any(isinstance(term, QueuedDdrRead) for term in self.estimate.terms):
             # The reads it books queue on the links, which the term prices.
             self._ledger.links = LinkBacklog(cost, node_of)
         step = _prefix_step(config, prefixes, block_tokens)

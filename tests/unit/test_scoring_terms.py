@@ -65,6 +65,24 @@ def test_the_default_terms_are_named_and_their_sum_is_the_cost_models_to_the_bit
         make_terms(["queue_wait", "link_bandwidth"], COST)
 
 
+
+def test_a_read_after_the_wait_adds_to_it_as_vllms_scheduler_orders_it() -> None:
+    board = LoadBoard()
+    board.routed("a:1", 0.0, 0.7)
+    engine = EngineSignals("a:1", 0.0, board)
+    candidate = Candidate(engine, 40_000, ddr_tokens=30_000)
+    wait, read = board.backlog_s("a:1", 0.0), COST.transfer_s(30_000)
+    prefill = COST.prefill_s(10_000, 40_000)
+    overlap = Estimate(make_terms(DEFAULT_TERMS, COST))
+    after = Estimate(make_terms(("queue_wait", "ddr_read_after_wait", "prefill"), COST))
+    assert overlap.seconds(candidate) == max(wait, read) + prefill
+    assert after.seconds(candidate) == pytest.approx(wait + read + prefill, rel=1e-12)
+    assert after.seconds(candidate) > overlap.seconds(candidate)
+    assert after.parts(candidate)["ddr_read_after_wait"] == round(read, 6)
+    queued = Estimate(make_terms(("queue_wait", "link_backlog_after_wait", "prefill"), COST))
+    assert queued.seconds(candidate) == pytest.approx(wait + read + prefill, rel=1e-12)
+
+
 class KvUsage(Term):
     """A term from a reported gauge: a second per unit of KV cache usage."""
 
@@ -134,7 +152,8 @@ def test_the_terms_in_use_are_a_placement_key() -> None:
     assert isinstance(policy, GatedPolicy)
     assert [t.name for t in policy.estimate.terms] == ["prefill", "queue_wait"]
     for terms, problem in (("[queue_wait, nope]", "placement.load_gate.terms[1]: must be one "
-                            "of queue_wait, ddr_read, link_backlog, prefill, got 'nope'"),
+                            "of queue_wait, ddr_read, link_backlog, ddr_read_after_wait, "
+                            "link_backlog_after_wait, prefill, got 'nope'"),
                            ("[]", "placement.load_gate.terms: at least one term"),
                            ("[prefill, prefill]", "placement.load_gate.terms: a term listed "
                             "twice")):

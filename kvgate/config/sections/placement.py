@@ -69,7 +69,9 @@ class GateConfig:
         "the sum of (the longest of those that overlap the queue wait, then the others): "
         "`queue_wait` (the prefill queued there), `ddr_read` (its context read from the DDR "
         "pool), `link_backlog` (that read sharing the engine's device and node links with the "
-        "reads this router sent there; not in the default), `prefill` (what neither tier holds)",
+        "reads this router sent there; not in the default), `prefill` (what neither tier holds); "
+        "`ddr_read_after_wait` and `link_backlog_after_wait` are those reads after the queue "
+        "wait instead of during it, as vLLM's scheduler starts a read (not in the default)",
         default=DEFAULT_TERMS)
     prefix_placement: bool = key(
         Boolean(), "a new session, and a session the gate moves, is priced on each candidate "
