@@ -31,6 +31,7 @@ from simulator.run import (
     READ_ON_ARRIVAL,
     FleetEvent,
     SimConfig,
+    check_read_order,
 )
 from workload.cli import add_workload_arguments
 from workload.hashing import PromptBlocks, oracle_hits
@@ -184,8 +185,7 @@ def _check(args: argparse.Namespace, engines: int) -> None:
                 raise ValueError(f"{flag} {event.engine}@{event.time:g}: time must be >= 0")
     check_run_flags(args)
     check_pd(args, engines)
-    if args.pd is not None and args.pool_read_order != READ_ON_ARRIVAL:
-        raise ValueError(f"--pool-read-order {args.pool_read_order} is not modelled with --pd")
+    check_read_order(args.pool_read_order, args.pd is not None)
 
 
 def check_run_flags(args: argparse.Namespace) -> None:

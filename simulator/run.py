@@ -38,6 +38,7 @@ from simulator.setup import (
     FleetEvent,
     SimConfig,
     SimResult,
+    check_read_order,
     engine_address,
     router_setup,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "FleetEvent",
     "SimConfig",
     "SimResult",
+    "check_read_order",
     "engine_address",
     "router_setup",
     "simulate",
@@ -71,13 +73,8 @@ def simulate(workload: Workload, mode: RoutingMode | PdMode, config: SimConfig,
 async def simulate_async(workload: Workload, mode: RoutingMode | PdMode, config: SimConfig,
                          blocks: PromptBlocks | None = None) -> SimResult:
     """``simulate`` inside a running event loop (a router may await, e.g. a real gateway's)."""
-    if config.pool_read_order not in POOL_READ_ORDERS:
-        raise ValueError(f"pool read order must be one of {', '.join(POOL_READ_ORDERS)}, "
-                         f"got {config.pool_read_order!r}")
+    check_read_order(config.pool_read_order, isinstance(mode, PdMode))
     if isinstance(mode, PdMode):
-        if config.pool_read_order != READ_ON_ARRIVAL:
-            raise ValueError(f"{mode}: --pool-read-order {config.pool_read_order} is not "
-                             f"modelled with --pd")
         from simulator.pd_simulation import PdSimulation
 
         return await PdSimulation(workload, mode, config, blocks).run()

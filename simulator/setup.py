@@ -30,6 +30,15 @@ READ_ON_ARRIVAL, READ_WHEN_REACHED = "arrival", "vllm"
 POOL_READ_ORDERS = (READ_ON_ARRIVAL, READ_WHEN_REACHED)
 
 
+def check_read_order(order: str, pd: bool) -> None:
+    """`--pool-read-order`'s value, for a P/D run or not: a ValueError saying what is wrong."""
+    if order not in POOL_READ_ORDERS:
+        raise ValueError(f"pool read order must be one of {', '.join(POOL_READ_ORDERS)}, "
+                         f"got {order!r}")
+    if pd and order != READ_ON_ARRIVAL:
+        raise ValueError(f"--pool-read-order {order} is not modelled with --pd")
+
+
 @dataclass(slots=True)
 class SimConfig:
     engine: EmulatorOptions  # instances = engines; block size, HBM, DDR, speed
