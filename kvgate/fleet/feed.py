@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import grpc
 import structlog
@@ -34,6 +34,43 @@ from kvgate.placement.live import LoadBoard, ObservedLoad, ObservedRound
 log = structlog.get_logger("kvgate.fleet")
 
 RETRY_S = (0.2, 0.5, 1.0, 2.0)  # pauses between failed attempts, the last one repeated
+
+
+async def next_round(frames: AsyncIterator[pb.FleetLoad], within_s: float,
+                     abandoned: set[asyncio.Future[pb.FleetLoad]]) -> pb.FleetLoad | None:
+    """The stream's next round (None: it ended); TimeoutError when none came within `within_s`.
+
+    Not `asyncio.wait_for`: that waits for the read it cancels to finish, and a read pending in
+    gRPC (a plain-text stream to a TLS collector, retrying its connection) was seen not to
+    finish, holding the feed and its channel for good. A read given up is cancelled and kept in
+    `abandoned` until it ends; the caller cancels the call and closes the channel."""
+    read = asyncio.ensure_future(anext(frames))
+    try:
+        done, _ = await asyncio.wait((read,), timeout=within_s)
+    except asyncio.CancelledError:
+        _abandon(read, abandoned)
+        raise
+    if not done:
+        _abandon(read, abandoned)
+        raise TimeoutError
+    try:
+        return read.result()
+    except StopAsyncIteration:
+        return None
+
+
+def _abandon(read: asyncio.Future[pb.FleetLoad],
+             abandoned: set[asyncio.Future[pb.FleetLoad]]) -> None:
+    read.cancel()
+    if not read.done():
+        abandoned.add(read)
+        read.add_done_callback(lambda _: abandoned.discard(read))
+    read.add_done_callback(_retrieve)
+
+
+def _retrieve(read: asyncio.Future[pb.FleetLoad]) -> None:
+    if not read.cancelled():
+        read.exception()  # the call was given up: its error says nothing new
 
 
 class FleetFeedMetrics:
@@ -103,6 +140,7 @@ class FleetFeed:
         self._endpoints: list[str] = []  # the last round's engines, in its order
         self._index: dict[str, int] = {}  # and where each is in the round's columns
         self._trouble: set[str] = set()  # failures of the current streak, each logged once
+        self._abandoned: set[asyncio.Future[pb.FleetLoad]] = set()  # reads left to finish late
         metrics.reachable.set_function(lambda: 1.0 if self.reachable() else 0.0)
         metrics.age.set_function(self._age_or_inf)
 
@@ -146,13 +184,13 @@ class FleetFeed:
             frames = aiter(call)
             while True:
                 try:
-                    frame = await asyncio.wait_for(anext(frames), self._stall_s)
-                except StopAsyncIteration:
-                    break
+                    frame = await next_round(frames, self._stall_s, self._abandoned)
                 except TimeoutError:
                     call.cancel()
                     self._failed(address, f"no round for {self._stall_s:g}s")
                     return streamed
+                if frame is None:
+                    break
                 if not streamed:
                     streamed = True
                     self.following = address

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import grpc
 import pytest
@@ -137,23 +137,26 @@ async def test_a_replica_follows_the_collector_over_tls(tmp_path: Path) -> None:
     assert tls is not None
     address = f"127.0.0.1:{server.add_secure_port('127.0.0.1:0', tls.credentials())}"
     await server.start()
-    running = asyncio.create_task(collector.run())
+    tasks: list[asyncio.Task[Any]] = [asyncio.create_task(collector.run())]
     try:
         plain = FleetFeed([address], LoadBoard(), PrefillMix(),
                           FleetFeedMetrics(CollectorRegistry(), "ext_proc"), stall_s=5.0)
-        with pytest.raises(grpc.aio.AioRpcError) as refused:
-            await asyncio.wait_for(plain.follow(address), 30)
-        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+        try:  # refused at once, or (seen once, on a busy host) silent until the stall
+            streamed = await asyncio.wait_for(plain.follow(address), 30)
+        except grpc.aio.AioRpcError as refused:
+            assert refused.code() is grpc.StatusCode.UNAVAILABLE
+        else:
+            assert streamed is False
+        assert plain.following is None
         feed = FleetFeed([address], LoadBoard(), PrefillMix(),
                          FleetFeedMetrics(CollectorRegistry(), "ext_proc"), stall_s=5.0,
                          tls=channel_credentials(ca))
-        following = asyncio.create_task(feed.follow(address))
+        tasks.append(asyncio.create_task(feed.follow(address)))
         await eventually(lambda: feed.following == address, what="rounds over TLS")
-        following.cancel()
-        await asyncio.gather(following, return_exceptions=True)
     finally:
-        running.cancel()
-        await asyncio.gather(running, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await server.stop(None)
 
 

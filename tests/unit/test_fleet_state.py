@@ -22,7 +22,7 @@ from control_plane.status import CollectorStatus, ControlPlaneStatus
 from kvgate.admin_api.v1 import admin_pb2 as pb
 from kvgate.admin_api.v1 import admin_pb2_grpc
 from kvgate.fleet.collector import CollectorSettings, FleetCollector
-from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics
+from kvgate.fleet.feed import FleetFeed, FleetFeedMetrics, next_round
 from kvgate.fleet.prefill_mix import PrefillMix
 from kvgate.fleet.scrape import EngineFigures, EngineScrapeMetrics, ScrapeRounds
 from kvgate.placement.live import LoadBoard
@@ -232,6 +232,51 @@ async def test_a_silent_stream_is_given_up_and_named() -> None:
         await eventually(lambda: collector.watchers == 0, what="the stream closed")
     finally:
         await server.stop(None)
+
+
+class _StuckStream:
+    """A stream whose read ignores cancellation until released, as a gRPC read pending on a
+    channel that keeps retrying its connection was seen to."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.reads = self.cancels = 0
+
+    def __aiter__(self) -> _StuckStream:
+        return self
+
+    async def __anext__(self) -> pb.FleetLoad:
+        self.reads += 1
+        while not self.release.is_set():
+            try:
+                await self.release.wait()
+            except asyncio.CancelledError:
+                self.cancels += 1
+        raise StopAsyncIteration
+
+
+async def test_a_read_that_ignores_cancellation_does_not_hold_the_feed() -> None:
+    stream, abandoned = _StuckStream(), set[asyncio.Future[pb.FleetLoad]]()
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(next_round(stream, 0.05, abandoned), 10)
+        assert len(abandoned) == 1
+        await eventually(lambda: stream.cancels == 1, what="the read given up was cancelled")
+        waiting = asyncio.create_task(next_round(stream, 30, abandoned))
+        await eventually(lambda: stream.reads == 2, what="a second read")
+        waiting.cancel()  # the feed itself stopped: it returns at once, the read left behind
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(waiting, 10)
+        assert len(abandoned) == 2
+    finally:
+        stream.release.set()  # the reads end at last and are forgotten
+    await eventually(lambda: not abandoned, what="the abandoned reads end")
+
+
+async def test_a_stream_that_ends_reads_as_none() -> None:
+    stream = _StuckStream()
+    stream.release.set()
+    assert await next_round(stream, 1, set()) is None
 
 
 def test_a_replica_report_says_where_its_load_comes_from_and_status_shows_it() -> None:
