@@ -12,6 +12,11 @@ One definition for the emulator (``kvgate emulate``, ``kvgate up``'s fleet) and 
 - eviction: least recently used at watermarks (or only when full), or leases with a TTL and a
   share of the blocks evicted at a time, oldest lease first.
 
+Each also records how its connector loads a hit into HBM (``kv_load``: between steps, the order
+``simulator/read_order.py`` models, or inside the step that schedules the request). No rule reads
+it yet; docs/journal/small-fleet.md ("Which connectors load as read_order.py models") has the
+sources.
+
 Every rule cites the code it is taken from in ``SOURCES`` below and in docs/pool-profiles.md ("The
 DDR pool as the connectors fill it"); a rule changed for any other reason is a defect.
 """
@@ -47,6 +52,14 @@ class StoreScope(StrEnum):
     PAST_LOAD = "past_load"  # all of them, or, after a load from the pool, those past it
 
 
+class KvLoad(StrEnum):
+    """How the connector loads a pool hit into HBM under its default settings: the second value
+    of its ``get_num_new_matched_tokens`` (vLLM ``KVConnectorBase_V1``, ``load_kv_async``)."""
+
+    ASYNC = "async"  # True: the request waits in WAITING_FOR_REMOTE_KVS, others pass it
+    IN_STEP = "in_step"  # False: scheduled at once; the worker loads before the step's forward
+
+
 class Eviction(StrEnum):
     """How the pool makes room."""
 
@@ -69,6 +82,7 @@ class PoolProfile:
     eviction: Eviction
     high_watermark: float  # eviction starts once the pool holds more than this share
     low_watermark: float  # LRU: ... and stops at this share
+    kv_load: KvLoad  # recorded only: no rule of the pool or the simulator reads it yet
     evict_ratio: float = 0.0  # LEASE: the least share of the blocks held evicted per round
     lease_s: float = 0.0  # LEASE: how long a read lease protects a block
     chunk_tokens: int = 0  # the connector's key covers this many tokens (0: one engine block)
@@ -109,6 +123,11 @@ LMCACHE = PoolProfile(
     # local_cpu_backend.py allocate: LRU, one victim at a time, only when an allocation fails.
     eviction=Eviction.LRU, high_watermark=1.0, low_watermark=1.0,
     chunk_tokens=256,  # v1/config.py chunk_size; save_unfull_chunk = False: full chunks only
+    # vLLM lmcache_connector.py LMCacheConnectorV1.get_num_new_matched_tokens returns (hit,
+    # False), always; vllm_v1_adapter.py start_load_kv retrieves before the forward (per layer in
+    # wait_for_layer_load with use_layerwise, default False). enable_async_loading (default
+    # False) makes only the lookup asynchronous.
+    kv_load=KvLoad.IN_STEP,
     summary="whole-prompt lookup refreshes every hit chunk; writes the chunks the pool lacks; "
             "LRU when full; 256-token chunks",
 )
@@ -129,6 +148,10 @@ MOONCAKE = PoolProfile(
     # the write time); types.h defaults (TTL 10 s since Mooncake PR 2871).
     eviction=Eviction.LEASE, high_watermark=0.90, low_watermark=0.90, evict_ratio=0.05,
     lease_s=10.0,
+    # vLLM store/scheduler.py MooncakeStoreScheduler: load_async = extra config "load_async",
+    # default True, returned as the second value; worker.py get_finished asserts it (the
+    # synchronous load is not implemented) and hands loads to the receiving threads.
+    kv_load=KvLoad.ASYNC,
     summary="whole-prompt existence check leases every block held; writes what the pool "
             "lacks; past 90 % evicts 5 % of objects, oldest lease first, never a live lease",
 )
@@ -147,6 +170,9 @@ VLLM_OFFLOAD = PoolProfile(
     touch_at_end=True, head_last=True,
     # cpu/policies/lru.py (eviction_policy "lru" by default): exactly the deficit, when short.
     eviction=Eviction.LRU, high_watermark=1.0, low_watermark=1.0,
+    # offloading/scheduler.py OffloadingConnectorScheduler.get_num_new_matched_tokens returns
+    # (hit, True) for every hit; no setting changes it.
+    kv_load=KvLoad.ASYNC,
     summary="lookup past the GPU hit; offers every prompt block (past a CPU load, if any); "
             "one refresh per request at its end; LRU when full",
 )
@@ -167,6 +193,10 @@ ASCEND_STORE = PoolProfile(
     # Assumed: MemCache's LRU (ock.mmc.meta_service.lru_type) between its high and low
     # thresholds, at the 90 % / 80 % its README gives (its defaults are not in code we read).
     eviction=Eviction.LRU, high_watermark=0.9, low_watermark=0.8,
+    # pool_scheduler.py KVPoolScheduler.get_num_new_matched_tokens returns load_async and not
+    # use_layerwise; both extra config keys default to False, so pool_worker.py start_load_kv
+    # gets the blocks (m_store.get) before the forward. load_async True: asynchronous.
+    kv_load=KvLoad.IN_STEP,
     summary="whole-prompt existence check; the blocks read are refreshed; writes what the "
             "pool lacks; LRU from 90 % to 80 % (MemCache's policy assumed)",
 )
