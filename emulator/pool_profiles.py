@@ -12,10 +12,10 @@ One definition for the emulator (``kvgate emulate``, ``kvgate up``'s fleet) and 
 - eviction: least recently used at watermarks (or only when full), or leases with a TTL and a
   share of the blocks evicted at a time, oldest lease first.
 
-Each also records how its connector loads a hit into HBM (``kv_load``: between steps, the order
-``simulator/read_order.py`` models, or inside the step that schedules the request). No rule reads
-it yet; docs/journal/small-fleet.md ("Which connectors load as read_order.py models") has the
-sources.
+Each also records how its connector loads a hit into HBM (``kv_load``: between steps, or inside
+the step that schedules the request); the simulator's ``--pool-read-order connector`` follows it
+(``simulator/read_order.py``). docs/journal/small-fleet.md ("Which connectors load as
+read_order.py models") has the sources.
 
 Every rule cites the code it is taken from in ``SOURCES`` below and in docs/pool-profiles.md ("The
 DDR pool as the connectors fill it"); a rule changed for any other reason is a defect.
@@ -82,7 +82,7 @@ class PoolProfile:
     eviction: Eviction
     high_watermark: float  # eviction starts once the pool holds more than this share
     low_watermark: float  # LRU: ... and stops at this share
-    kv_load: KvLoad  # recorded only: no rule of the pool or the simulator reads it yet
+    kv_load: KvLoad  # read only by the simulator's `--pool-read-order connector`
     evict_ratio: float = 0.0  # LEASE: the least share of the blocks held evicted per round
     lease_s: float = 0.0  # LEASE: how long a read lease protects a block
     chunk_tokens: int = 0  # the connector's key covers this many tokens (0: one engine block)

@@ -74,8 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--pool-read-order", choices=POOL_READ_ORDERS, default=READ_ON_ARRIVAL,
       help="a request reading KV from the pool: arrival = reads from its arrival, then queues "
       "behind what was booked meanwhile; vllm = reads once its engine's scheduler reaches it, "
-      "lets those behind pass while it reads, then goes first, as vLLM's scheduler does "
-      "(simulator/read_order.py; %(default)s)")
+      "lets those behind pass while it reads, then goes first, as vLLM's scheduler does for an "
+      "asynchronous load; step = reads once reached and holds the engine's prefill until it "
+      "ends, as a load inside the step does; connector = vllm or step, as the pool profile's "
+      "connector loads (simulator/read_order.py; %(default)s)")
     add_router_arguments(parser)
     a("--out", type=Path, help="write <name>.json, .md and .png here")
     a("--name", help="output file stem (default simulate-<workload>)")

@@ -1,5 +1,7 @@
-"""vLLM's order for a request whose KV is read from the DDR pool (``--pool-read-order vllm``;
-opt-in, the default ``arrival`` stays behind every committed figure).
+"""vLLM's order for a request whose KV is read from the DDR pool (``--pool-read-order vllm`` for
+a connector that loads asynchronously, ``step`` for one that loads inside the step,
+``InStepReadOrder``; ``connector``, whichever the pool profile's connector does; opt-in, the
+default ``arrival`` stays behind every committed figure).
 
 What vLLM's v1 scheduler does (vllm-project/vllm, ``vllm/v1/core/sched/``), and the rule each
 fact gives here:
@@ -66,6 +68,8 @@ class _Waiting(NamedTuple):
 class VllmReadOrder(Simulation):
     """The simulation with vLLM's order for requests reading from the pool (module docstring)."""
 
+    lets_pass = True  # the requests behind a read start while it runs
+
     def __init__(self, workload: Workload, mode: RoutingMode | PdMode, config: SimConfig,
                  blocks: PromptBlocks | None = None) -> None:
         super().__init__(workload, mode, config, blocks)
@@ -89,7 +93,7 @@ class VllmReadOrder(Simulation):
         booked. Otherwise an event at the instant it will."""
         queue = self.waiting[e]
         engine = self.fleet.engines[e]
-        while queue:
+        while queue and (self.lets_pass or not self.reading[e]):
             head = queue[0]
             reach = (engine.scheduler.prefill_start(head.arrival) if engine.config.queueing
                      else head.arrival)
@@ -133,3 +137,18 @@ class VllmReadOrder(Simulation):
             self.waiting[e].clear()
             self.reading[e] = 0
             self.reach_at[e] = None
+
+
+class InStepReadOrder(VllmReadOrder):
+    """A connector that loads in the step that schedules the request (``load_kv_async``
+    False: vLLM-Ascend's ``AscendStoreConnector`` and vLLM's ``LMCacheConnectorV1`` under their
+    defaults, ``PoolProfile.kv_load``). The scheduler schedules it at once and the worker reads
+    its blocks before that step's forward (vLLM ``kv_connector_model_runner_mixin.py``
+    ``_get_kv_connector_output``: "Sync loads feed this step's forward so must precede it"), so
+    the step, and every request that would start in it or after, waits for the read. Rule: the
+    read starts when the scheduler reaches the request, as with ``vllm``, and nothing behind it
+    starts until it ends. Not modelled: the running decodes that step holds too (the ``fcfs``
+    timing model shares no step between prefill and decode)."""
+
+    lets_pass = False
+

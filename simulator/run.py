@@ -33,6 +33,8 @@ from simulator.setup import (
     LOAD_REFRESH_S,
     POOL_READ_ORDERS,
     PROMPT_ERROR,
+    READ_AS_CONNECTOR,
+    READ_IN_STEP,
     READ_ON_ARRIVAL,
     READ_WHEN_REACHED,
     FleetEvent,
@@ -40,6 +42,7 @@ from simulator.setup import (
     SimResult,
     check_read_order,
     engine_address,
+    read_order_of,
     router_setup,
 )
 from simulator.simulation import Simulation
@@ -50,6 +53,8 @@ __all__ = [
     "LOAD_REFRESH_S",
     "POOL_READ_ORDERS",
     "PROMPT_ERROR",
+    "READ_AS_CONNECTOR",
+    "READ_IN_STEP",
     "READ_ON_ARRIVAL",
     "READ_WHEN_REACHED",
     "FleetEvent",
@@ -57,6 +62,7 @@ __all__ = [
     "SimResult",
     "check_read_order",
     "engine_address",
+    "read_order_of",
     "router_setup",
     "simulate",
     "simulate_async",
@@ -78,8 +84,10 @@ async def simulate_async(workload: Workload, mode: RoutingMode | PdMode, config:
         from simulator.pd_simulation import PdSimulation
 
         return await PdSimulation(workload, mode, config, blocks).run()
-    if config.pool_read_order == READ_WHEN_REACHED and mode.ddr_pool:
-        from simulator.read_order import VllmReadOrder
+    order = read_order_of(config.pool_read_order, config.engine.pool_profile)
+    if order != READ_ON_ARRIVAL and mode.ddr_pool:
+        from simulator.read_order import InStepReadOrder, VllmReadOrder
 
-        return await VllmReadOrder(workload, mode, config, blocks).run()
+        kind = VllmReadOrder if order == READ_WHEN_REACHED else InStepReadOrder
+        return await kind(workload, mode, config, blocks).run()
     return await Simulation(workload, mode, config, blocks).run()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from benchkit.report import ModeStats
 from emulator.options import EmulatorOptions
+from emulator.pool_profiles import KvLoad, PoolProfile
 from kvgate.config.sections.disaggregation import DEFAULT_SKIP_PREFILL_BELOW, SkipRule
 from kvgate.config.sections.placement import GateConfig
 from kvgate.placement.cost import EngineCost
@@ -25,9 +26,19 @@ class FleetEvent:
 
 LOAD_REFRESH_S = 0.05
 PROMPT_ERROR = 0.25
-# SimConfig.pool_read_order's values (`--pool-read-order`).
-READ_ON_ARRIVAL, READ_WHEN_REACHED = "arrival", "vllm"
-POOL_READ_ORDERS = (READ_ON_ARRIVAL, READ_WHEN_REACHED)
+# SimConfig.pool_read_order's values (`--pool-read-order`): READ_AS_CONNECTOR is
+# READ_WHEN_REACHED or READ_IN_STEP, as the pool profile's connector loads (`read_order_of`).
+READ_ON_ARRIVAL, READ_WHEN_REACHED, READ_IN_STEP = "arrival", "vllm", "step"
+READ_AS_CONNECTOR = "connector"
+POOL_READ_ORDERS = (READ_ON_ARRIVAL, READ_WHEN_REACHED, READ_IN_STEP, READ_AS_CONNECTOR)
+
+
+def read_order_of(order: str, profile: PoolProfile) -> str:
+    """The order a run uses: `connector` is the profile's connector's own (PoolProfile.kv_load:
+    an asynchronous load is vLLM's waiting order, one in the step holds the step)."""
+    if order != READ_AS_CONNECTOR:
+        return order
+    return READ_WHEN_REACHED if profile.kv_load is KvLoad.ASYNC else READ_IN_STEP
 
 
 def check_read_order(order: str, pd: bool) -> None:
@@ -76,7 +87,9 @@ class SimConfig:
     # (simulator.read_order): READ_ON_ARRIVAL, from its arrival, then queued behind everything
     # booked before the read ends (every committed figure); READ_WHEN_REACHED, once the engine's
     # scheduler reaches it, passed by the requests behind it while it reads, then first in the
-    # queue, as vLLM's scheduler does.
+    # queue, as vLLM's scheduler does for an asynchronous load; READ_IN_STEP, once reached,
+    # holding the engine's prefill until it ends (a load inside the step); READ_AS_CONNECTOR,
+    # whichever of the two the pool profile's connector does.
     pool_read_order: str = READ_ON_ARRIVAL
 
 

@@ -1,6 +1,8 @@
 """`--pool-read-order vllm` (simulator.read_order): a request reading KV from the pool reads once
 its engine's scheduler reaches it, lets the requests behind it pass while it reads, then goes
-first; the default reads from its arrival and queues behind what was booked meanwhile."""
+first; `step` reads once reached and holds the engine's prefill until it ends; `connector` is
+whichever of the two the profile's connector does; the default reads from its arrival and
+queues behind what was booked meanwhile."""
 
 from __future__ import annotations
 
@@ -12,10 +14,20 @@ import pytest
 from bench_helpers import small_bank
 
 from emulator.options import EmulatorOptions
+from emulator.pool_profiles import PROFILES, KvLoad
 from kvgate.contract.modes import PdMode, RoutingMode
 from kvgate_cli.main import main
-from simulator.read_order import VllmReadOrder
-from simulator.run import READ_WHEN_REACHED, FleetEvent, SimConfig, SimResult, simulate
+from simulator.read_order import InStepReadOrder, VllmReadOrder
+from simulator.run import (
+    READ_AS_CONNECTOR,
+    READ_IN_STEP,
+    READ_WHEN_REACHED,
+    FleetEvent,
+    SimConfig,
+    SimResult,
+    read_order_of,
+    simulate,
+)
 from simulator.simulation import Simulation
 from workload.model import Request, Segment, Workload
 
@@ -55,6 +67,23 @@ def test_vllm_reads_when_reached_lets_b_pass_then_goes_ahead_of_c() -> None:
     assert finishes[LOADED] > finishes[A] + 0.3
 
 
+def test_in_step_reads_when_reached_and_nothing_behind_it_starts_before_it_ends() -> None:
+    finishes = _run(InStepReadOrder).finishes
+    assert finishes[A] < finishes[LOADED] < finishes[B] < finishes[C]
+    passed = _run(VllmReadOrder).finishes
+    # B waits for the read (0.21 s) as well as LOADED's prefill; LOADED itself ends no later.
+    assert finishes[B] > passed[B] + 0.2 and finishes[LOADED] <= passed[LOADED]
+
+
+def test_connector_is_each_profile_s_own_order() -> None:
+    orders = {name: read_order_of(READ_AS_CONNECTOR, profile)
+              for name, profile in PROFILES.items()}
+    assert orders == {name: READ_WHEN_REACHED if p.kv_load is KvLoad.ASYNC else READ_IN_STEP
+                      for name, p in PROFILES.items()}
+    assert orders["ascend-store"] == READ_IN_STEP and orders["vllm-offload"] == READ_WHEN_REACHED
+    assert read_order_of(READ_WHEN_REACHED, PROFILES["ascend-store"]) == READ_WHEN_REACHED
+
+
 def test_an_idle_engine_reads_on_arrival_in_both_orders() -> None:
     def lone(kind: type[Simulation]) -> float:
         config = SimConfig(EmulatorOptions(instances=1, block_size=16))
@@ -66,11 +95,12 @@ def test_an_idle_engine_reads_on_arrival_in_both_orders() -> None:
         assert result.ddr_tokens == [15_984]
         return result.finishes[0]
 
-    assert lone(VllmReadOrder) == lone(Simulation)
+    assert lone(VllmReadOrder) == lone(Simulation) == lone(InStepReadOrder)
 
 
-def test_a_failed_engine_fails_its_waiting_queue() -> None:
-    result = _run(VllmReadOrder, (FleetEvent("fail", 0, 1.0),))
+@pytest.mark.parametrize("kind", [VllmReadOrder, InStepReadOrder])
+def test_a_failed_engine_fails_its_waiting_queue(kind: type[Simulation]) -> None:
+    result = _run(kind, (FleetEvent("fail", 0, 1.0),))
     assert result.stats.figures()["errors"] == 4
 
 
@@ -79,10 +109,12 @@ def test_the_option_reaches_the_simulation_and_moves_a_busy_fleet() -> None:
     options = EmulatorOptions(instances=2, block_size=16, hbm_tokens=20_000)
     figures = {order: simulate(workload, RoutingMode.ROUND_ROBIN_DDR,
                                SimConfig(options, pool_read_order=order)).stats
-               for order in ("arrival", READ_WHEN_REACHED)}
+               for order in ("arrival", READ_WHEN_REACHED, READ_IN_STEP, READ_AS_CONNECTOR)}
     for stats in figures.values():
         assert stats.figures()["errors"] == 0
     assert figures["arrival"].ttfts != figures[READ_WHEN_REACHED].ttfts
+    assert figures[READ_IN_STEP].ttfts != figures[READ_WHEN_REACHED].ttfts
+    assert figures[READ_AS_CONNECTOR].ttfts == figures[READ_IN_STEP].ttfts  # ascend-store
 
 
 def test_p_d_modes_and_unknown_orders_are_refused() -> None:
