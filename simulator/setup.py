@@ -11,7 +11,7 @@ from emulator.options import EmulatorOptions
 from emulator.pool_profiles import KvLoad, PoolProfile
 from kvgate.config.sections.disaggregation import DEFAULT_SKIP_PREFILL_BELOW, SkipRule
 from kvgate.config.sections.placement import GateConfig
-from kvgate.placement.cost import EngineCost
+from kvgate.placement.cost import POOL_LOAD_ASYNC, POOL_LOAD_IN_STEP, EngineCost
 from simulator.routing import RouterSetup
 
 
@@ -100,7 +100,10 @@ def router_setup(options: EmulatorOptions, config: SimConfig) -> RouterSetup:
                       kv_bytes_per_token=options.kv_bytes_per_token, ddr_gbps=options.ddr_gbps,
                       transfer_fixed_s=options.transfer_fixed_ms / 1000.0,
                       prompt_s_per_token=options.prompt_us_per_token / 1e6,
-                      node_gbps=options.node_gbps, hbm_tokens=max(1, options.hbm_tokens))
+                      node_gbps=options.node_gbps, hbm_tokens=max(1, options.hbm_tokens),
+                      pool_load=(POOL_LOAD_IN_STEP if read_order_of(
+                          config.pool_read_order, options.pool_profile) == READ_IN_STEP
+                          else POOL_LOAD_ASYNC))
     return RouterSetup(cost, config.gate, config.load_max_age_s, options.block_size,
                        max(1, options.hbm_tokens // options.block_size),
                        options.devices_per_node)

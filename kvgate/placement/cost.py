@@ -3,7 +3,8 @@
 An engine prefills one request at a time (a saturated chunked-prefill budget): a request's time to
 first token is the prefill work queued ahead of it, then its own prefill (a fixed cost plus its
 uncached tokens at the prefill rate). Context read from the DDR pool travels while the request
-waits (vLLM's asynchronous KV connectors), so it costs only what the queue does not hide. The
+waits (vLLM's asynchronous KV connectors), so it costs only what the queue does not hide; a
+connector that loads inside the step (`pool_load: in_step`) holds its engine for the read. The
 load gate's terms (`kvgate.routing.terms`) add these up.
 """
 
@@ -12,6 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GB = 1e9
+# EngineCost.pool_load's values: how the engines' KV connector loads a hit from the DDR pool
+# (vLLM `get_num_new_matched_tokens`' second value, `load_kv_async`).
+POOL_LOAD_ASYNC, POOL_LOAD_IN_STEP = "async", "in_step"
+POOL_LOADS = (POOL_LOAD_ASYNC, POOL_LOAD_IN_STEP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +41,13 @@ class EngineCost:
     # DEFAULT_HBM_TOKENS). Read by the gate's estimate of what HBM holds (kvgate.placement.
     # routed_hbm) only.
     hbm_tokens: int = 550_000
+    # POOL_LOAD_ASYNC: the read runs while the request waits, the engine serving others;
+    # POOL_LOAD_IN_STEP: the worker reads before the forward of the step that schedules the
+    # request (vLLM kv_connector_model_runner_mixin.py: "Sync loads feed this step's forward so
+    # must precede it"; vLLM-Ascend's AscendStoreConnector and vLLM's LMCacheConnectorV1 by
+    # default, docs/journal/small-fleet.md), so the engine does nothing else meanwhile. Read
+    # by the gate's ledger (kvgate.routing.booking) only.
+    pool_load: str = POOL_LOAD_ASYNC
 
     def prefill_s(self, uncached_tokens: int, prompt_tokens: int) -> float:
         """One request's own prefill: c0, the per-token cost of its whole prompt, and its

@@ -5,7 +5,7 @@ for the next turn."""
 from __future__ import annotations
 
 from kvgate.fleet.prefill_mix import PrefillMix
-from kvgate.placement.cost import EngineCost
+from kvgate.placement.cost import POOL_LOAD_IN_STEP, EngineCost
 from kvgate.placement.links import LinkBacklog
 from kvgate.placement.live import LoadBoard
 from kvgate.placement.signals import held_context
@@ -36,6 +36,7 @@ class Ledger:
     def __init__(self, cost: EngineCost, board: LoadBoard, recent: RecentSessions,
                  mix: PrefillMix) -> None:
         self._cost = cost
+        self._in_step = cost.pool_load == POOL_LOAD_IN_STEP  # a read is engine time
         self._board = board
         self._recent = recent
         self._mix = mix
@@ -56,6 +57,9 @@ class Ledger:
 
     def _book(self, endpoint: str, now: float, prefill_s: float,
               ready_at: float | None = None) -> None:
+        if ready_at is not None and self._in_step:  # the engine waits for the read
+            prefill_s += max(0.0, ready_at - now)
+            ready_at = None
         self._board.routed(endpoint, now, prefill_s, ready_at)
         self._mix.add(prefill_s)
 

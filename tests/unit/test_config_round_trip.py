@@ -193,6 +193,7 @@ def _placement(draw: Draw) -> dict[str, Any]:
     cost.add("transfer_fixed_ms", number(0.0, 60_000.0))
     cost.add("prompt_us_per_token", number(0.0, 1e6))
     cost.add("hbm_tokens", st.integers(1, 1 << 40))
+    cost.add("pool_load", st.sampled_from(["async", "in_step"]))
     placement.add("engine_cost", st.just(cost.data))
     return placement.data
 

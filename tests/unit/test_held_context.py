@@ -91,3 +91,20 @@ def test_half_the_stored_run_evicted_is_half_the_context() -> None:
     assert board.backlog_s("e", 0.0) == pytest.approx(
         cost.transfer_s(CONTEXT // 2) + cost.prefill_s(PROMPT - CONTEXT, PROMPT))
     assert ledger.held("other", known, CONTEXT) is None  # not known there: the gate assumes it held
+
+
+@pytest.mark.parametrize("pool_load", ["async", "in_step"])
+def test_a_read_behind_a_queue_is_hidden_by_it_unless_the_connector_loads_in_step(
+        pool_load: str) -> None:
+    # vLLM's asynchronous connectors read while the request waits; AscendStore and LMCache, by
+    # default, read before the forward of the step that schedules it, and the engine waits.
+    evicted = [{"type": "BlockRemoved", "block_hashes": list(range(160, 80, -1))}]
+    board, cost = LoadBoard(), EngineCost(pool_load=pool_load)
+    ledger = Ledger(cost, board, RecentSessions(), PrefillMix())
+    ledger.hbm = _board(STORED + evicted)
+    ledger.sessionless("e", 0.0, 50_000)  # 10 s queued ahead: longer than the read
+    queued = board.backlog_s("e", 0.0)
+    ledger.kept("coder", "s", "e", Known(0.0, PROMPT, Seen(CONTEXT, None), "s"))
+    read = cost.transfer_s(CONTEXT // 2) if pool_load == "in_step" else 0.0
+    assert board.backlog_s("e", 0.0) == pytest.approx(
+        queued + read + cost.prefill_s(PROMPT - CONTEXT, PROMPT))

@@ -30,7 +30,7 @@ from kvgate.config.schema import (
     entries,
     key,
 )
-from kvgate.placement.cost import EngineCost
+from kvgate.placement.cost import POOL_LOADS, EngineCost
 from kvgate.placement.terms import DEFAULT_TERMS, TERMS
 
 LOAD_SOURCES = ("scrape", "collector")
@@ -311,6 +311,12 @@ describe(
                    "`num_gpu_blocks` × `block_size`, its `cache_config_info` metric). Read by "
                    "`load_gate.hbm_estimate` only. `kvgate up` with emulated engines: their "
                    "HBM (`--hbm-tokens`) unless set here"),
+    pool_load=Key(Choice(POOL_LOADS), "how the engines' KV connector loads a hit from the DDR "
+                  "pool (vLLM's `load_kv_async`): `async`, the read runs while the request "
+                  "waits (vLLM's OffloadingConnector, MooncakeStoreConnector; AscendStore with "
+                  "`load_async: true`); `in_step`, the worker reads before the step's forward and "
+                  "the engine waits for it (vLLM-Ascend's AscendStoreConnector and vLLM's "
+                  "LMCacheConnectorV1 by default): the gate books a read as engine time"),
     prompt_s_per_token=Key(Scaled(0.0, 1e6, 1e6, "µs"), "per prompt token, cached or not: "
                            "what the engine does with the whole prompt before its prefill "
                            "(tokenizing, hashing its blocks, looking them up; the emulator's "
