@@ -1,0 +1,123 @@
+"""`board_from_reports`' bookkeeping for one engine: what this router booked there lately, split
+at the instant of the engine's latest report, kept so that a read costs O(1) (amortized).
+
+`LoadBoard._from_report` needs, for the report it reads, the seconds booked after the report
+and the largest prefill booked before it, over the bookings of the last 2 x `max_age_s`. Walking
+them on each read cost ~200 us a sticky decision at the bench's rate (docs/journal/load-gate.md,
+"board_from_reports across the sweep"). Here both are kept as each booking arrives and moved
+once when the report changes (reports come every `refresh_s`; decisions far more often): the
+seconds after the report as a running sum, the largest before it as a sliding-window maximum.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+
+class BookedSince:
+    """One engine's bookings (when, seconds), in the order they were booked, and, for the
+    report instant last asked (`split`), the sum of the seconds booked after it and the largest
+    booked at or before it.
+
+    Bookings come in time order on one clock; one that does not (a booking older than the one
+    before it) makes the bookings not splittable at one index, and reads walk them all (as the
+    straightforward rule does) until it has left the window."""
+
+    __slots__ = ("_after_s", "_at", "_disorder", "_head", "_peaks", "_seconds", "_split",
+                 "_split_at")
+
+    def __init__(self) -> None:
+        self._at: list[float] = []  # when each booking was made, entries _head.. are live
+        self._seconds: list[float] = []
+        self._head = 0  # the oldest live booking's index (older ones left the window)
+        self._split_at: float | None = None  # the report instant the split is for
+        self._split = 0  # index of the first booking after `_split_at`
+        self._after_s = 0.0  # the seconds booked after it, summed in booking order
+        # (index, seconds) of the bookings in [_head, _split), seconds strictly decreasing:
+        # the first is the largest (a sliding-window maximum).
+        self._peaks: deque[tuple[int, float]] = deque()
+        self._disorder = -1  # the newest booking older than the one before it (-1: none)
+
+    def book(self, now: float, seconds: float, horizon_s: float) -> None:
+        """`seconds` booked at `now`; bookings more than `horizon_s` older than `now` leave."""
+        at = self._at
+        index = len(at)
+        if index > self._head and now < at[-1]:
+            self._disorder, self._split_at = index, None  # split again once it has left
+        at.append(now)
+        self._seconds.append(seconds)
+        split_at = self._split_at
+        if split_at is not None:
+            if now > split_at:
+                self._after_s += seconds
+            elif self._split == index:  # in time order: every earlier one is before too
+                self._split = index + 1
+                self._push(index, seconds)
+            # else out of order (an earlier booking is after the report): walked on read
+        if now - at[self._head] > horizon_s:
+            self._drop_older(now, horizon_s)
+
+    def _push(self, index: int, seconds: float) -> None:
+        peaks = self._peaks
+        while peaks and peaks[-1][1] <= seconds:
+            peaks.pop()
+        peaks.append((index, seconds))
+
+    def _drop_older(self, now: float, horizon_s: float) -> None:
+        """Bookings more than `horizon_s` before `now` leave (from the front, as booked)."""
+        at, head = self._at, self._head
+        while head < len(at) and now - at[head] > horizon_s:
+            head += 1
+        if head == self._head:
+            return
+        self._head = head
+        peaks = self._peaks
+        while peaks and peaks[0][0] < head:
+            peaks.popleft()
+        if self._split < head:  # a booking after the report left: sum the rest again
+            self._split_at = None
+        if head > 64 and 2 * head > len(at):  # compact: memory stays one window
+            del at[:head], self._seconds[:head]
+            self._peaks = deque((i - head, s) for i, s in peaks)
+            self._split -= head
+            self._disorder -= head
+            self._head = 0
+
+    def split(self, report_at: float) -> tuple[float, float]:
+        """(seconds booked after `report_at`, summed in booking order; the largest booked at
+        or before it, at least 0)."""
+        if self._disorder >= self._head:
+            return self._walk(report_at)
+        if self._split_at != report_at:
+            self._move(report_at)
+        peaks = self._peaks
+        before = peaks[0][1] if peaks and peaks[0][1] > 0.0 else 0.0
+        return self._after_s, before
+
+    def _move(self, report_at: float) -> None:
+        """The split for a new report: forward from the last one's (the usual case: reports
+        go forward), else from the oldest booking; the seconds after it summed again."""
+        at, seconds = self._at, self._seconds
+        last = self._split_at
+        if last is None or report_at < last:
+            self._split, self._peaks = self._head, deque()
+        index = self._split
+        while index < len(at) and at[index] <= report_at:
+            self._push(index, seconds[index])
+            index += 1
+        self._split, self._split_at = index, report_at
+        after = 0.0
+        for i in range(index, len(at)):
+            after += seconds[i]
+        self._after_s = after
+
+    def _walk(self, report_at: float) -> tuple[float, float]:
+        """`split` over every live booking, for bookings not in time order."""
+        after = before = 0.0
+        at, seconds = self._at, self._seconds
+        for i in range(self._head, len(at)):
+            if at[i] > report_at:
+                after += seconds[i]
+            elif seconds[i] > before:
+                before = seconds[i]
+        return after, before
