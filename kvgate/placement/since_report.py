@@ -7,11 +7,22 @@ them on each read cost ~200 us a sticky decision at the bench's rate (docs/journ
 "board_from_reports across the sweep"). Here both are kept as each booking arrives and moved
 once when the report changes (reports come every `refresh_s`; decisions far more often): the
 seconds after the report as a running sum, the largest before it as a sliding-window maximum.
+
+It also prices a report's waiting requests as the newest that many bookings made at or before
+the report (`waiting_s`): vLLM's waiting queue is first come, first served (the default
+`SchedulerConfig.policy = "fcfs"`, vllm/config/scheduler.py; the scheduler's `self.waiting =
+create_request_queue(self.policy)`, vllm/v1/core/sched/scheduler.py; `FCFSRequestQueue` appends
+and pops from the left, vllm/v1/core/sched/request_queue.py), so what still waits is what came
+last. Live, a replica knows only its own bookings: with several replicas, or with requests
+booked before the kept window, the rest are priced at the report's mean (the caller's part).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
+
+KEPT_BEFORE = 64  # bookings kept before the window for `waiting_s` (a waiting queue's length)
 
 
 class BookedSince:
@@ -24,7 +35,7 @@ class BookedSince:
     straightforward rule does) until it has left the window."""
 
     __slots__ = ("_after_s", "_at", "_disorder", "_head", "_peaks", "_seconds", "_split",
-                 "_split_at")
+                 "_split_at", "_waiting", "_waiting_for")
 
     def __init__(self) -> None:
         self._at: list[float] = []  # when each booking was made, entries _head.. are live
@@ -37,6 +48,9 @@ class BookedSince:
         # the first is the largest (a sliding-window maximum).
         self._peaks: deque[tuple[int, float]] = deque()
         self._disorder = -1  # the newest booking older than the one before it (-1: none)
+        # `waiting_s`' last answer and what it was for (report instant, count); None: moved.
+        self._waiting_for: tuple[float, int] | None = None
+        self._waiting = (0.0, 0)
 
     def book(self, now: float, seconds: float, horizon_s: float) -> None:
         """`seconds` booked at `now`; bookings more than `horizon_s` older than `now` leave."""
@@ -53,6 +67,7 @@ class BookedSince:
             elif self._split == index:  # in time order: every earlier one is before too
                 self._split = index + 1
                 self._push(index, seconds)
+                self._waiting_for = None
             # else out of order (an earlier booking is after the report): walked on read
         if now - at[self._head] > horizon_s:
             self._drop_older(now, horizon_s)
@@ -64,24 +79,24 @@ class BookedSince:
         peaks.append((index, seconds))
 
     def _drop_older(self, now: float, horizon_s: float) -> None:
-        """Bookings more than `horizon_s` before `now` leave (from the front, as booked)."""
+        """Bookings more than `horizon_s` before `now` leave (from the front, as booked; the
+        oldest does)."""
         at, head = self._at, self._head
         while head < len(at) and now - at[head] > horizon_s:
             head += 1
-        if head == self._head:
-            return
-        self._head = head
+        self._head, self._waiting_for = head, None
         peaks = self._peaks
         while peaks and peaks[0][0] < head:
             peaks.popleft()
         if self._split < head:  # a booking after the report left: sum the rest again
             self._split_at = None
-        if head > 64 and 2 * head > len(at):  # compact: memory stays one window
-            del at[:head], self._seconds[:head]
-            self._peaks = deque((i - head, s) for i, s in peaks)
-            self._split -= head
-            self._disorder -= head
-            self._head = 0
+        cut = head - KEPT_BEFORE
+        if cut > 64 and 2 * cut > len(at):  # compact: memory stays one window and a queue
+            del at[:cut], self._seconds[:cut]
+            self._peaks = deque((i - cut, s) for i, s in peaks)
+            self._split -= cut
+            self._disorder -= cut
+            self._head -= cut
 
     def split(self, report_at: float) -> tuple[float, float]:
         """(seconds booked after `report_at`, summed in booking order; the largest booked at
@@ -105,7 +120,7 @@ class BookedSince:
         while index < len(at) and at[index] <= report_at:
             self._push(index, seconds[index])
             index += 1
-        self._split, self._split_at = index, report_at
+        self._split, self._split_at, self._waiting_for = index, report_at, None
         after = 0.0
         for i in range(index, len(at)):
             after += seconds[i]
@@ -121,3 +136,36 @@ class BookedSince:
             elif seconds[i] > before:
                 before = seconds[i]
         return after, before
+
+    def waiting_s(self, report_at: float, count: int) -> tuple[float, int]:
+        """(the seconds of the newest `count` bookings made at or before `report_at`, how many
+        there were): a report's waiting requests, first come, first served. Among the bookings
+        of the window and the `KEPT_BEFORE` before it; fewer when fewer were booked there.
+        Computed once per report (and count), then kept until a booking or the window moves."""
+        if self._disorder > self._head - KEPT_BEFORE:  # not in time order where it looks
+            return self._walk_waiting(report_at, count)
+        if self._waiting_for == (report_at, count):
+            return self._waiting
+        if self._split_at != report_at:
+            self._move(report_at)
+        at, seconds = self._at, self._seconds
+        lowest = max(0, self._head - KEPT_BEFORE)
+        end = (self._split if self._split > self._head
+               else bisect_right(at, report_at, lowest, self._head))
+        first = max(lowest, end - count)
+        total = 0.0
+        for i in range(first, end):
+            total += seconds[i]
+        self._waiting_for, self._waiting = (report_at, count), (total, end - first)
+        return self._waiting
+
+    def _walk_waiting(self, report_at: float, count: int) -> tuple[float, int]:
+        """`waiting_s` for bookings not in time order: the newest `count` booked (in booking
+        order) at or before `report_at`."""
+        at, seconds = self._at, self._seconds
+        found = [seconds[i] for i in range(max(0, self._head - KEPT_BEFORE), len(at))
+                 if at[i] <= report_at][-count:] if count > 0 else []
+        total = 0.0
+        for one in found:
+            total += one
+        return total, len(found)
