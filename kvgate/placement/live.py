@@ -160,27 +160,22 @@ class LoadBoard:
         since = self._since.get(address)
         if since is None:  # nothing booked there lately: the report alone
             return seen.backlog_at(now)
-        after, before = since.split(seen.at)
-        age = max(0.0, now - seen.at)
-        report = max(0.0, self._waiting_s(since, seen) - age) + after
-        unseen = max(0.0, before - age)
-        return max(report, min(ledger, report + unseen))
-
-    @staticmethod
-    def _waiting_s(since: BookedSince, seen: ObservedLoad) -> float:
-        """`seen`'s backlog, its waiting requests priced first come, first served (vLLM's
-        waiting queue: kvgate.placement.since_report): the newest that many this router
-        booked there before the report. Live, a replica knows only its own bookings: any more
-        (another replica's, or booked before the kept window) are priced at the report's mean.
-        Against the mean for all of them, TTFT p99 with the setting on: Mooncake trace at 8
-        engines 17.69 -> 16.93 s, bank-coding 12,800 19.67 -> 18.76 s, agentic-coding 1,440
-        4.61 -> 4.33 s (docs/journal/load-gate.md, 2026-12-08)."""
-        waiting = int(seen.figures.waiting)
-        if waiting <= 0:  # nothing waits (or a report that gives only seconds)
-            return seen.backlog_s
-        booked, found = since.waiting_s(seen.at, waiting)
-        rest = waiting - found
-        return booked + rest * (seen.backlog_s / waiting) if rest else booked
+        # Its waiting requests priced first come, first served (vLLM's waiting queue;
+        # kvgate.placement.since_report): the newest that many this router booked there before
+        # the report. Live, a replica knows only its own bookings: any more (another
+        # replica's, or booked before the kept window) at the report's mean. Against the mean
+        # for all of them, TTFT p99 with the setting on: Mooncake trace at 8 engines 17.69 ->
+        # 16.93 s, agentic-coding 1,440 4.61 -> 4.33 s, but bank-coding 12,800 with the
+        # mooncake connector 15.10 -> 16.40 s (docs/journal/load-gate.md, 2026-12-08).
+        backlog, after, before = since.report(seen.at, seen.backlog_s, seen.figures.waiting)
+        age = now - seen.at
+        if age > 0.0:  # aged since the report (the max() calls written out: the sticky path)
+            backlog -= age
+            before -= age
+        report = (backlog if backlog > 0.0 else 0.0) + after
+        most = report + (before if before > 0.0 else 0.0)
+        capped = ledger if ledger <= most else most
+        return report if report >= capped else capped
 
     def forget(self, address: str) -> None:
         """An engine left the pool (or failed: its queue is gone)."""

@@ -35,7 +35,7 @@ class BookedSince:
     straightforward rule does) until it has left the window."""
 
     __slots__ = ("_after_s", "_at", "_disorder", "_head", "_peaks", "_seconds", "_split",
-                 "_split_at", "_waiting", "_waiting_for")
+                 "_split_at", "_waiting", "_waiting_first", "_waiting_for")
 
     def __init__(self) -> None:
         self._at: list[float] = []  # when each booking was made, entries _head.. are live
@@ -51,6 +51,7 @@ class BookedSince:
         # `waiting_s`' last answer and what it was for (report instant, count); None: moved.
         self._waiting_for: tuple[float, int] | None = None
         self._waiting = (0.0, 0)
+        self._waiting_first = 0  # the oldest booking it counted
 
     def book(self, now: float, seconds: float, horizon_s: float) -> None:
         """`seconds` booked at `now`; bookings more than `horizon_s` older than `now` leave."""
@@ -84,7 +85,9 @@ class BookedSince:
         at, head = self._at, self._head
         while head < len(at) and now - at[head] > horizon_s:
             head += 1
-        self._head, self._waiting_for = head, None
+        self._head = head
+        if head - KEPT_BEFORE > self._waiting_first:  # it counted one no longer kept
+            self._waiting_for = None
         peaks = self._peaks
         while peaks and peaks[0][0] < head:
             peaks.popleft()
@@ -96,18 +99,33 @@ class BookedSince:
             self._peaks = deque((i - cut, s) for i, s in peaks)
             self._split -= cut
             self._disorder -= cut
+            self._waiting_first -= cut
             self._head -= cut
 
     def split(self, report_at: float) -> tuple[float, float]:
         """(seconds booked after `report_at`, summed in booking order; the largest booked at
         or before it, at least 0)."""
+        _, after, before = self.report(report_at, 0.0, 0)
+        return after, before
+
+    def report(self, report_at: float, backlog_s: float, waiting: int
+               ) -> tuple[float, float, float]:
+        """For a report made at `report_at` of `waiting` requests priced `backlog_s` in all:
+        (its backlog with the waiting ones priced first come, first served, `waiting_s`, and
+        any more at the report's mean; `split`'s two). One call on the sticky path."""
         if self._disorder >= self._head:
-            return self._walk(report_at)
-        if self._split_at != report_at:
-            self._move(report_at)
-        peaks = self._peaks
-        before = peaks[0][1] if peaks and peaks[0][1] > 0.0 else 0.0
-        return self._after_s, before
+            after, before = self._walk(report_at)
+        else:
+            if self._split_at != report_at:
+                self._move(report_at)
+            after, peaks = self._after_s, self._peaks
+            before = peaks[0][1] if peaks and peaks[0][1] > 0.0 else 0.0
+        if waiting <= 0:  # nothing waits (or a report that gives only seconds)
+            return backlog_s, after, before
+        booked, found = self.waiting_s(report_at, waiting)
+        if found < waiting:
+            booked += (waiting - found) * (backlog_s / waiting)
+        return booked, after, before
 
     def _move(self, report_at: float) -> None:
         """The split for a new report: forward from the last one's (the usual case: reports
@@ -142,14 +160,14 @@ class BookedSince:
         there were): a report's waiting requests, first come, first served. Among the bookings
         of the window and the `KEPT_BEFORE` before it; fewer when fewer were booked there.
         Computed once per report (and count), then kept until a booking or the window moves."""
-        if self._disorder > self._head - KEPT_BEFORE:  # not in time order where it looks
+        lowest = max(0, self._head - KEPT_BEFORE)
+        if self._disorder > lowest:  # not in time order where it looks
             return self._walk_waiting(report_at, count)
         if self._waiting_for == (report_at, count):
             return self._waiting
         if self._split_at != report_at:
             self._move(report_at)
         at, seconds = self._at, self._seconds
-        lowest = max(0, self._head - KEPT_BEFORE)
         end = (self._split if self._split > self._head
                else bisect_right(at, report_at, lowest, self._head))
         first = max(lowest, end - count)
@@ -157,6 +175,8 @@ class BookedSince:
         for i in range(first, end):
             total += seconds[i]
         self._waiting_for, self._waiting = (report_at, count), (total, end - first)
+        # Clipped at the oldest kept: a booking leaving the kept ones changes it.
+        self._waiting_first = first if first > end - count else first - 1
         return self._waiting
 
     def _walk_waiting(self, report_at: float, count: int) -> tuple[float, int]:
