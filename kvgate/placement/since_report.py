@@ -32,7 +32,8 @@ class BookedSince:
 
     Bookings come in time order on one clock; one that does not (a booking older than the one
     before it) makes the bookings not splittable at one index, and reads walk them all (as the
-    straightforward rule does) until it has left the window."""
+    straightforward rule does) until it has left the window (and, for `waiting_s`, the
+    bookings kept before it)."""
 
     __slots__ = ("_after_s", "_at", "_disorder", "_head", "_peaks", "_seconds", "_split",
                  "_split_at", "_waiting", "_waiting_first", "_waiting_for")
@@ -57,7 +58,7 @@ class BookedSince:
         """`seconds` booked at `now`; bookings more than `horizon_s` older than `now` leave."""
         at = self._at
         index = len(at)
-        if index > self._head and now < at[-1]:
+        if index and now < at[-1]:
             self._disorder, self._split_at = index, None  # split again once it has left
         at.append(now)
         self._seconds.append(seconds)
