@@ -57,19 +57,21 @@ class Ledger:
 
     def _book(self, endpoint: str, now: float, prefill_s: float,
               ready_at: float | None = None) -> None:
-        if ready_at is not None and self._in_step:  # the engine waits for the read
-            prefill_s += max(0.0, ready_at - now)
-            ready_at = None
         self._board.routed(endpoint, now, prefill_s, ready_at)
         self._mix.add(prefill_s)
 
-    def _read(self, endpoint: str, now: float, tokens: int) -> float:
-        """A read of `tokens` from the DDR pool into `endpoint`'s HBM sent now: when it is in
-        (behind the reads booked on its links, where they are kept)."""
+    def _book_read(self, endpoint: str, now: float, prefill_s: float, tokens: int) -> None:
+        """A prefill that first reads `tokens` from the DDR pool: the read sent now, the prefill
+        ready once it is in (behind the reads booked on its links, where they are kept); where
+        the connector loads in the step, the engine's own time (it starts when the engine
+        reaches the request, so the links' backlog booked now is not its wait)."""
         links = self.links
-        if links is None:
-            return now + self._cost.transfer_s(tokens)
-        return links.book(endpoint, now, tokens)
+        ready_at = (now + self._cost.transfer_s(tokens) if links is None
+                    else links.book(endpoint, now, tokens))
+        if self._in_step:
+            self._book(endpoint, now, prefill_s + self._cost.transfer_s(tokens))
+        else:
+            self._book(endpoint, now, prefill_s, ready_at)
 
     def kept(self, pool: str, session: str, endpoint: str, known: Known) -> None:
         """A session that stays: its context is in its engine's HBM, or, where the engine's
@@ -82,8 +84,8 @@ class Ledger:
             if held is None or held >= context:
                 self._book(endpoint, known.now, self._cost.prefill_s(prompt - context, prompt))
             else:
-                self._book(endpoint, known.now, self._cost.prefill_s(prompt - context, prompt),
-                           ready_at=self._read(endpoint, known.now, context - held))
+                self._book_read(endpoint, known.now,
+                                self._cost.prefill_s(prompt - context, prompt), context - held)
         tokens = max(prompt, context)
         if seen is None or seen.tokens != tokens:  # unchanged: nothing written on this path
             self._recent.remember(pool, session, tokens, None)
@@ -121,8 +123,7 @@ class Ledger:
         elif previous is not None and view.kv_pool_of(previous) == view.kv_pool_of(endpoint):
             # Moved within its DDR pool: the context is read from DDR first.
             uncached, read = placed_work(prompt, context, held, read_context=True)
-            self._book(endpoint, now, cost.prefill_s(uncached, prompt),
-                       ready_at=self._read(endpoint, now, read))
+            self._book_read(endpoint, now, cost.prefill_s(uncached, prompt), read)
         else:  # new, or from another pool: nothing of its context is here
             uncached, _ = placed_work(prompt, 0, held, read_context=False)
             self._book(endpoint, now, cost.prefill_s(uncached, prompt))
