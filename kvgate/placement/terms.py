@@ -10,6 +10,8 @@ is the longest of the overlapping terms plus each following term: for the defaul
 exactly `max(queue, ddr read) + prefill`. The `*_after_wait` read terms follow the wait
 instead, as vLLM's scheduler orders a read (`Scheduler.schedule` starts a request's connector
 load only when it reaches the request; docs/journal/small-fleet.md): `queue + read + prefill`.
+Where the connector loads in the step (`engine_cost.pool_load: in_step`), `ddr_read` and
+`link_backlog` follow the wait too.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvgate.placement.cost import EngineCost
+from kvgate.placement.cost import POOL_LOAD_IN_STEP, EngineCost
 from kvgate.placement.signals import EngineSignals
 
 
@@ -127,13 +129,20 @@ TERMS: Mapping[str, type[Term]] = {t.name: t for t in (
 DEFAULT_TERMS = ("queue_wait", "ddr_read", "prefill")
 
 
+# Where the engines' connector loads in the step (`engine_cost.pool_load: in_step`), the read
+# holds the engine once it reaches the request: it follows the wait whichever term names it.
+_IN_STEP = {DdrRead.name: DdrReadAfterWait, QueuedDdrRead.name: QueuedDdrReadAfterWait}
+
+
 def make_terms(names: Iterable[str], cost: EngineCost) -> tuple[Term, ...]:
     """The terms `names` lists (`placement.load_gate.terms`), in that order."""
     unknown = [name for name in names if name not in TERMS]
     if unknown:
         raise ValueError(f"unknown scoring terms: {', '.join(unknown)} "
                          f"(known: {', '.join(TERMS)})")
-    return tuple(TERMS[name](cost) for name in names)
+    in_step = cost.pool_load == POOL_LOAD_IN_STEP
+    return tuple((_IN_STEP.get(name, TERMS[name]) if in_step else TERMS[name])(cost)
+                 for name in names)
 
 
 class Estimate:

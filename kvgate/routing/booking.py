@@ -60,14 +60,20 @@ class Ledger:
         self._board.routed(endpoint, now, prefill_s, ready_at)
         self._mix.add(prefill_s)
 
+    def _read(self, endpoint: str, now: float, tokens: int) -> float:
+        """A read of `tokens` from the DDR pool into `endpoint`'s HBM sent now: when it is in
+        (behind the reads booked on its links, where they are kept)."""
+        links = self.links
+        if links is None:
+            return now + self._cost.transfer_s(tokens)
+        return links.book(endpoint, now, tokens)
+
     def _book_read(self, endpoint: str, now: float, prefill_s: float, tokens: int) -> None:
         """A prefill that first reads `tokens` from the DDR pool: the read sent now, the prefill
         ready once it is in (behind the reads booked on its links, where they are kept); where
         the connector loads in the step, the engine's own time (it starts when the engine
         reaches the request, so the links' backlog booked now is not its wait)."""
-        links = self.links
-        ready_at = (now + self._cost.transfer_s(tokens) if links is None
-                    else links.book(endpoint, now, tokens))
+        ready_at = self._read(endpoint, now, tokens)
         if self._in_step:
             self._book(endpoint, now, prefill_s + self._cost.transfer_s(tokens))
         else:

@@ -5,6 +5,7 @@ show`), and the one `build_policy`."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -198,3 +199,12 @@ def test_a_gate_moves_record_shows_its_seconds_per_term_in_sessions_show() -> No
     plain = session_binding(SessionBinding(Binding.decode(manual.key, manual.encode(), 5), 0))
     assert "staying" not in render.sessions_table([plain])
     assert render.binding_dict(plain)["move_terms"] is None
+
+
+def test_a_connector_loading_in_the_step_puts_every_read_after_the_wait() -> None:
+    in_step = dataclasses.replace(COST, pool_load="in_step")
+    names = ("queue_wait", "ddr_read", "link_backlog", "prefill")
+    assert [t.name for t in make_terms(names, in_step)] == [
+        "queue_wait", "ddr_read_after_wait", "link_backlog_after_wait", "prefill"]
+    assert [t.name for t in make_terms(names, COST)] == list(names)
+
