@@ -131,7 +131,7 @@ class ControlPlaneService:
         self.fleet = ControlPlaneCollector(lambda: self.config, self.leader, self.directory,
                                            self.registry)
         self.discovery, self.probe_set = self._discovery()
-        self._seen_mtime = _mtime(options.config_path)  # kept across restarts of the reload task
+        self._seen_stamp = _stamp(options.config_path)  # kept across restarts of the reload task
         self._reload_retry_at: float | None = None  # loop time; set after etcd refused a reload
         self._reload_backoff = 1.0
         self._xds: grpc.aio.Server | None = None
@@ -290,12 +290,12 @@ class ControlPlaneService:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._reload_wanted.wait(), 0.2)  # a stat() per tick
-            changed = self._options.watch_file and _mtime(path) != self._seen_mtime
+            changed = self._options.watch_file and _stamp(path) != self._seen_stamp
             retry = self._reload_retry_at is not None and loop.time() >= self._reload_retry_at
             if not (self._reload_wanted.is_set() or changed or retry):
                 continue
             self._reload_wanted.clear()
-            self._seen_mtime = _mtime(path)
+            self._seen_stamp = _stamp(path)
             self._reload_retry_at = None
             await self.reload()
 
@@ -368,8 +368,12 @@ class ControlPlaneService:
         log.info("control_plane_stopped")
 
 
-def _mtime(path: Path) -> float | None:
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What says the file changed: its mtime, size and inode. Not the mtime alone: a file
+    rewritten in place (truncated, then written) within one tick of the kernel's coarse clock
+    keeps its mtime, and a reload that read it truncated would never see it whole."""
     try:
-        return path.stat().st_mtime_ns / 1e9
+        info = path.stat()
     except OSError:
         return None
+    return info.st_mtime_ns, info.st_size, info.st_ino
